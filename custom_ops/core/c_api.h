@@ -1,0 +1,35 @@
+/* C API of the tf_bps core, loaded by Python through ctypes. Functions returning int
+ * return 0 on success and -1 on failure; bps_last_error() then holds the message. */
+#ifndef TF_BPS_CORE_C_API_H_
+#define TF_BPS_CORE_C_API_H_
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+const char* bps_last_error(void);
+/* 0 trace, 1 debug, 2 info, 3 warning, 4 error. */
+void bps_set_logging(int level, const char* prefix);
+
+/* Worker. Exactly one of the two init calls, then bps_worker_shutdown. */
+int bps_worker_init_local(void);
+int bps_worker_init(int rank, int size, const char* servers, long long partition_bytes,
+                    int timeout_ms);
+void bps_worker_abort(const char* reason);
+void bps_worker_shutdown(void);
+
+/* Server: an opaque handle; the failure descriptor turns readable on a fatal error. */
+/* Listens first (port 0: any free port) so the port can be registered with the
+ * scheduler; serves once the scheduler has said how many workers there are. */
+void* bps_server_listen(int port, int engine_threads, int timeout_ms, int* bound_port);
+int bps_server_serve(void* server, int num_workers);
+int bps_server_failure_fd(void* server);
+/* Copies the failure message (empty when none) into buf; returns its length. */
+int bps_server_failure(void* server, char* buf, int capacity);
+void bps_server_stop(void* server);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TF_BPS_CORE_C_API_H_ */

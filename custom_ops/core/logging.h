@@ -1,0 +1,36 @@
+// Leveled logging to stderr. The level is set once through the C API from the
+// Python configuration (BYTEPS_LOG_LEVEL, PS_VERBOSE); the core reads no environment.
+#ifndef TF_BPS_CORE_LOGGING_H_
+#define TF_BPS_CORE_LOGGING_H_
+
+#include <sstream>
+
+namespace bps {
+
+enum class LogLevel : int { kTrace = 0, kDebug = 1, kInfo = 2, kWarning = 3, kError = 4 };
+
+void SetLogLevel(LogLevel level);
+bool LogEnabled(LogLevel level);
+void SetLogPrefix(const std::string& prefix);
+
+class LogLine {
+ public:
+  explicit LogLine(LogLevel level) : level_(level) {}
+  ~LogLine();
+  template <typename T>
+  LogLine& operator<<(const T& value) {
+    stream_ << value;
+    return *this;
+  }
+
+ private:
+  LogLevel level_;
+  std::ostringstream stream_;
+};
+
+}  // namespace bps
+
+#define BPS_LOG(level) \
+  if (::bps::LogEnabled(::bps::LogLevel::level)) ::bps::LogLine(::bps::LogLevel::level)
+
+#endif  // TF_BPS_CORE_LOGGING_H_

@@ -1,0 +1,122 @@
+#include "reduce.h"
+
+#include <cstdint>
+#include <cstring>
+
+// Each loop is compiled twice, for AVX2/FMA CPUs and for baseline x86-64, and the
+// loader picks one; the CI machine and users' servers differ.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define BPS_VECTORISE __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define BPS_VECTORISE
+#endif
+
+namespace bps {
+namespace {
+
+// bfloat16 is the upper half of a float32; converting back rounds to nearest even.
+inline float BFloat16ToFloat(uint16_t value) {
+  uint32_t bits = static_cast<uint32_t>(value) << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+inline uint16_t FloatToBFloat16(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);  // NaN
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+template <typename T>
+BPS_VECTORISE void SumLoop(T* __restrict dst, const T* __restrict src, size_t count) {
+  for (size_t i = 0; i < count; ++i) dst[i] += src[i];
+}
+
+BPS_VECTORISE void SumHalf(_Float16* __restrict dst, const _Float16* __restrict src,
+                           size_t count) {
+  for (size_t i = 0; i < count; ++i)
+    dst[i] = static_cast<_Float16>(static_cast<float>(dst[i]) + static_cast<float>(src[i]));
+}
+
+BPS_VECTORISE void SumBFloat16(uint16_t* __restrict dst, const uint16_t* __restrict src,
+                               size_t count) {
+  for (size_t i = 0; i < count; ++i)
+    dst[i] = FloatToBFloat16(BFloat16ToFloat(dst[i]) + BFloat16ToFloat(src[i]));
+}
+
+template <typename T>
+BPS_VECTORISE void DivideFloatLoop(T* buf, size_t count, T divisor) {
+  for (size_t i = 0; i < count; ++i) buf[i] /= divisor;
+}
+
+template <typename T>
+void DivideIntLoop(T* buf, size_t count, T divisor) {
+  for (size_t i = 0; i < count; ++i) {
+    T q = buf[i] / divisor;
+    if ((buf[i] % divisor != 0) && ((buf[i] < 0) != (divisor < 0))) --q;
+    buf[i] = q;
+  }
+}
+
+BPS_VECTORISE void DivideHalf(_Float16* buf, size_t count, float divisor) {
+  for (size_t i = 0; i < count; ++i)
+    buf[i] = static_cast<_Float16>(static_cast<float>(buf[i]) / divisor);
+}
+
+BPS_VECTORISE void DivideBFloat16(uint16_t* buf, size_t count, float divisor) {
+  for (size_t i = 0; i < count; ++i) buf[i] = FloatToBFloat16(BFloat16ToFloat(buf[i]) / divisor);
+}
+
+}  // namespace
+
+void SumInto(DataType dtype, void* dst, const void* src, size_t count) {
+  switch (dtype) {
+    case DataType::kFloat16:
+      SumHalf(static_cast<_Float16*>(dst), static_cast<const _Float16*>(src), count);
+      return;
+    case DataType::kBFloat16:
+      SumBFloat16(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), count);
+      return;
+    case DataType::kFloat32:
+      SumLoop(static_cast<float*>(dst), static_cast<const float*>(src), count);
+      return;
+    case DataType::kFloat64:
+      SumLoop(static_cast<double*>(dst), static_cast<const double*>(src), count);
+      return;
+    case DataType::kInt32:
+      SumLoop(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), count);
+      return;
+    case DataType::kInt64:
+      SumLoop(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), count);
+      return;
+  }
+}
+
+void DivideInPlace(DataType dtype, void* buf, size_t count, int divisor) {
+  if (divisor == 1) return;
+  switch (dtype) {
+    case DataType::kFloat16:
+      DivideHalf(static_cast<_Float16*>(buf), count, static_cast<float>(divisor));
+      return;
+    case DataType::kBFloat16:
+      DivideBFloat16(static_cast<uint16_t*>(buf), count, static_cast<float>(divisor));
+      return;
+    case DataType::kFloat32:
+      DivideFloatLoop(static_cast<float*>(buf), count, static_cast<float>(divisor));
+      return;
+    case DataType::kFloat64:
+      DivideFloatLoop(static_cast<double*>(buf), count, static_cast<double>(divisor));
+      return;
+    case DataType::kInt32:
+      DivideIntLoop(static_cast<int32_t*>(buf), count, static_cast<int32_t>(divisor));
+      return;
+    case DataType::kInt64:
+      DivideIntLoop(static_cast<int64_t*>(buf), count, static_cast<int64_t>(divisor));
+      return;
+  }
+}
+
+}  // namespace bps

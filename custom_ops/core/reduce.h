@@ -1,0 +1,20 @@
+// Element-wise arithmetic on raw buffers: the server sums pushes with it and the
+// worker averages pulled partitions with it. Vectorised per CPU at load time.
+#ifndef TF_BPS_CORE_REDUCE_H_
+#define TF_BPS_CORE_REDUCE_H_
+
+#include <cstddef>
+
+#include "common.h"
+
+namespace bps {
+
+// dst[i] += src[i] for `count` elements of `dtype`.
+void SumInto(DataType dtype, void* dst, const void* src, size_t count);
+
+// buf[i] /= divisor; integer types use floor division, as numpy and TensorFlow do.
+void DivideInPlace(DataType dtype, void* buf, size_t count, int divisor);
+
+}  // namespace bps
+
+#endif  // TF_BPS_CORE_REDUCE_H_

@@ -1,0 +1,220 @@
+#include "transport.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace bps {
+namespace {
+
+std::string ErrnoText() { return std::strerror(errno); }
+
+}  // namespace
+
+Connection::Connection(int fd, std::string peer) : fd_(fd), peer_(std::move(peer)) {}
+
+Connection::~Connection() { ::close(fd_); }
+
+Status Connection::Send(const FrameHeader& header, const void* payload) {
+  iovec parts[2];
+  parts[0].iov_base = const_cast<FrameHeader*>(&header);
+  parts[0].iov_len = sizeof(header);
+  parts[1].iov_base = const_cast<void*>(payload);
+  parts[1].iov_len = payload ? header.length : 0;
+  int count = parts[1].iov_len ? 2 : 1;
+  iovec* next = parts;
+  while (count > 0) {
+    ssize_t sent = ::writev(fd_, next, count);
+    if (sent < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK)
+        return Status::Error("sending to " + peer_ + " timed out (peer stopped reading)");
+      return Status::Error("sending to " + peer_ + " failed: " + ErrnoText());
+    }
+    size_t remaining = static_cast<size_t>(sent);
+    while (count > 0 && remaining >= next->iov_len) {
+      remaining -= next->iov_len;
+      ++next;
+      --count;
+    }
+    if (count > 0) {
+      next->iov_base = static_cast<char*>(next->iov_base) + remaining;
+      next->iov_len -= remaining;
+    }
+  }
+  return Status::OK();
+}
+
+Status Connection::ReceiveHeader(FrameHeader* header, bool* eof) {
+  *eof = false;
+  char* dst = reinterpret_cast<char*>(header);
+  size_t got = 0;
+  while (got < sizeof(*header)) {
+    ssize_t n = ::recv(fd_, dst + got, sizeof(*header) - got, 0);
+    if (n == 0) {
+      *eof = true;
+      return Status::Error(peer_ + " closed the connection");
+    }
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      *eof = true;
+      return Status::Error("connection to " + peer_ + " failed: " + ErrnoText());
+    }
+    got += static_cast<size_t>(n);
+  }
+  if (header->magic != kFrameMagic)
+    return Status::Error("garbled frame from " + peer_ + " (is it a tf_bps peer of the same version?)");
+  return Status::OK();
+}
+
+Status Connection::ReceivePayload(void* dst, size_t bytes) {
+  char* out = static_cast<char*>(dst);
+  size_t got = 0;
+  while (got < bytes) {
+    ssize_t n = ::recv(fd_, out + got, bytes - got, MSG_WAITALL);
+    if (n == 0) return Status::Error(peer_ + " closed the connection in the middle of a frame");
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::Error("receiving from " + peer_ + " failed: " + ErrnoText());
+    }
+    got += static_cast<size_t>(n);
+  }
+  return Status::OK();
+}
+
+Status Connection::DiscardPayload(size_t bytes) {
+  std::vector<char> sink(std::min<size_t>(bytes, 1 << 20));
+  while (bytes > 0) {
+    size_t chunk = std::min(bytes, sink.size());
+    Status status = ReceivePayload(sink.data(), chunk);
+    if (!status.ok()) return status;
+    bytes -= chunk;
+  }
+  return Status::OK();
+}
+
+void Connection::Shutdown() { ::shutdown(fd_, SHUT_RDWR); }
+
+void ConfigureSocket(int fd, int send_timeout_ms) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (send_timeout_ms > 0) {
+    timeval tv{send_timeout_ms / 1000, (send_timeout_ms % 1000) * 1000};
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  }
+}
+
+Status ConnectTcp(const std::string& host, int port, int timeout_ms, int send_timeout_ms,
+                  int* fd_out) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  std::string port_text = std::to_string(port);
+  int rc = ::getaddrinfo(host.c_str(), port_text.c_str(), &hints, &found);
+  if (rc != 0 || !found)
+    return Status::Error("cannot resolve " + host + ": " + ::gai_strerror(rc));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  std::string last_error;
+  while (true) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) {
+      ::freeaddrinfo(found);
+      return Status::Error("socket() failed: " + ErrnoText());
+    }
+    if (::connect(fd, found->ai_addr, found->ai_addrlen) == 0) {
+      ::freeaddrinfo(found);
+      ConfigureSocket(fd, send_timeout_ms);
+      *fd_out = fd;
+      return Status::OK();
+    }
+    last_error = ErrnoText();
+    ::close(fd);
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ::freeaddrinfo(found);
+  return Status::Error("cannot connect to " + host + ":" + port_text + " within " +
+                       std::to_string(timeout_ms / 1000) + " s: " + last_error);
+}
+
+Status ListenTcp(int port, int* fd_out, int* bound_port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return Status::Error("socket() failed: " + ErrnoText());
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::listen(fd, 128) != 0) {
+    std::string error = ErrnoText();
+    ::close(fd);
+    return Status::Error("cannot listen on port " + std::to_string(port) + ": " + error);
+  }
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  *bound_port = ntohs(addr.sin_port);
+  *fd_out = fd;
+  return Status::OK();
+}
+
+std::string EncodeDeclaration(const Declaration& declaration) {
+  std::string out;
+  uint32_t name_length = static_cast<uint32_t>(declaration.name.size());
+  uint32_t rank = static_cast<uint32_t>(declaration.shape.size());
+  out.append(reinterpret_cast<const char*>(&name_length), sizeof(name_length));
+  out.append(declaration.name);
+  out.push_back(static_cast<char>(declaration.dtype));
+  out.append(reinterpret_cast<const char*>(&rank), sizeof(rank));
+  out.append(reinterpret_cast<const char*>(declaration.shape.data()), rank * sizeof(int64_t));
+  return out;
+}
+
+bool DecodeDeclaration(const std::string& payload, Declaration* declaration) {
+  size_t pos = 0;
+  auto take = [&](void* dst, size_t bytes) {
+    if (pos + bytes > payload.size()) return false;
+    std::memcpy(dst, payload.data() + pos, bytes);
+    pos += bytes;
+    return true;
+  };
+  uint32_t name_length = 0, rank = 0;
+  uint8_t dtype = 0;
+  if (!take(&name_length, sizeof(name_length)) || pos + name_length > payload.size()) return false;
+  declaration->name.assign(payload.data() + pos, name_length);
+  pos += name_length;
+  if (!take(&dtype, 1) || !IsValidDataType(dtype) || !take(&rank, sizeof(rank))) return false;
+  declaration->dtype = static_cast<DataType>(dtype);
+  declaration->shape.resize(rank);
+  return take(declaration->shape.data(), rank * sizeof(int64_t)) && pos == payload.size();
+}
+
+uint64_t TensorSignature(DataType dtype, const std::vector<int64_t>& shape) {
+  uint8_t tag = static_cast<uint8_t>(dtype);
+  uint64_t hash = StableHash(&tag, 1);
+  return StableHash(shape.data(), shape.size() * sizeof(int64_t), hash ^ shape.size());
+}
+
+uint64_t StableHash(const void* data, size_t bytes, uint64_t seed) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t hash = seed;
+  for (size_t i = 0; i < bytes; ++i) {
+    hash ^= p[i];
+    hash *= 1099511628211ULL;
+  }
+  return hash;
+}
+
+}  // namespace bps

@@ -1,0 +1,408 @@
+#include "server.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "../core/logging.h"
+#include "../core/reduce.h"
+
+namespace bps {
+namespace {
+
+// Items a reader may hand to the engines before it stops reading from its worker;
+// bounds server memory to the sum buffers plus this many blocks per worker.
+constexpr int kMaxOutstandingPerWorker = 16;
+constexpr size_t kMaxPooledBlocks = 64;
+
+uint64_t KeyOf(uint64_t tensor_id, uint32_t part) {
+  return tensor_id ^ (static_cast<uint64_t>(part) * 0x9E3779B97F4A7C15ULL);
+}
+
+}  // namespace
+
+struct Server::WorkerConn {
+  explicit WorkerConn(std::unique_ptr<Connection> c) : conn(std::move(c)) {}
+  std::unique_ptr<Connection> conn;
+  int rank = -1;
+  std::mutex mutex;
+  std::condition_variable cv;
+  int outstanding = 0;
+};
+
+// ---------------------------------------------------------------------------
+// BlockPool
+
+BlockPool::Block BlockPool::Acquire(size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (size_t i = 0; i < free_.size(); ++i) {
+      if (free_[i].capacity >= bytes) {
+        Block block = std::move(free_[i]);
+        free_[i] = std::move(free_.back());
+        free_.pop_back();
+        return block;
+      }
+    }
+  }
+  Block block;
+  block.capacity = std::max<size_t>(bytes, 1);
+  block.data.reset(new char[block.capacity]);  // Uninitialised: it is overwritten by a receive.
+  return block;
+}
+
+void BlockPool::Release(Block block) {
+  if (!block.data) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (free_.size() < kMaxPooledBlocks) free_.push_back(std::move(block));
+}
+
+// ---------------------------------------------------------------------------
+// Server
+
+Server::Server(ServerOptions options) : options_(options) {}
+
+Server::~Server() { Stop(); }
+
+Status Server::Listen(int* bound_port) {
+  if (::pipe2(failure_pipe_, O_CLOEXEC) != 0)
+    return Status::Error(std::string("pipe() failed: ") + std::strerror(errno));
+  return ListenTcp(options_.port, &listen_fd_, bound_port);
+}
+
+Status Server::Serve(int num_workers) {
+  if (num_workers < 1 || !engines_.empty()) return Status::Error("the server is already serving");
+  num_workers_ = num_workers;
+  finished_.assign(num_workers_, false);
+  conns_.resize(num_workers_);
+  for (int i = 0; i < std::max(1, options_.engine_threads); ++i) {
+    engines_.push_back(std::make_unique<Engine>());
+    Engine* engine = engines_.back().get();
+    engine->thread = std::thread([this, engine] { EngineLoop(engine); });
+  }
+  acceptor_ = std::thread([this] { AcceptLoop(); });
+  BPS_LOG(kInfo) << "server serving " << num_workers_ << " worker(s) with " << engines_.size()
+                 << " engine thread(s)";
+  return Status::OK();
+}
+
+void Server::AcceptLoop() {
+  while (!stopping_) {
+    sockaddr_in addr{};
+    socklen_t len = sizeof(addr);
+    int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      return;  // The listener was closed by Stop().
+    }
+    ConfigureSocket(fd, options_.timeout_ms);
+    char host[64] = {0};
+    ::inet_ntop(AF_INET, &addr.sin_addr, host, sizeof(host));
+    auto conn = std::make_shared<WorkerConn>(std::make_unique<Connection>(
+        fd, std::string(host) + ":" + std::to_string(ntohs(addr.sin_port))));
+    std::lock_guard<std::mutex> lock(conns_mutex_);
+    accepted_.push_back(conn);
+    readers_.emplace_back([this, conn] { ReadLoop(conn); });
+  }
+}
+
+void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
+  Connection& conn = *worker->conn;
+  FrameHeader header;
+  bool eof = false;
+  Status status = conn.ReceiveHeader(&header, &eof);
+  if (!status.ok() || header.type != static_cast<uint8_t>(FrameType::kHello) ||
+      header.rank >= static_cast<uint32_t>(num_workers_)) {
+    BPS_LOG(kWarning) << "dropping connection from " << conn.peer()
+                      << ": it did not introduce itself as a worker of this job";
+    return;
+  }
+  const uint32_t rank = header.rank;
+  {
+    std::lock_guard<std::mutex> lock(conns_mutex_);
+    if (conns_[rank]) {
+      SetFailure("two workers claim rank " + std::to_string(rank) + " (" +
+                 conns_[rank]->conn->peer() + " and " + conn.peer() + ")");
+      return;
+    }
+    worker->rank = static_cast<int>(rank);
+    conns_[rank] = worker;
+  }
+  BPS_LOG(kDebug) << "worker rank " << rank << " connected from " << conn.peer();
+
+  while (true) {
+    status = conn.ReceiveHeader(&header, &eof);
+    if (!status.ok()) break;
+    const auto type = static_cast<FrameType>(header.type);
+    if (type == FrameType::kBye) {
+      std::lock_guard<std::mutex> lock(conns_mutex_);
+      finished_[rank] = true;
+      BPS_LOG(kDebug) << "worker rank " << rank << " finished";
+      return;
+    }
+    if (type == FrameType::kDeclare) {
+      std::string payload(header.length, '\0');
+      status = conn.ReceivePayload(payload.data(), payload.size());
+      if (!status.ok()) break;
+      Declaration declaration;
+      if (!DecodeDeclaration(payload, &declaration)) {
+        status = Status::Error("malformed tensor declaration from worker rank " +
+                               std::to_string(rank));
+        break;
+      }
+      std::lock_guard<std::mutex> lock(declarations_mutex_);
+      declarations_[{header.tensor_id, rank}] = std::move(declaration);
+      continue;
+    }
+    if (type != FrameType::kPush || !IsValidDataType(header.dtype)) {
+      status = Status::Error("unexpected frame type " + std::to_string(header.type) +
+                             " from worker rank " + std::to_string(rank));
+      break;
+    }
+    {
+      std::unique_lock<std::mutex> lock(worker->mutex);
+      worker->cv.wait(lock, [&] { return worker->outstanding < kMaxOutstandingPerWorker; });
+      ++worker->outstanding;
+    }
+    PushItem item{false,         header.tensor_id, header.part,
+                  rank,          header.dtype,     header.signature,
+                  header.length, pool_.Acquire(header.length)};
+    status = conn.ReceivePayload(item.block.data.get(), item.length);
+    if (!status.ok()) break;
+    Engine* engine = engines_[KeyOf(item.tensor_id, item.part) % engines_.size()].get();
+    {
+      std::lock_guard<std::mutex> lock(engine->mutex);
+      engine->queue.push_back(std::move(item));
+    }
+    engine->cv.notify_one();
+  }
+  if (!stopping_) {
+    SetFailure("worker rank " + std::to_string(rank) + " (" + conn.peer() +
+               ") disconnected without shutting down: " + status.message());
+  }
+}
+
+void Server::EngineLoop(Engine* engine) {
+  while (true) {
+    PushItem item;
+    {
+      std::unique_lock<std::mutex> lock(engine->mutex);
+      engine->cv.wait(lock, [&] { return stopping_ || !engine->queue.empty(); });
+      if (stopping_) return;
+      item = std::move(engine->queue.front());
+      engine->queue.pop_front();
+    }
+    if (item.fail_rounds) {
+      FailRounds(engine, failure());
+      continue;
+    }
+    const uint32_t rank = item.rank;
+    Process(engine, std::move(item));
+    std::shared_ptr<WorkerConn> worker;
+    {
+      std::lock_guard<std::mutex> lock(conns_mutex_);
+      worker = conns_[rank];
+    }
+    {
+      std::lock_guard<std::mutex> lock(worker->mutex);
+      --worker->outstanding;
+    }
+    worker->cv.notify_one();
+  }
+}
+
+void Server::Process(Engine* engine, PushItem item) {
+  const std::string fatal = failure();
+  if (!fatal.empty()) {
+    SendError(item.rank, item.tensor_id, item.part,
+              "the job is failing: " + fatal + " (tensor " + Describe(item.tensor_id, item.rank) +
+                  ")");
+    pool_.Release(std::move(item.block));
+    return;
+  }
+  KeyState& key = engine->keys[KeyOf(item.tensor_id, item.part)];
+  if (key.contributors.empty()) {
+    key.tensor_id = item.tensor_id;
+    key.part = item.part;
+    key.sum = std::move(item.block);
+    key.length = item.length;
+    key.signature = item.signature;
+    key.dtype = item.dtype;
+    key.error.clear();
+  } else {
+    const bool repeated = std::find(key.contributors.begin(), key.contributors.end(),
+                                    item.rank) != key.contributors.end();
+    if (key.error.empty() && repeated) {
+      key.error = "worker rank " + std::to_string(item.rank) + " pushed partition " +
+                  std::to_string(item.part) + " of tensor " + Describe(item.tensor_id, item.rank) +
+                  " twice in one round";
+    } else if (key.error.empty() &&
+               (item.signature != key.signature || item.length != key.length)) {
+      key.error = MismatchMessage(item.tensor_id, key.contributors.front(), item.rank);
+      for (uint32_t earlier : key.contributors)
+        SendError(earlier, item.tensor_id, item.part, key.error);
+    }
+    if (key.error.empty()) {
+      SumInto(static_cast<DataType>(key.dtype), key.sum.data.get(), item.block.data.get(),
+              key.length / DataTypeSize(static_cast<DataType>(key.dtype)));
+    }
+    pool_.Release(std::move(item.block));
+  }
+  key.contributors.push_back(item.rank);
+  if (!key.error.empty()) SendError(item.rank, item.tensor_id, item.part, key.error);
+
+  // A rank that already said Bye can never complete this round.
+  std::vector<uint32_t> gone;
+  {
+    std::lock_guard<std::mutex> lock(conns_mutex_);
+    for (int r = 0; r < num_workers_; ++r) {
+      if (finished_[r] && std::find(key.contributors.begin(), key.contributors.end(),
+                                    static_cast<uint32_t>(r)) == key.contributors.end())
+        gone.push_back(static_cast<uint32_t>(r));
+    }
+  }
+  if (!gone.empty() && key.error.empty()) {
+    key.error = "worker rank " + std::to_string(gone.front()) +
+                " has already shut down, so tensor " + Describe(item.tensor_id, item.rank) +
+                " cannot be summed";
+    for (uint32_t r : key.contributors) SendError(r, item.tensor_id, item.part, key.error);
+  }
+
+  if (key.contributors.size() + gone.size() < static_cast<size_t>(num_workers_) &&
+      gone.empty())
+    return;
+  if (key.error.empty()) {
+    for (uint32_t r : key.contributors)
+      SendReply(r, item.tensor_id, item.part, key.sum.data.get(), key.length);
+  }
+  pool_.Release(std::move(key.sum));
+  engine->keys.erase(KeyOf(item.tensor_id, item.part));
+}
+
+void Server::SendReply(uint32_t rank, uint64_t tensor_id, uint32_t part, const void* data,
+                       size_t length) {
+  std::shared_ptr<WorkerConn> worker;
+  {
+    std::lock_guard<std::mutex> lock(conns_mutex_);
+    worker = conns_[rank];
+  }
+  if (!worker) return;
+  FrameHeader header;
+  header.type = static_cast<uint8_t>(FrameType::kReply);
+  header.tensor_id = tensor_id;
+  header.part = part;
+  header.length = length;
+  std::lock_guard<std::mutex> lock(worker->conn->write_mutex());
+  Status status = worker->conn->Send(header, data);
+  if (!status.ok()) BPS_LOG(kWarning) << status.message();
+}
+
+void Server::SendError(uint32_t rank, uint64_t tensor_id, uint32_t part,
+                       const std::string& message) {
+  std::shared_ptr<WorkerConn> worker;
+  {
+    std::lock_guard<std::mutex> lock(conns_mutex_);
+    worker = conns_[rank];
+  }
+  if (!worker) return;
+  FrameHeader header;
+  header.type = static_cast<uint8_t>(FrameType::kError);
+  header.tensor_id = tensor_id;
+  header.part = part;
+  header.length = message.size();
+  std::lock_guard<std::mutex> lock(worker->conn->write_mutex());
+  worker->conn->Send(header, message.data());  // Best effort: the worker may be gone.
+}
+
+std::string Server::Describe(uint64_t tensor_id, uint32_t rank) {
+  std::lock_guard<std::mutex> lock(declarations_mutex_);
+  auto it = declarations_.find({tensor_id, rank});
+  if (it == declarations_.end()) return "with id " + std::to_string(tensor_id);
+  return "'" + it->second.name + "'";
+}
+
+std::string Server::MismatchMessage(uint64_t tensor_id, uint32_t rank_a, uint32_t rank_b) {
+  std::lock_guard<std::mutex> lock(declarations_mutex_);
+  auto a = declarations_.find({tensor_id, rank_a});
+  auto b = declarations_.find({tensor_id, rank_b});
+  if (a == declarations_.end() || b == declarations_.end())
+    return "workers pushed tensor id " + std::to_string(tensor_id) + " with different sizes";
+  return "tensor '" + a->second.name + "' has different shapes or dtypes across workers: rank " +
+         std::to_string(rank_a) + " has " + ShapeString(a->second.dtype, a->second.shape) +
+         ", rank " + std::to_string(rank_b) + " has " +
+         ShapeString(b->second.dtype, b->second.shape);
+}
+
+void Server::SetFailure(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(failure_mutex_);
+    if (!failure_.empty()) return;
+    failure_ = reason;
+  }
+  BPS_LOG(kError) << reason;
+  char byte = 1;
+  if (::write(failure_pipe_[1], &byte, 1) < 0) BPS_LOG(kWarning) << "cannot signal failure";
+  // Rounds that wait for the lost worker can never finish. Their state belongs to
+  // the engine threads, so ask each engine to fail its own.
+  for (auto& engine : engines_) {
+    PushItem item;
+    item.fail_rounds = true;
+    {
+      std::lock_guard<std::mutex> lock(engine->mutex);
+      engine->queue.push_front(std::move(item));
+    }
+    engine->cv.notify_one();
+  }
+}
+
+void Server::FailRounds(Engine* engine, const std::string& reason) {
+  for (auto& entry : engine->keys) {
+    KeyState& key = entry.second;
+    for (uint32_t rank : key.contributors) {
+      SendError(rank, key.tensor_id, key.part,
+                "the job is failing: " + reason + " (tensor " + Describe(key.tensor_id, rank) + ")");
+    }
+    pool_.Release(std::move(key.sum));
+  }
+  engine->keys.clear();
+}
+
+std::string Server::failure() {
+  std::lock_guard<std::mutex> lock(failure_mutex_);
+  return failure_;
+}
+
+void Server::Stop() {
+  if (stopping_.exchange(true)) return;
+  if (listen_fd_ >= 0) ::shutdown(listen_fd_, SHUT_RDWR);
+  if (acceptor_.joinable()) acceptor_.join();
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  std::vector<std::thread> readers;
+  {
+    std::lock_guard<std::mutex> lock(conns_mutex_);
+    for (auto& worker : accepted_) worker->conn->Shutdown();
+    readers.swap(readers_);
+  }
+  for (auto& engine : engines_) {
+    {
+      std::lock_guard<std::mutex> lock(engine->mutex);
+    }
+    engine->cv.notify_all();
+    if (engine->thread.joinable()) engine->thread.join();
+  }
+  for (auto& worker : accepted_) {
+    std::lock_guard<std::mutex> lock(worker->mutex);
+    worker->outstanding = 0;
+    worker->cv.notify_all();
+  }
+  for (auto& reader : readers) reader.join();
+  for (int fd : failure_pipe_)
+    if (fd >= 0) ::close(fd);
+}
+
+}  // namespace bps

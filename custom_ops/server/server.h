@@ -1,0 +1,128 @@
+// The summation server: receives partition pushes from every worker, sums them in
+// one buffer per partition key, and sends the sum back to every worker.
+//
+// Threads: one acceptor, one reader per worker connection, and
+// BYTEPS_SERVER_ENGINE_THREAD engine threads. A key always maps to the same engine
+// thread, so a key's state is only ever touched by one thread and needs no lock.
+#ifndef TF_BPS_SERVER_SERVER_H_
+#define TF_BPS_SERVER_SERVER_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "../core/common.h"
+#include "../core/transport.h"
+
+namespace bps {
+
+struct ServerOptions {
+  int port = 0;  // 0: any free port.
+  int engine_threads = 4;
+  int timeout_ms = 300000;
+};
+
+// Receive buffers, recycled so that steady-state training allocates nothing.
+class BlockPool {
+ public:
+  struct Block {
+    std::unique_ptr<char[]> data;
+    size_t capacity = 0;
+  };
+  Block Acquire(size_t bytes);
+  void Release(Block block);
+
+ private:
+  std::mutex mutex_;
+  std::vector<Block> free_;
+};
+
+class Server {
+ public:
+  explicit Server(ServerOptions options);
+  ~Server();
+
+  // Binds the port; workers that connect now wait in the backlog until Serve().
+  Status Listen(int* bound_port);
+  // Starts summing for `num_workers` workers, learnt from the scheduler's address book.
+  Status Serve(int num_workers);
+  // A descriptor that turns readable when the server hits a fatal failure (a worker
+  // vanished), so a control loop can wait on it alongside its other sockets.
+  int failure_fd() const { return failure_pipe_[0]; }
+  std::string failure();
+  void Stop();
+
+ private:
+  struct WorkerConn;
+  struct PushItem {
+    bool fail_rounds = false;  // Not a push: fail every unfinished round (a worker died).
+    uint64_t tensor_id = 0;
+    uint32_t part = 0;
+    uint32_t rank = 0;
+    uint8_t dtype = 0;
+    uint64_t signature = 0;
+    size_t length = 0;
+    BlockPool::Block block;
+  };
+  struct KeyState {
+    uint64_t tensor_id = 0;
+    uint32_t part = 0;
+    BlockPool::Block sum;
+    size_t length = 0;
+    uint64_t signature = 0;
+    uint8_t dtype = 0;
+    std::vector<uint32_t> contributors;
+    std::string error;
+  };
+  struct Engine {
+    std::mutex mutex;
+    std::condition_variable cv;
+    std::deque<PushItem> queue;
+    std::unordered_map<uint64_t, KeyState> keys;
+    std::thread thread;
+  };
+
+  void AcceptLoop();
+  void ReadLoop(std::shared_ptr<WorkerConn> conn);
+  void EngineLoop(Engine* engine);
+  void Process(Engine* engine, PushItem item);
+  void SendError(uint32_t rank, uint64_t tensor_id, uint32_t part, const std::string& message);
+  void SendReply(uint32_t rank, uint64_t tensor_id, uint32_t part, const void* data, size_t length);
+  std::string Describe(uint64_t tensor_id, uint32_t rank);
+  std::string MismatchMessage(uint64_t tensor_id, uint32_t rank_a, uint32_t rank_b);
+  void SetFailure(const std::string& reason);
+  void FailRounds(Engine* engine, const std::string& reason);
+
+  const ServerOptions options_;
+  int num_workers_ = 0;
+  int listen_fd_ = -1;
+  int failure_pipe_[2] = {-1, -1};
+  std::atomic<bool> stopping_{false};
+  std::thread acceptor_;
+  BlockPool pool_;
+  std::vector<std::unique_ptr<Engine>> engines_;
+
+  std::mutex conns_mutex_;
+  std::vector<std::shared_ptr<WorkerConn>> conns_;  // by rank
+  std::vector<std::shared_ptr<WorkerConn>> accepted_;  // every connection, for Stop()
+  std::vector<std::thread> readers_;
+  std::vector<bool> finished_;  // rank said Bye
+
+  std::mutex declarations_mutex_;
+  std::map<std::pair<uint64_t, uint32_t>, Declaration> declarations_;
+
+  std::mutex failure_mutex_;
+  std::string failure_;
+};
+
+}  // namespace bps
+
+#endif  // TF_BPS_SERVER_SERVER_H_

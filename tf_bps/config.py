@@ -1,0 +1,194 @@
+"""Every DMLC_*/BYTEPS_*/PS_* variable tf_bps reads, parsed and validated in one place.
+
+Nothing else in tf_bps reads the environment for configuration: the C++ core gets
+its settings from here through the C API.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+ROLES = ("scheduler", "server", "worker")
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
+DEFAULT_PARTITION_BYTES = 4096000
+
+
+class ConfigError(ValueError):
+    """A variable has a value tf_bps cannot use; the message names it."""
+
+
+def _int(env: Mapping[str, str], name: str, default: int | None, minimum: int = 0) -> int | None:
+    raw = env.get(name, "").strip()
+    if raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise ConfigError(f"{name}={raw!r} is not valid: expected an integer >= {minimum}")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise ConfigError(f"{name}={raw!r} is not valid: expected a number of seconds > 0")
+    return value
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name, "").strip()
+    if raw in ("", "0"):
+        return False
+    if raw == "1":
+        return True
+    raise ConfigError(f"{name}={raw!r} is not valid: expected 0 or 1")
+
+
+def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default: str | None,
+            upper: bool = False) -> str | None:
+    raw = env.get(name, "").strip()
+    if raw == "":
+        return default
+    value = raw.upper() if upper else raw
+    if value not in choices:
+        raise ConfigError(f"{name}={raw!r} is not valid: expected one of {', '.join(choices)}")
+    return value
+
+
+@dataclass(frozen=True)
+class Config:
+    role: str | None
+    root_uri: str | None
+    root_port: int | None
+    num_worker: int
+    num_server: int
+    worker_id: int
+    local_rank: int
+    local_size: int
+    partition_bytes: int
+    server_engine_threads: int
+    force_distributed: bool
+    log_level: str
+    ps_verbose: int
+    node_host: str | None
+    interface: str | None
+    heartbeat_interval: float
+    heartbeat_timeout: float
+    op_timeout: float
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
+        env = os.environ if env is None else env
+        if _flag(env, "DMLC_ENABLE_RDMA"):
+            raise ConfigError(
+                "DMLC_ENABLE_RDMA=1 is not supported: this build of tf_bps has the TCP "
+                "transport only; set DMLC_ENABLE_RDMA=0 or leave it unset")
+        config = cls(
+            role=_choice(env, "DMLC_ROLE", ROLES, None),
+            root_uri=env.get("DMLC_PS_ROOT_URI", "").strip() or None,
+            root_port=_int(env, "DMLC_PS_ROOT_PORT", None, minimum=1),
+            num_worker=_int(env, "DMLC_NUM_WORKER", 1, minimum=1),
+            num_server=_int(env, "DMLC_NUM_SERVER", 0, minimum=0),
+            worker_id=_int(env, "DMLC_WORKER_ID", 0),
+            local_rank=_int(env, "BYTEPS_LOCAL_RANK", 0),
+            local_size=_int(env, "BYTEPS_LOCAL_SIZE", 1, minimum=1),
+            partition_bytes=_int(env, "BYTEPS_PARTITION_BYTES", DEFAULT_PARTITION_BYTES,
+                                 minimum=8),
+            server_engine_threads=_int(env, "BYTEPS_SERVER_ENGINE_THREAD", 4, minimum=1),
+            force_distributed=_flag(env, "BYTEPS_FORCE_DISTRIBUTED"),
+            log_level=_choice(env, "BYTEPS_LOG_LEVEL", LOG_LEVELS, "WARNING", upper=True),
+            ps_verbose=int(_choice(env, "PS_VERBOSE", ("0", "1", "2"), "0")),
+            node_host=env.get("DMLC_NODE_HOST", "").strip() or None,
+            interface=env.get("DMLC_INTERFACE", "").strip() or None,
+            heartbeat_interval=_float(env, "PS_HEARTBEAT_INTERVAL", 1.0),
+            heartbeat_timeout=_float(env, "PS_HEARTBEAT_TIMEOUT", 10.0),
+            op_timeout=_float(env, "BYTEPS_OP_TIMEOUT", 300.0),
+        )
+        if config.port_range_error():
+            raise ConfigError(config.port_range_error())
+        if config.worker_id >= config.num_worker:
+            raise ConfigError(
+                f"DMLC_WORKER_ID={config.worker_id} is not valid: expected 0 to "
+                f"DMLC_NUM_WORKER-1 ({config.num_worker - 1})")
+        if config.local_rank >= config.local_size:
+            raise ConfigError(
+                f"BYTEPS_LOCAL_RANK={config.local_rank} is not valid: expected 0 to "
+                f"BYTEPS_LOCAL_SIZE-1 ({config.local_size - 1})")
+        return config
+
+    def port_range_error(self) -> str:
+        if self.root_port is not None and self.root_port > 65535:
+            return f"DMLC_PS_ROOT_PORT={self.root_port} is not valid: expected 1 to 65535"
+        return ""
+
+    @property
+    def size(self) -> int:
+        """Worker processes in the job: one per local rank on every worker machine."""
+        return self.num_worker * self.local_size
+
+    @property
+    def rank(self) -> int:
+        return self.worker_id * self.local_size + self.local_rank
+
+    @property
+    def distributed(self) -> bool:
+        """Whether push_pull goes through servers (more than one worker, or forced)."""
+        return self.size > 1 or self.force_distributed
+
+    def require_rendezvous(self) -> tuple[str, int]:
+        """The scheduler's address; raises naming whichever variable is missing."""
+        missing = [name for name, value in (("DMLC_PS_ROOT_URI", self.root_uri),
+                                            ("DMLC_PS_ROOT_PORT", self.root_port)) if not value]
+        if missing:
+            raise ConfigError(
+                f"{' and '.join(missing)} must be set: a distributed job needs the scheduler's "
+                "address (or start the job with bpslaunch)")
+        if self.num_server < 1:
+            raise ConfigError(
+                "DMLC_NUM_SERVER must be set to at least 1: a distributed job needs servers")
+        return self.root_uri, self.root_port
+
+    def core_log_level(self) -> int:
+        """The core's level (0 trace .. 4 error): the more verbose of the two variables."""
+        level = {"TRACE": 0, "DEBUG": 1, "INFO": 2, "WARNING": 3, "ERROR": 4, "FATAL": 4}[
+            self.log_level]
+        verbose = {0: 4, 1: 2, 2: 0}[self.ps_verbose]
+        return min(level, verbose)
+
+    def advertised_host(self) -> str:
+        """The address other nodes use to reach this one."""
+        if self.node_host:
+            return self.node_host
+        if self.interface:
+            return _interface_address(self.interface)
+        root_uri, root_port = self.require_rendezvous()
+        # Connecting a UDP socket sends nothing; it only asks the kernel for the route.
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((root_uri, root_port))
+            return probe.getsockname()[0]
+
+
+def _interface_address(name: str) -> str:
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            packed = fcntl.ioctl(sock.fileno(), siocgifaddr,
+                                 struct.pack("256s", name[:15].encode()))
+        except OSError as error:
+            raise ConfigError(
+                f"DMLC_INTERFACE={name!r} is not valid: no IPv4 address on that interface "
+                f"({error.strerror})") from None
+    return socket.inet_ntoa(packed[20:24])

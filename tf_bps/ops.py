@@ -1,0 +1,112 @@
+"""TensorFlow operations: push_pull, broadcast and their gradients.
+
+The per-tensor work happens in the C++ kernel (custom_ops/tf) and the core; this
+module only names tensors and builds ops.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import tensorflow as tf
+
+from tf_bps import basics, core
+from tf_bps.compression import Compression
+
+_library = tf.load_op_library(str(core.native_library("_bps_tf_ops")))
+
+
+class ReduceOp(enum.IntEnum):
+    """How push_pull combines the workers' tensors (values are the kernel's attr)."""
+
+    Sum = 0
+    Average = 1
+
+
+Sum = ReduceOp.Sum
+Average = ReduceOp.Average
+
+
+def _resolve_op(average: bool | None, op: ReduceOp | None) -> ReduceOp:
+    if op is not None and average is not None:
+        raise ValueError("push_pull takes either `average` or `op`, not both")
+    if op is not None:
+        if op not in (Sum, Average):
+            raise ValueError(f"push_pull op must be bps.Sum or bps.Average, got {op!r}")
+        return ReduceOp(op)
+    return Sum if average is False else Average
+
+
+def _default_name(prefix: str, tensor: tf.Tensor) -> str:
+    """A name that is the same on every worker and in every step.
+
+    In a graph (tf.function) it is the op's unique graph name, which tracing gives
+    deterministically. Eager calls run one at a time, so unnamed ones are matched in
+    call order under a name made of their dtype and shape: a loop reuses its keys.
+    """
+    if tf.executing_eagerly():
+        dims = "x".join(str(d) for d in tensor.shape.as_list()) or "scalar"
+        return f"{prefix}.eager.{tensor.dtype.name}.{dims}"
+    return tf.compat.v1.get_default_graph().unique_name(prefix)
+
+
+def _push_pull(tensor: tf.Tensor, name: str, op: ReduceOp) -> tf.Tensor:
+    return _library.byteps_push_pull(tensor, tensor_name=name, reduce_op=int(op))
+
+
+def push_pull(tensor, average: bool | None = None, name: str | None = None,
+              compression=Compression.none, op: ReduceOp | None = None) -> tf.Tensor:
+    """Sums or averages `tensor` across all workers (default: average).
+
+    Workers match tensors by `name`; without one a stable name is derived.
+    """
+    reduce_op = _resolve_op(average, op)
+    tensor = tf.convert_to_tensor(tensor)
+    compressed, context = compression.compress(tensor)
+    name = name or _default_name("PushPull", compressed)
+    return compression.decompress(_push_pull(compressed, name, reduce_op), context)
+
+
+@tf.RegisterGradient("BytepsPushPull")
+def _push_pull_gradient(op, grad):
+    """The gradient of a sum (or mean) over workers is the sum (or mean) of the
+    workers' gradients."""
+    name = op.get_attr("tensor_name")
+    if isinstance(name, bytes):
+        name = name.decode()
+    return _push_pull(grad, f"{name}.grad", ReduceOp(op.get_attr("reduce_op")))
+
+
+def broadcast(tensor, root_rank: int, name: str | None = None) -> tf.Tensor:
+    """Every worker gets `root_rank`'s value of `tensor`."""
+    size = basics.size()
+    if not 0 <= root_rank < size:
+        raise ValueError(f"root_rank={root_rank} is not a rank of this job (size {size})")
+    tensor = tf.convert_to_tensor(tensor)
+    name = f"Broadcast.{name}" if name else _default_name("Broadcast", tensor)
+    if size == 1:
+        return tf.identity(tensor)
+    wire = tf.cast(tensor, tf.int32) if tensor.dtype == tf.bool else tensor
+    # A sum where only the root contributes non-zeros is the root's value, exactly.
+    contribution = wire if basics.rank() == root_rank else tf.zeros_like(wire)
+    result = _push_pull(contribution, name, Sum)
+    return tf.cast(result, tf.bool) if tensor.dtype == tf.bool else result
+
+
+def _variable_name(variable) -> str:
+    return getattr(variable, "path", None) or variable.name
+
+
+def broadcast_variables(variables, root_rank: int):
+    """Assigns `root_rank`'s values to `variables` on every worker.
+
+    The variables must be listed in the same order on every worker.
+    """
+    assigns = []
+    for index, variable in enumerate(variables):
+        value = broadcast(tf.convert_to_tensor(variable), root_rank,
+                          name=f"Variable.{index}.{_variable_name(variable)}")
+        assigns.append(variable.assign(value))
+    if tf.executing_eagerly():
+        return None
+    return tf.group(*assigns)

@@ -1,0 +1,139 @@
+"""The control plane between nodes and the scheduler (pyzmq, JSON messages).
+
+Messages, node -> scheduler: register, heartbeat, done (a worker finished cleanly),
+failure (a node saw a peer die). Scheduler -> node: book (the address book and this
+node's rank), heartbeat_ack, abort (the job is failing: stop), exit (the job is over).
+No tensor data ever travels here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import zmq
+
+from tf_bps.config import Config
+
+log = logging.getLogger("tf_bps")
+
+
+class RendezvousError(RuntimeError):
+    """The scheduler could not be reached, refused this node, or the job failed."""
+
+
+def scheduler_endpoint(config: Config) -> str:
+    uri, port = config.require_rendezvous()
+    return f"tcp://{uri}:{port}"
+
+
+class SchedulerLink:
+    """A node's connection to the scheduler: registration, then heartbeats."""
+
+    def __init__(self, config: Config):
+        self._config = config
+        self._context = zmq.Context()
+        self._socket = self._context.socket(zmq.DEALER)
+        self._socket.setsockopt(zmq.LINGER, 2000)
+        self._socket.connect(scheduler_endpoint(config))
+        self._last_ack = time.monotonic()
+        self._next_heartbeat = 0.0
+        self._endpoint = scheduler_endpoint(config)
+        self._thread: threading.Thread | None = None
+        self._wake_send: zmq.Socket | None = None
+
+    def register(self, role: str, **fields) -> dict:
+        """Sends this node's registration and waits for the address book."""
+        message = {"type": "register", "role": role, "pid": os.getpid(),
+                   "host": self._config.advertised_host(), **fields}
+        self._socket.send_json(message)
+        deadline = time.monotonic() + self._config.op_timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._socket.poll(int(remaining * 1000)):
+                raise RendezvousError(
+                    f"no address book from the scheduler at {self._endpoint} within "
+                    f"{self._config.op_timeout:g} s (is it running, and have all "
+                    f"{self._config.num_worker} worker(s) and {self._config.num_server} "
+                    "server(s) started? see BYTEPS_OP_TIMEOUT)")
+            reply = self._socket.recv_json()
+            if reply["type"] == "book":
+                self._last_ack = time.monotonic()
+                return reply
+            if reply["type"] == "abort":
+                raise RendezvousError(f"the scheduler refused this node: {reply['reason']}")
+
+    def poll_once(self, extra: list | None = None) -> tuple[list, list]:
+        """Sends a heartbeat when one is due, then waits until the next is due for
+        scheduler messages or for `extra` sockets and descriptors to turn readable.
+
+        Returns (scheduler messages, ready extra items). Raises RendezvousError when
+        the scheduler has been silent for longer than PS_HEARTBEAT_TIMEOUT.
+        """
+        now = time.monotonic()
+        if now >= self._next_heartbeat:
+            self._socket.send_json({"type": "heartbeat"})
+            self._next_heartbeat = now + self._config.heartbeat_interval
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        for item in extra or []:
+            poller.register(item, zmq.POLLIN)
+        wait_ms = max(0, int((self._next_heartbeat - time.monotonic()) * 1000))
+        ready = dict(poller.poll(wait_ms))
+        messages = []
+        while self._socket.poll(0):
+            message = self._socket.recv_json()
+            self._last_ack = time.monotonic()
+            if message["type"] != "heartbeat_ack":
+                messages.append(message)
+        silent = time.monotonic() - self._last_ack
+        if silent > self._config.heartbeat_timeout:
+            raise RendezvousError(
+                f"the scheduler at {self._endpoint} has not answered for {silent:.0f} s "
+                "(PS_HEARTBEAT_TIMEOUT); it has probably died")
+        return messages, [item for item in extra or [] if item in ready]
+
+    def send(self, message: dict) -> None:
+        self._socket.send_json(message)
+
+    def start_monitor(self, on_abort: Callable[[str], None]) -> None:
+        """Heartbeats from a background thread; `on_abort` runs if the job fails."""
+        wake_recv = self._context.socket(zmq.PAIR)
+        wake_recv.bind(f"inproc://wake-{id(self)}")
+        self._wake_send = self._context.socket(zmq.PAIR)
+        self._wake_send.connect(f"inproc://wake-{id(self)}")
+        self._thread = threading.Thread(target=self._monitor, args=(wake_recv, on_abort),
+                                        name="tf_bps-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _monitor(self, wake: zmq.Socket, on_abort: Callable[[str], None]) -> None:
+        try:
+            while True:
+                messages, woken = self.poll_once([wake])
+                for message in messages:
+                    if message["type"] == "abort":
+                        on_abort(message["reason"])
+                        return
+                if woken:
+                    if wake.recv() == b"done":
+                        self._socket.send_json({"type": "done"})
+                    return
+        except RendezvousError as error:
+            on_abort(str(error))
+        finally:
+            wake.close(linger=0)
+
+    def close(self, done: bool) -> None:
+        """Stops heartbeats; `done` tells the scheduler this worker finished cleanly."""
+        if self._thread is not None:
+            if self._thread.is_alive():
+                self._wake_send.send(b"done" if done else b"quit")
+            self._thread.join(timeout=5)
+            self._wake_send.close(linger=0)
+        elif done:
+            self._socket.send_json({"type": "done"})
+        self._socket.close()
+        self._context.term()
