@@ -49,7 +49,7 @@ def init() -> None:
                                      local_rank=config.local_rank, local_size=config.local_size)
                 core.worker_init(book["rank"], book["size"], book["servers"], config)
             except BaseException:
-                link.close(done=False)
+                link.close(failure="worker could not start")
                 raise
             link.start_monitor(on_abort=_on_abort)
             _job = _Job(config, rank=book["rank"], size=book["size"], link=link)
@@ -70,9 +70,10 @@ def shutdown() -> None:
         job, _job = _job, None
     if job is None:
         return
+    failure = core.worker_failure()
     core.worker_shutdown()
     if job.link is not None:
-        job.link.close(done=True)
+        job.link.close(failure=failure or None)
 
 
 def _current() -> _Job:

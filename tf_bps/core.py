@@ -33,6 +33,7 @@ def library() -> ctypes.CDLL:
     lib.bps_worker_init.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
                                     ctypes.c_longlong, ctypes.c_int]
     lib.bps_worker_abort.argtypes = [ctypes.c_char_p]
+    lib.bps_worker_failure.argtypes = [ctypes.c_char_p, ctypes.c_int]
     lib.bps_server_listen.restype = ctypes.c_void_p
     lib.bps_server_listen.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                       ctypes.POINTER(ctypes.c_int)]
@@ -65,6 +66,17 @@ def worker_abort(reason: str) -> None:
     library().bps_worker_abort(reason.encode())
 
 
+def _read_message(fill) -> str:
+    buf = ctypes.create_string_buffer(4096)
+    fill(buf, len(buf))
+    return buf.value.decode(errors="replace")
+
+
+def worker_failure() -> str:
+    """Why the worker can no longer push_pull; empty while it is healthy."""
+    return _read_message(library().bps_worker_failure)
+
+
 def worker_shutdown() -> None:
     library().bps_worker_shutdown()
 
@@ -88,9 +100,8 @@ class ServerEngine:
         return library().bps_server_failure_fd(self._handle)
 
     def failure(self) -> str:
-        buf = ctypes.create_string_buffer(4096)
-        library().bps_server_failure(self._handle, buf, len(buf))
-        return buf.value.decode(errors="replace")
+        return _read_message(lambda buf, size: library().bps_server_failure(
+            self._handle, buf, size))
 
     def stop(self) -> None:
         if self._handle:

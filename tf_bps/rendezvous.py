@@ -118,22 +118,26 @@ class SchedulerLink:
                         on_abort(message["reason"])
                         return
                 if woken:
-                    if wake.recv() == b"done":
-                        self._socket.send_json({"type": "done"})
+                    farewell = wake.recv_json()
+                    if farewell is not None:
+                        self._socket.send_json(farewell)
                     return
         except RendezvousError as error:
             on_abort(str(error))
         finally:
             wake.close(linger=0)
 
-    def close(self, done: bool) -> None:
-        """Stops heartbeats; `done` tells the scheduler this worker finished cleanly."""
+    def close(self, failure: str | None = None, say_done: bool = True) -> None:
+        """Says goodbye: the failure that ended this node, else done (if `say_done`)."""
+        farewell = {"type": "failure", "reason": failure} if failure else {"type": "done"}
+        if failure is None and not say_done:
+            farewell = None
         if self._thread is not None:
             if self._thread.is_alive():
-                self._wake_send.send(b"done" if done else b"quit")
+                self._wake_send.send_json(farewell)
             self._thread.join(timeout=5)
             self._wake_send.close(linger=0)
-        elif done:
-            self._socket.send_json({"type": "done"})
+        elif farewell is not None:
+            self._socket.send_json(farewell)
         self._socket.close()
         self._context.term()

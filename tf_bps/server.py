@@ -40,8 +40,9 @@ def serve(config: Config) -> int:
         print(f"tf_bps server: {error}", file=sys.stderr)
         return 1
     finally:
+        failure = engine.failure()
         engine.stop()
-        link.close(done=False)
+        link.close(failure=failure or None, say_done=False)
 
 
 def main() -> int:

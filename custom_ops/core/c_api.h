@@ -16,6 +16,8 @@ int bps_worker_init_local(void);
 int bps_worker_init(int rank, int size, const char* servers, long long partition_bytes,
                     int timeout_ms);
 void bps_worker_abort(const char* reason);
+/* Copies why the worker failed (a server died, say; empty when healthy) into buf. */
+int bps_worker_failure(char* buf, int capacity);
 void bps_worker_shutdown(void);
 
 /* Server: an opaque handle; the failure descriptor turns readable on a fatal error. */

@@ -1,5 +1,6 @@
 #include "operations.h"
 
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -30,6 +31,11 @@ thread_local std::string t_last_error;
 int Fail(const std::string& message) {
   t_last_error = message;
   return -1;
+}
+
+int CopyOut(const std::string& text, char* buf, int capacity) {
+  if (capacity > 0) std::snprintf(buf, static_cast<size_t>(capacity), "%s", text.c_str());
+  return static_cast<int>(text.size());
 }
 
 Status ParseServers(const char* text, std::vector<ServerAddress>* servers) {
@@ -118,6 +124,16 @@ void bps_worker_abort(const char* reason) {
   if (worker) worker->Abort(reason ? reason : "aborted");
 }
 
+int bps_worker_failure(char* buf, int capacity) {
+  std::shared_ptr<bps::Worker> worker;
+  {
+    auto& state = bps::State();
+    std::lock_guard<std::mutex> lock(state.mutex);
+    worker = state.worker;
+  }
+  return bps::CopyOut(worker ? worker->fatal_error().message() : "", buf, capacity);
+}
+
 void bps_worker_shutdown(void) {
   std::shared_ptr<bps::Worker> worker;
   {
@@ -151,11 +167,7 @@ int bps_server_serve(void* server, int num_workers) {
 int bps_server_failure_fd(void* server) { return static_cast<bps::Server*>(server)->failure_fd(); }
 
 int bps_server_failure(void* server, char* buf, int capacity) {
-  std::string failure = static_cast<bps::Server*>(server)->failure();
-  if (capacity > 0) {
-    std::snprintf(buf, static_cast<size_t>(capacity), "%s", failure.c_str());
-  }
-  return static_cast<int>(failure.size());
+  return bps::CopyOut(static_cast<bps::Server*>(server)->failure(), buf, capacity);
 }
 
 void bps_server_stop(void* server) { delete static_cast<bps::Server*>(server); }

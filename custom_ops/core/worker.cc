@@ -189,7 +189,7 @@ void ServerLink::ReceiveLoop() {
       }
     }
     if (!status.ok()) {
-      if (!worker_->stopping()) worker_->OnLinkFailure(description() + ": " + status.message());
+      if (!worker_->stopping()) worker_->OnLinkFailure(status.message());
       return;
     }
   }

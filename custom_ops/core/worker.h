@@ -158,6 +158,8 @@ class Worker {
   // Fails every in-flight and future operation with `reason` (a peer died, say).
   void Abort(const std::string& reason);
   void Stop();
+  // Why the worker can no longer push_pull; OK while it is healthy.
+  Status fatal_error();
 
   const WorkerOptions& options() const { return options_; }
   bool stopping() const { return stopping_.load(); }
@@ -174,7 +176,6 @@ class Worker {
   };
 
   void WatchdogLoop();
-  Status fatal_error();
 
   const WorkerOptions options_;
   std::vector<std::unique_ptr<ServerLink>> links_;

@@ -1,0 +1,114 @@
+"""Helpers that run real tf_bps jobs: scheduler, servers and workers as processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+WORKERS = TESTS / "workers"
+LAUNCH = [sys.executable, "-m", "tf_bps.launcher"]
+sys.path.insert(0, str(WORKERS))  # cases.py is shared by worker scripts and tests.
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def base_env(**overrides) -> dict[str, str]:
+    """The test's environment without any job variables, plus `overrides`."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("DMLC_", "BYTEPS_", "PS_"))}
+    env.update(TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join([str(WORKERS), env.get("PYTHONPATH", "")]))
+    env.update({k: str(v) for k, v in overrides.items()})
+    return env
+
+
+def worker_command(script: str, *args: str) -> list[str]:
+    return [sys.executable, str(WORKERS / script), *args]
+
+
+class Processes:
+    """Starts processes in their own sessions and ends exactly those, by PID."""
+
+    def __init__(self):
+        self.started: list[subprocess.Popen] = []
+
+    def start(self, command: list[str], env: dict[str, str]) -> subprocess.Popen:
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.started.append(process)
+        return process
+
+    def run(self, command: list[str], env: dict[str, str], timeout: float = 120):
+        """Runs to completion; returns (exit status, combined output)."""
+        process = self.start(command, env)
+        try:
+            output, _ = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.end(process)
+            output, _ = process.communicate()
+            pytest.fail(f"{command} did not finish within {timeout} s; output:\n{output}")
+        return process.returncode, output
+
+    def launch(self, num_workers: int, script: str, *args: str, num_servers: int | None = None,
+               timeout: float = 120, **env):
+        """bpslaunch -np N: a whole job on this machine."""
+        command = [*LAUNCH, "-np", str(num_workers)]
+        if num_servers is not None:
+            command += ["--num-servers", str(num_servers)]
+        return self.run([*command, *worker_command(script, *args)], base_env(**env), timeout)
+
+    def start_job_by_role(self, num_workers: int, num_servers: int, script: str, *args: str,
+                          **env) -> dict[str, subprocess.Popen]:
+        """Starts every role separately, as on several machines (DMLC_ROLE + bpslaunch)."""
+        common = dict(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=free_port(),
+                      DMLC_NUM_WORKER=num_workers, DMLC_NUM_SERVER=num_servers, **env)
+        procs = {"scheduler": self.start(LAUNCH, base_env(DMLC_ROLE="scheduler", **common))}
+        for server in range(num_servers):
+            procs[f"server{server}"] = self.start(LAUNCH, base_env(DMLC_ROLE="server", **common))
+        for rank in range(num_workers):
+            procs[f"worker{rank}"] = self.start(
+                [*LAUNCH, *worker_command(script, *args)],
+                base_env(DMLC_ROLE="worker", DMLC_WORKER_ID=rank, **common))
+        return procs
+
+    @staticmethod
+    def end(process: subprocess.Popen) -> None:
+        if process.poll() is None:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        process.wait()
+
+    def end_all(self) -> None:
+        for process in self.started:
+            self.end(process)
+
+
+@pytest.fixture
+def procs():
+    processes = Processes()
+    yield processes
+    processes.end_all()
+
+
+def finish(process: subprocess.Popen, timeout: float) -> tuple[int, str]:
+    """Waits for a started process; fails the test (not hangs) past `timeout`."""
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        Processes.end(process)
+        output, _ = process.communicate()
+        pytest.fail(f"process {process.args} still running after {timeout} s:\n{output}")
+    return process.returncode, output

@@ -1,0 +1,187 @@
+"""Broadcast, gradients, the local path, errors and the lifetime of real jobs."""
+
+import json
+import subprocess
+import sys
+import time
+
+from conftest import LAUNCH, base_env, finish, worker_command
+
+
+def reports(output: str) -> dict[int, dict]:
+    found = {}
+    for line in output.splitlines():
+        if "REPORT " in line:
+            report = json.loads(line.split("REPORT ", 1)[1])
+            found[report["rank"]] = report
+    return found
+
+
+def test_broadcast_and_gradients(procs):
+    status, output = procs.launch(2, "broadcast_gradient.py", num_servers=2)
+    assert status == 0, output
+    got = reports(output)
+    assert sorted(got) == [0, 1], output
+    for report in got.values():
+        assert report["broadcast"] == [2.5, -1.0]
+        assert report["broadcast_bool"] == [True, True]
+        assert report["variables"] == [[0.0, 0.0, 0.0], 7]
+        assert report["grad_sum"] == [3.0, 3.0, 3.0]  # (0 + 1) + (1 + 1)
+        # d/dv of mean over ranks of 2v, weighted by (r + 1): 2 * (1 + 2) / 2.
+        assert report["grad_average_fn"] == [3.0, 3.0, 3.0]
+        assert "root_rank=2" in report["bad_root"]
+
+
+def test_single_worker_needs_no_scheduler(procs):
+    # No DMLC variables at all: nothing listens anywhere, push_pull is local.
+    status, output = procs.run(worker_command("local_path.py"), base_env())
+    assert status == 0, output
+    report = reports(output)[0]
+    assert report["size"] == 1 and report["local_size"] == 1
+    assert report["sum"] == report["avg"] == [1.0, 2.0, 3.0]
+    assert report["bcast"] == [4, 5] and report["int_avg"] == [7, -7]
+
+
+def test_force_distributed_single_worker_uses_servers(procs):
+    status, output = procs.launch(1, "local_path.py", num_servers=1, BYTEPS_FORCE_DISTRIBUTED=1,
+                                  BYTEPS_LOG_LEVEL="INFO")
+    assert status == 0, output
+    assert "connected to 1 server(s)" in output  # The core logged its server link.
+    assert reports(output)[0]["sum"] == [1.0, 2.0, 3.0]
+
+
+def test_server_and_scheduler_import_no_tensorflow(procs):
+    probe = ("import sys, tf_bps, tf_bps.server, tf_bps.scheduler, tf_bps.launcher; "
+             "tf_bps.core.library(); print('tensorflow' in sys.modules)")
+    status, output = procs.run([sys.executable, "-c", probe], base_env())
+    assert (status, output.strip()) == (0, "False")
+
+
+def test_bad_variables_are_named(procs):
+    cases = [
+        ({"DMLC_NUM_WORKER": "two"}, "DMLC_NUM_WORKER='two'"),
+        ({"DMLC_ENABLE_RDMA": "1"}, "TCP"),
+        ({"DMLC_ENABLE_RDMA": "yes"}, "DMLC_ENABLE_RDMA='yes' is not valid: expected 0 or 1"),
+        ({"DMLC_ROLE": "boss"}, "expected one of scheduler, server, worker"),
+        ({"BYTEPS_LOG_LEVEL": "LOUD"}, "BYTEPS_LOG_LEVEL='LOUD'"),
+        ({"BYTEPS_PARTITION_BYTES": "-4"}, "BYTEPS_PARTITION_BYTES='-4'"),
+        ({"PS_VERBOSE": "7"}, "PS_VERBOSE='7'"),
+        ({"DMLC_NUM_WORKER": "2", "DMLC_WORKER_ID": "2"}, "DMLC_WORKER_ID=2"),
+        ({"DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1"}, "DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT"),
+        ({"DMLC_NUM_WORKER": "2", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9"},
+         "DMLC_NUM_SERVER"),
+        ({"DMLC_INTERFACE": "nosuchnic0", "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1",
+          "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9"}, "DMLC_INTERFACE='nosuchnic0'"),
+    ]
+    init = [sys.executable, "-c", "import tf_bps; tf_bps.init()"]
+    for env, message in cases:
+        status, output = procs.run(init, base_env(**env))
+        assert status != 0 and message in output, (env, output)
+    # The launcher and the server check the same variables before starting anything.
+    status, output = procs.run([*LAUNCH, "-np", "2", "true"], base_env(BYTEPS_SERVER_ENGINE_THREAD="0"))
+    assert status == 2 and "BYTEPS_SERVER_ENGINE_THREAD='0'" in output
+    status, output = procs.run([sys.executable, "-m", "tf_bps.server"],
+                               base_env(DMLC_ROLE="server", DMLC_PS_ROOT_PORT="99999"))
+    assert status == 2 and "DMLC_PS_ROOT_PORT=99999" in output
+
+
+def test_shape_and_dtype_mismatch_name_tensor_and_ranks(procs):
+    status, output = procs.launch(2, "mismatch.py", "shape", num_servers=1)
+    assert status == 0, output
+    errors = [line for line in output.splitlines() if "ERROR" in line]
+    assert len(errors) == 2, output
+    for line in errors:
+        assert "'weights'" in line and "float32[2,3]" in line and "float32[3,2]" in line, line
+        assert "rank 0" in line and "rank 1" in line, line
+    assert output.count("AFTER [2.0, 2.0]") == 2, output
+
+    status, output = procs.launch(2, "mismatch.py", "dtype", num_servers=2)
+    assert status == 0, output
+    errors = [line for line in output.splitlines() if "ERROR" in line]
+    assert len(errors) == 2 and all("float64[4]" in e and "float32[4]" in e for e in errors)
+
+
+def _wait_ready(process, label):
+    """Reads the worker's output up to READY (pytest-timeout bounds the wait)."""
+    seen = []
+    for line in process.stdout:
+        if "READY" in line:
+            return
+        seen.append(line)
+    raise AssertionError(f"{label} exited before it was ready: {''.join(seen)}")
+
+
+def test_killed_server_fails_workers_quickly(procs):
+    job = procs.start_job_by_role(2, 2, "loop.py", PS_HEARTBEAT_TIMEOUT=5)
+    for rank in range(2):
+        _wait_ready(job[f"worker{rank}"], f"worker {rank}")
+    time.sleep(0.5)
+    killed_at = time.monotonic()
+    procs.end(job["server1"])
+    for rank in range(2):
+        status, output = finish(job[f"worker{rank}"], timeout=20)
+        assert status == 3, output
+        assert "closed the connection (tensor 'loop" in output, output
+    assert time.monotonic() - killed_at < 20
+    # The workers report the lost server; the scheduler stops the rest of the job.
+    status, output = finish(job["scheduler"], timeout=20)
+    assert status == 1 and "closed the connection" in output, output
+    assert finish(job["server0"], timeout=20)[0] == 1
+
+
+def test_killed_worker_fails_the_others_quickly(procs):
+    job = procs.start_job_by_role(3, 1, "loop.py")
+    for rank in range(3):
+        _wait_ready(job[f"worker{rank}"], f"worker {rank}")
+    procs.end(job["worker1"])
+    for rank in (0, 2):
+        status, output = finish(job[f"worker{rank}"], timeout=20)
+        assert status == 3, output
+        assert "worker rank 1" in output and "tensor 'loop" in output, output
+    assert finish(job["scheduler"], timeout=20)[0] == 1
+    assert finish(job["server0"], timeout=20)[0] == 1
+
+
+def test_push_pull_without_partner_times_out_naming_tensor(procs):
+    job = procs.start_job_by_role(2, 1, "loop.py", "0", BYTEPS_OP_TIMEOUT=3)
+    status, output = finish(job["worker0"], timeout=30)
+    assert status == 3, output
+    assert "timed out after 3 s" in output and "tensor 'loop0'" in output and "server 0" in output
+
+
+def test_clean_shutdown_ends_every_process(procs):
+    job = procs.start_job_by_role(2, 2, "broadcast_gradient.py")
+    started = time.monotonic()
+    outputs = {}
+    for label, process in job.items():
+        status, outputs[label] = finish(process, timeout=60)
+        assert status == 0, f"{label}: {outputs[label]}"
+    assert sorted(reports(outputs["worker0"] + outputs["worker1"])) == [0, 1]
+    assert time.monotonic() - started < 60
+
+
+def test_launcher_returns_first_failure_and_ends_the_rest(procs):
+    started = time.monotonic()
+    status, output = procs.launch(2, "exit_with.py", "7", num_servers=1, timeout=60)
+    assert status == 7, output
+    assert "worker 1 failed with status 7" in output
+    assert time.monotonic() - started < 40  # Rank 0 would sleep 60 s if left alone.
+
+
+def test_launcher_starts_one_process_per_local_rank(procs):
+    common = base_env(DMLC_ROLE="worker", DMLC_NUM_WORKER=1, BYTEPS_LOCAL_SIZE=2,
+                      DMLC_NUM_SERVER=1, DMLC_PS_ROOT_URI="127.0.0.1")
+    from conftest import free_port
+
+    port = free_port()
+    common["DMLC_PS_ROOT_PORT"] = str(port)
+    scheduler = procs.start(LAUNCH, {**common, "DMLC_ROLE": "scheduler"})
+    server = procs.start(LAUNCH, {**common, "DMLC_ROLE": "server"})
+    workers = procs.start([*LAUNCH, *worker_command("broadcast_gradient.py")], common)
+    status, output = finish(workers, timeout=90)
+    assert status == 0, output
+    got = reports(output)
+    assert sorted(got) == [0, 1] and all(r["size"] == 2 for r in got.values()), output
+    assert output.count("[0]: REPORT") == 1 and output.count("[1]: REPORT") == 1
+    assert finish(scheduler, 20)[0] == 0 and finish(server, 20)[0] == 0
+    assert subprocess is not None

@@ -1,0 +1,36 @@
+"""push_pull through real jobs, checked against numpy."""
+
+import numpy as np
+import pytest
+from cases import cases, expected
+
+
+@pytest.mark.parametrize(
+    "num_workers,num_servers,partition_bytes",
+    [(2, 1, 4096000), (2, 2, 4096), (3, 2, 1000)],
+    ids=["2w-1s-default-partition", "2w-2s-4k-partition", "3w-2s-1000b-partition"])
+def test_push_pull_matches_numpy(procs, tmp_path, num_workers, num_servers, partition_bytes):
+    status, output = procs.launch(num_workers, "correctness.py", num_servers=num_servers,
+                                  BYTEPS_PARTITION_BYTES=partition_bytes, TEST_OUT=tmp_path)
+    assert status == 0, output
+    for rank in range(num_workers):
+        got = np.load(tmp_path / f"rank{rank}.npz")
+        for case, dtype, shape in cases():
+            for mode, average in (("sum", False), ("avg", True)):
+                want = expected(case, dtype, shape, num_workers, average)
+                result = got[f"{mode}/{case}"]
+                assert result.shape == tuple(shape), (mode, case)
+                tolerance = 1e-2 if dtype in ("float16", "bfloat16") else 1e-6
+                np.testing.assert_allclose(result.astype(np.float64), want, rtol=tolerance,
+                                           atol=tolerance, err_msg=f"{mode}/{case} rank {rank}")
+                if not average or dtype.startswith("int"):
+                    np.testing.assert_array_equal(result.astype(np.float64), want)
+        ranks = np.arange(num_workers)
+        for step in range(3):
+            np.testing.assert_array_equal(got[f"graph/a{step}"], np.full(5, (ranks + step).sum()))
+            np.testing.assert_array_equal(got[f"graph/b{step}"],
+                                          np.full((2, 2), (ranks * 10 + step).sum()))
+            np.testing.assert_array_equal(got[f"eager_unnamed/{step}"],
+                                          np.full(4, (ranks + step).sum()))
+        for i in range(40):
+            np.testing.assert_array_equal(got[f"many/{i}"], np.full(1000 + i, (ranks + i).sum()))
