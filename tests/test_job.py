@@ -1,11 +1,10 @@
 """Broadcast, gradients, the local path, errors and the lifetime of real jobs."""
 
 import json
-import subprocess
 import sys
 import time
 
-from conftest import LAUNCH, base_env, finish, worker_command
+from conftest import LAUNCH, base_env, finish, free_port, worker_command
 
 
 def reports(output: str) -> dict[int, dict]:
@@ -67,18 +66,21 @@ def test_bad_variables_are_named(procs):
         ({"BYTEPS_PARTITION_BYTES": "-4"}, "BYTEPS_PARTITION_BYTES='-4'"),
         ({"PS_VERBOSE": "7"}, "PS_VERBOSE='7'"),
         ({"DMLC_NUM_WORKER": "2", "DMLC_WORKER_ID": "2"}, "DMLC_WORKER_ID=2"),
-        ({"DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1"}, "DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT"),
+        ({"DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1"},
+         "DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT"),
         ({"DMLC_NUM_WORKER": "2", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9"},
          "DMLC_NUM_SERVER"),
         ({"DMLC_INTERFACE": "nosuchnic0", "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1",
-          "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9"}, "DMLC_INTERFACE='nosuchnic0'"),
+          "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9"},
+         "DMLC_INTERFACE='nosuchnic0'"),
     ]
     init = [sys.executable, "-c", "import tf_bps; tf_bps.init()"]
     for env, message in cases:
         status, output = procs.run(init, base_env(**env))
         assert status != 0 and message in output, (env, output)
     # The launcher and the server check the same variables before starting anything.
-    status, output = procs.run([*LAUNCH, "-np", "2", "true"], base_env(BYTEPS_SERVER_ENGINE_THREAD="0"))
+    status, output = procs.run([*LAUNCH, "-np", "2", "true"],
+                               base_env(BYTEPS_SERVER_ENGINE_THREAD="0"))
     assert status == 2 and "BYTEPS_SERVER_ENGINE_THREAD='0'" in output
     status, output = procs.run([sys.executable, "-m", "tf_bps.server"],
                                base_env(DMLC_ROLE="server", DMLC_PS_ROOT_PORT="99999"))
@@ -171,10 +173,7 @@ def test_launcher_returns_first_failure_and_ends_the_rest(procs):
 def test_launcher_starts_one_process_per_local_rank(procs):
     common = base_env(DMLC_ROLE="worker", DMLC_NUM_WORKER=1, BYTEPS_LOCAL_SIZE=2,
                       DMLC_NUM_SERVER=1, DMLC_PS_ROOT_URI="127.0.0.1")
-    from conftest import free_port
-
-    port = free_port()
-    common["DMLC_PS_ROOT_PORT"] = str(port)
+    common["DMLC_PS_ROOT_PORT"] = str(free_port())
     scheduler = procs.start(LAUNCH, {**common, "DMLC_ROLE": "scheduler"})
     server = procs.start(LAUNCH, {**common, "DMLC_ROLE": "server"})
     workers = procs.start([*LAUNCH, *worker_command("broadcast_gradient.py")], common)
@@ -184,4 +183,3 @@ def test_launcher_starts_one_process_per_local_rank(procs):
     assert sorted(got) == [0, 1] and all(r["size"] == 2 for r in got.values()), output
     assert output.count("[0]: REPORT") == 1 and output.count("[1]: REPORT") == 1
     assert finish(scheduler, 20)[0] == 0 and finish(server, 20)[0] == 0
-    assert subprocess is not None

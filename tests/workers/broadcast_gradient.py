@@ -10,7 +10,8 @@ bps.init()
 rank, size = bps.rank(), bps.size()
 report = {"rank": rank, "size": size}
 
-report["broadcast"] = bps.broadcast(tf.constant([rank + 1.5, -rank], tf.float64), 1).numpy().tolist()
+root_value = bps.broadcast(tf.constant([rank + 1.5, -rank], tf.float64), root_rank=1)
+report["broadcast"] = root_value.numpy().tolist()
 report["broadcast_bool"] = bps.broadcast(tf.constant([rank == 0, True]), 0).numpy().tolist()
 
 variables = [tf.Variable(tf.fill([3], float(rank * 10))), tf.Variable(rank + 7)]

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Sets up a development environment from nothing: a virtualenv in .venv with
+# TensorFlow and the test tools, and tf_bps installed in it (building the C++ ops).
+# Safe to run again: it only installs what is missing and rebuilds the ops.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check \
+  "tensorflow==2.21.0" "pyzmq>=25" numpy "setuptools>=68" wheel \
+  pytest pytest-timeout ruff
+# --no-build-isolation: the ops must be compiled against the TensorFlow just installed.
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation -e .
