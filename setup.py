@@ -13,12 +13,11 @@ from pathlib import Path
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-ROOT = Path(__file__).parent
-CORE_SOURCES = sorted(
-    str(p) for layer in ("core", "server") for p in (ROOT / "custom_ops" / layer).glob("*.cc")
-)
-TF_SOURCES = sorted(str(p) for p in (ROOT / "custom_ops" / "tf").glob("*.cc"))
-CXXFLAGS = ["-std=c++17", "-O3", "-fPIC", "-pthread", "-Wall", "-fvisibility-inlines-hidden"]
+# setuptools wants sources relative to the project root, where pip runs this file.
+CORE_SOURCES = sorted(str(p) for layer in ("core", "server")
+                      for p in Path("custom_ops", layer).glob("*.cc"))
+TF_SOURCES = sorted(str(p) for p in Path("custom_ops", "tf").glob("*.cc"))
+CXXFLAGS = ["-std=c++17", "-O3", "-fPIC", "-pthread", "-fvisibility-inlines-hidden"]
 
 
 class BuildNative(build_ext):
@@ -29,9 +28,10 @@ class BuildNative(build_ext):
         target.parent.mkdir(parents=True, exist_ok=True)
         cxx = os.environ.get("CXX", "g++")
         if ext.name.endswith("_bps_core"):
-            cmd = [cxx, *CXXFLAGS, "-shared", *ext.sources, "-o", str(target),
-                   f"-Wl,-soname,{target.name}"]
+            cmd = [cxx, *CXXFLAGS, "-Wall", "-Wextra", "-shared", *ext.sources, "-o",
+                   str(target), f"-Wl,-soname,{target.name}"]
         else:
+            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
             import tensorflow as tf  # Only the TensorFlow adapter needs it.
 
             core = Path(self.get_ext_fullpath("tf_bps._bps_core")).resolve()
