@@ -51,14 +51,7 @@ class Processes:
 
     def run(self, command: list[str], env: dict[str, str], timeout: float = 120):
         """Runs to completion; returns (exit status, combined output)."""
-        process = self.start(command, env)
-        try:
-            output, _ = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.end(process)
-            output, _ = process.communicate()
-            pytest.fail(f"{command} did not finish within {timeout} s; output:\n{output}")
-        return process.returncode, output
+        return finish(self.start(command, env), timeout)
 
     def launch(self, num_workers: int, script: str, *args: str, num_servers: int | None = None,
                timeout: float = 120, **env):

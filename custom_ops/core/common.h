@@ -53,6 +53,21 @@ struct TensorView {
   size_t bytes;
 };
 
+// One partition of one tensor: what a server sums and a worker waits for.
+struct PartitionKey {
+  uint64_t tensor_id;
+  uint32_t part;
+  bool operator==(const PartitionKey& other) const {
+    return tensor_id == other.tensor_id && part == other.part;
+  }
+};
+
+struct PartitionKeyHash {
+  size_t operator()(const PartitionKey& key) const {
+    return static_cast<size_t>(key.tensor_id ^ (key.part * 0x9E3779B97F4A7C15ULL));
+  }
+};
+
 std::string ShapeString(DataType dtype, const std::vector<int64_t>& shape);
 
 }  // namespace bps

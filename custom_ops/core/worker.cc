@@ -81,7 +81,7 @@ void ServerLink::Start() {
 void ServerLink::Enqueue(PartitionTask task) {
   {
     std::lock_guard<std::mutex> lock(pending_mutex_);
-    pending_[PendingKey(task.op->tensor_id(), task.part)] =
+    pending_[PartitionKey{task.op->tensor_id(), task.part}] =
         Pending{task.op, task.part, task.offset, task.length};
   }
   {
@@ -136,7 +136,7 @@ void ServerLink::SendLoop() {
 
 std::shared_ptr<PushPullOp> ServerLink::TakePending(const FrameHeader& header, Pending* pending) {
   std::lock_guard<std::mutex> lock(pending_mutex_);
-  auto it = pending_.find(PendingKey(header.tensor_id, header.part));
+  auto it = pending_.find(PartitionKey{header.tensor_id, header.part});
   if (it == pending_.end()) return nullptr;
   *pending = it->second;
   pending_.erase(it);
@@ -196,7 +196,7 @@ void ServerLink::ReceiveLoop() {
 }
 
 void ServerLink::FailPending(const std::string& reason) {
-  std::unordered_map<uint64_t, Pending> pending;
+  std::unordered_map<PartitionKey, Pending, PartitionKeyHash> pending;
   {
     std::lock_guard<std::mutex> lock(pending_mutex_);
     pending.swap(pending_);

@@ -121,9 +121,6 @@ class ServerLink {
     size_t offset;
     size_t length;
   };
-  static uint64_t PendingKey(uint64_t tensor_id, uint32_t part) {
-    return tensor_id * 1000003ULL ^ part;
-  }
 
   void SendLoop();
   void ReceiveLoop();
@@ -141,7 +138,7 @@ class ServerLink {
   bool closing_ = false;
 
   std::mutex pending_mutex_;
-  std::unordered_map<uint64_t, Pending> pending_;
+  std::unordered_map<PartitionKey, Pending, PartitionKeyHash> pending_;
 
   std::thread sender_;
   std::thread receiver_;

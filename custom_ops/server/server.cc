@@ -20,10 +20,6 @@ namespace {
 constexpr int kMaxOutstandingPerWorker = 16;
 constexpr size_t kMaxPooledBlocks = 64;
 
-uint64_t KeyOf(uint64_t tensor_id, uint32_t part) {
-  return tensor_id ^ (static_cast<uint64_t>(part) * 0x9E3779B97F4A7C15ULL);
-}
-
 }  // namespace
 
 struct Server::WorkerConn {
@@ -174,7 +170,8 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
                   header.length, pool_.Acquire(header.length)};
     status = conn.ReceivePayload(item.block.data.get(), item.length);
     if (!status.ok()) break;
-    Engine* engine = engines_[KeyOf(item.tensor_id, item.part) % engines_.size()].get();
+    const PartitionKey key{item.tensor_id, item.part};
+    Engine* engine = engines_[PartitionKeyHash()(key) % engines_.size()].get();
     {
       std::lock_guard<std::mutex> lock(engine->mutex);
       engine->queue.push_back(std::move(item));
@@ -225,10 +222,9 @@ void Server::Process(Engine* engine, PushItem item) {
     pool_.Release(std::move(item.block));
     return;
   }
-  KeyState& key = engine->keys[KeyOf(item.tensor_id, item.part)];
+  const PartitionKey id{item.tensor_id, item.part};
+  KeyState& key = engine->keys[id];
   if (key.contributors.empty()) {
-    key.tensor_id = item.tensor_id;
-    key.part = item.part;
     key.sum = std::move(item.block);
     key.length = item.length;
     key.signature = item.signature;
@@ -281,11 +277,11 @@ void Server::Process(Engine* engine, PushItem item) {
       SendReply(r, item.tensor_id, item.part, key.sum.data.get(), key.length);
   }
   pool_.Release(std::move(key.sum));
-  engine->keys.erase(KeyOf(item.tensor_id, item.part));
+  engine->keys.erase(id);
 }
 
-void Server::SendReply(uint32_t rank, uint64_t tensor_id, uint32_t part, const void* data,
-                       size_t length) {
+void Server::SendToWorker(uint32_t rank, FrameType type, uint64_t tensor_id, uint32_t part,
+                          const void* payload, size_t length) {
   std::shared_ptr<WorkerConn> worker;
   {
     std::lock_guard<std::mutex> lock(conns_mutex_);
@@ -293,30 +289,25 @@ void Server::SendReply(uint32_t rank, uint64_t tensor_id, uint32_t part, const v
   }
   if (!worker) return;
   FrameHeader header;
-  header.type = static_cast<uint8_t>(FrameType::kReply);
+  header.type = static_cast<uint8_t>(type);
   header.tensor_id = tensor_id;
   header.part = part;
   header.length = length;
   std::lock_guard<std::mutex> lock(worker->conn->write_mutex());
-  Status status = worker->conn->Send(header, data);
-  if (!status.ok()) BPS_LOG(kWarning) << status.message();
+  // A failed send needs no handling here: that worker's reader sees the broken
+  // connection and fails the job with the reason.
+  Status status = worker->conn->Send(header, payload);
+  if (!status.ok()) BPS_LOG(kDebug) << status.message();
+}
+
+void Server::SendReply(uint32_t rank, uint64_t tensor_id, uint32_t part, const void* data,
+                       size_t length) {
+  SendToWorker(rank, FrameType::kReply, tensor_id, part, data, length);
 }
 
 void Server::SendError(uint32_t rank, uint64_t tensor_id, uint32_t part,
                        const std::string& message) {
-  std::shared_ptr<WorkerConn> worker;
-  {
-    std::lock_guard<std::mutex> lock(conns_mutex_);
-    worker = conns_[rank];
-  }
-  if (!worker) return;
-  FrameHeader header;
-  header.type = static_cast<uint8_t>(FrameType::kError);
-  header.tensor_id = tensor_id;
-  header.part = part;
-  header.length = message.size();
-  std::lock_guard<std::mutex> lock(worker->conn->write_mutex());
-  worker->conn->Send(header, message.data());  // Best effort: the worker may be gone.
+  SendToWorker(rank, FrameType::kError, tensor_id, part, message.data(), message.size());
 }
 
 std::string Server::Describe(uint64_t tensor_id, uint32_t rank) {
@@ -361,11 +352,10 @@ void Server::SetFailure(const std::string& reason) {
 }
 
 void Server::FailRounds(Engine* engine, const std::string& reason) {
-  for (auto& entry : engine->keys) {
-    KeyState& key = entry.second;
+  for (auto& [id, key] : engine->keys) {
     for (uint32_t rank : key.contributors) {
-      SendError(rank, key.tensor_id, key.part,
-                "the job is failing: " + reason + " (tensor " + Describe(key.tensor_id, rank) + ")");
+      SendError(rank, id.tensor_id, id.part,
+                "the job is failing: " + reason + " (tensor " + Describe(id.tensor_id, rank) + ")");
     }
     pool_.Release(std::move(key.sum));
   }

@@ -73,8 +73,6 @@ class Server {
     BlockPool::Block block;
   };
   struct KeyState {
-    uint64_t tensor_id = 0;
-    uint32_t part = 0;
     BlockPool::Block sum;
     size_t length = 0;
     uint64_t signature = 0;
@@ -86,7 +84,7 @@ class Server {
     std::mutex mutex;
     std::condition_variable cv;
     std::deque<PushItem> queue;
-    std::unordered_map<uint64_t, KeyState> keys;
+    std::unordered_map<PartitionKey, KeyState, PartitionKeyHash> keys;
     std::thread thread;
   };
 
@@ -94,6 +92,8 @@ class Server {
   void ReadLoop(std::shared_ptr<WorkerConn> conn);
   void EngineLoop(Engine* engine);
   void Process(Engine* engine, PushItem item);
+  void SendToWorker(uint32_t rank, FrameType type, uint64_t tensor_id, uint32_t part,
+                    const void* payload, size_t length);
   void SendError(uint32_t rank, uint64_t tensor_id, uint32_t part, const std::string& message);
   void SendReply(uint32_t rank, uint64_t tensor_id, uint32_t part, const void* data, size_t length);
   std::string Describe(uint64_t tensor_id, uint32_t rank);
