@@ -28,7 +28,7 @@ def main():
 
     result = step(tensors)  # Warm-up: traces the function and declares the tensors.
     expected = [sum(r + i for r in range(bps.size())) for i in range(args.tensors)]
-    for got, want in zip(result, expected):
+    for got, want in zip(result, expected, strict=True):
         tf.debugging.assert_equal(got[0], float(want), message="wrong sum")
     start = time.perf_counter()
     for _ in range(args.steps):

@@ -65,6 +65,7 @@ def test_bad_variables_are_named(procs):
         ({"BYTEPS_LOG_LEVEL": "LOUD"}, "BYTEPS_LOG_LEVEL='LOUD'"),
         ({"BYTEPS_PARTITION_BYTES": "-4"}, "BYTEPS_PARTITION_BYTES='-4'"),
         ({"PS_VERBOSE": "7"}, "PS_VERBOSE='7'"),
+        ({"BYTEPS_ENABLE_IPC": "on"}, "BYTEPS_ENABLE_IPC='on' is not valid"),
         ({"DMLC_NUM_WORKER": "2", "DMLC_WORKER_ID": "2"}, "DMLC_WORKER_ID=2"),
         ({"DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1"},
          "DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT"),

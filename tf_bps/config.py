@@ -48,9 +48,11 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
-def _flag(env: Mapping[str, str], name: str) -> bool:
+def _flag(env: Mapping[str, str], name: str, default: bool = False) -> bool:
     raw = env.get(name, "").strip()
-    if raw in ("", "0"):
+    if raw == "":
+        return default
+    if raw == "0":
         return False
     if raw == "1":
         return True
@@ -81,6 +83,7 @@ class Config:
     partition_bytes: int
     server_engine_threads: int
     force_distributed: bool
+    enable_ipc: bool
     log_level: str
     ps_verbose: int
     node_host: str | None
@@ -109,6 +112,7 @@ class Config:
                                  minimum=8),
             server_engine_threads=_int(env, "BYTEPS_SERVER_ENGINE_THREAD", 4, minimum=1),
             force_distributed=_flag(env, "BYTEPS_FORCE_DISTRIBUTED"),
+            enable_ipc=_flag(env, "BYTEPS_ENABLE_IPC", default=True),
             log_level=_choice(env, "BYTEPS_LOG_LEVEL", LOG_LEVELS, "WARNING", upper=True),
             ps_verbose=int(_choice(env, "PS_VERBOSE", ("0", "1", "2"), "0")),
             node_host=env.get("DMLC_NODE_HOST", "").strip() or None,
@@ -179,6 +183,16 @@ class Config:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect((root_uri, root_port))
             return probe.getsockname()[0]
+
+
+def is_local_address(host: str) -> bool:
+    """Whether `host` is an address of this machine (binding to it succeeds only then)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.bind((host, 0))
+        return True
+    except OSError:
+        return False
 
 
 def _interface_address(name: str) -> str:

@@ -6,7 +6,7 @@ import ctypes
 import functools
 from pathlib import Path
 
-from tf_bps.config import Config
+from tf_bps.config import Config, is_local_address
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -58,8 +58,14 @@ def worker_init_local() -> None:
 
 
 def worker_init(rank: int, size: int, servers: list[str], config: Config) -> None:
-    _check(library().bps_worker_init(rank, size, ",".join(servers).encode(),
-                                     config.partition_bytes, int(config.op_timeout * 1000)))
+    """Connects to the servers ("host:port"); same-host ones over a Unix socket."""
+    def entry(server: str) -> str:
+        host = server.rsplit(":", 1)[0]
+        return f"{server}+local" if config.enable_ipc and is_local_address(host) else server
+
+    listing = ",".join(entry(server) for server in servers)
+    _check(library().bps_worker_init(rank, size, listing.encode(), config.partition_bytes,
+                                     int(config.op_timeout * 1000)))
 
 
 def worker_abort(reason: str) -> None:

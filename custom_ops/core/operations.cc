@@ -41,10 +41,17 @@ int CopyOut(const std::string& text, char* buf, int capacity) {
 Status ParseServers(const char* text, std::vector<ServerAddress>* servers) {
   std::stringstream list(text ? text : "");
   std::string item;
+  // Entries are host:port, with "+local" appended for a server on this host.
   while (std::getline(list, item, ',')) {
+    ServerAddress address;
+    const size_t suffix = item.find("+local");
+    address.same_host = suffix != std::string::npos;
+    if (address.same_host) item.resize(suffix);
     const size_t colon = item.rfind(':');
     if (colon == std::string::npos) return Status::Error("bad server address '" + item + "'");
-    servers->push_back(ServerAddress{item.substr(0, colon), std::atoi(item.c_str() + colon + 1)});
+    address.host = item.substr(0, colon);
+    address.port = std::atoi(item.c_str() + colon + 1);
+    servers->push_back(address);
   }
   if (servers->empty()) return Status::Error("the server list is empty");
   return Status::OK();

@@ -12,7 +12,8 @@ namespace bps {
 // dst[i] += src[i] for `count` elements of `dtype`.
 void SumInto(DataType dtype, void* dst, const void* src, size_t count);
 
-// buf[i] /= divisor; integer types use floor division, as numpy and TensorFlow do.
+// buf[i] /= divisor; floats multiply by the reciprocal, integer types use floor
+// division as numpy and TensorFlow do.
 void DivideInPlace(DataType dtype, void* buf, size_t count, int divisor);
 
 }  // namespace bps

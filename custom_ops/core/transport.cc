@@ -7,9 +7,12 @@
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -107,7 +110,7 @@ void Connection::Shutdown() { ::shutdown(fd_, SHUT_RDWR); }
 
 void ConfigureSocket(int fd, int send_timeout_ms) {
   int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));  // Fails harmlessly on Unix sockets.
   if (send_timeout_ms > 0) {
     timeval tv{send_timeout_ms / 1000, (send_timeout_ms % 1000) * 1000};
     ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
@@ -205,6 +208,49 @@ uint64_t TensorSignature(DataType dtype, const std::vector<int64_t>& shape) {
   uint8_t tag = static_cast<uint8_t>(dtype);
   uint64_t hash = StableHash(&tag, 1);
   return StableHash(shape.data(), shape.size() * sizeof(int64_t), hash ^ shape.size());
+}
+
+namespace {
+
+socklen_t LocalAddress(int tcp_port, sockaddr_un* addr) {
+  *addr = sockaddr_un{};
+  addr->sun_family = AF_UNIX;
+  // sun_path[0] stays '\0': the abstract namespace, nothing on disk to clean up.
+  const int length = std::snprintf(addr->sun_path + 1, sizeof(addr->sun_path) - 1,
+                                   "tf_bps-server-%d", tcp_port);
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + length);
+}
+
+}  // namespace
+
+Status ListenLocal(int tcp_port, int* fd_out) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::Error("socket(AF_UNIX) failed: " + ErrnoText());
+  sockaddr_un addr;
+  const socklen_t length = LocalAddress(tcp_port, &addr);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), length) != 0 || ::listen(fd, 128) != 0) {
+    std::string error = ErrnoText();
+    ::close(fd);
+    return Status::Error("cannot listen on the local socket for port " +
+                         std::to_string(tcp_port) + ": " + error);
+  }
+  *fd_out = fd;
+  return Status::OK();
+}
+
+Status ConnectLocal(int tcp_port, int send_timeout_ms, int* fd_out) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::Error("socket(AF_UNIX) failed: " + ErrnoText());
+  sockaddr_un addr;
+  const socklen_t length = LocalAddress(tcp_port, &addr);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), length) != 0) {
+    std::string error = ErrnoText();
+    ::close(fd);
+    return Status::Error("no local socket for port " + std::to_string(tcp_port) + ": " + error);
+  }
+  ConfigureSocket(fd, send_timeout_ms);
+  *fd_out = fd;
+  return Status::OK();
 }
 
 uint64_t StableHash(const void* data, size_t bytes, uint64_t seed) {

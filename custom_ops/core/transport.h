@@ -72,6 +72,11 @@ Status ConnectTcp(const std::string& host, int port, int timeout_ms, int send_ti
 // Listens on all interfaces; port 0 picks a free one. Writes the bound port.
 Status ListenTcp(int port, int* fd_out, int* bound_port);
 
+// Peers on the same host skip TCP/IP: the server also listens on a Unix socket in
+// the abstract namespace, named after its TCP port (unique per network namespace).
+Status ListenLocal(int tcp_port, int* fd_out);
+Status ConnectLocal(int tcp_port, int send_timeout_ms, int* fd_out);
+
 // Tunes an accepted or connected socket for small-message latency.
 void ConfigureSocket(int fd, int send_timeout_ms);
 

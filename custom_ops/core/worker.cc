@@ -261,8 +261,12 @@ Status Worker::Start() {
   for (size_t i = 0; i < options_.servers.size(); ++i) {
     const ServerAddress& address = options_.servers[i];
     int fd = -1;
-    Status status =
-        ConnectTcp(address.host, address.port, options_.timeout_ms, options_.timeout_ms, &fd);
+    Status status = Status::Error("not on this host");
+    if (address.same_host) status = ConnectLocal(address.port, options_.timeout_ms, &fd);
+    if (!status.ok())
+      status = ConnectTcp(address.host, address.port, options_.timeout_ms, options_.timeout_ms, &fd);
+    else
+      BPS_LOG(kDebug) << "server " << i << " is on this host: using its Unix socket";
     if (!status.ok())
       return Status::Error("worker " + std::to_string(options_.rank) + " cannot reach server " +
                            std::to_string(i) + ": " + status.message());

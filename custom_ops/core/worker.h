@@ -29,6 +29,7 @@ namespace bps {
 struct ServerAddress {
   std::string host;
   int port;
+  bool same_host = false;  // Try the server's local Unix socket before TCP.
 };
 
 struct WorkerOptions {

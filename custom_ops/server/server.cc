@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -68,7 +69,11 @@ Server::~Server() { Stop(); }
 Status Server::Listen(int* bound_port) {
   if (::pipe2(failure_pipe_, O_CLOEXEC) != 0)
     return Status::Error(std::string("pipe() failed: ") + std::strerror(errno));
-  return ListenTcp(options_.port, &listen_fd_, bound_port);
+  Status status = ListenTcp(options_.port, &listen_fd_, bound_port);
+  if (!status.ok()) return status;
+  status = ListenLocal(*bound_port, &local_listen_fd_);
+  if (!status.ok()) BPS_LOG(kWarning) << status.message() << "; local workers will use TCP";
+  return Status::OK();
 }
 
 Status Server::Serve(int num_workers) {
@@ -88,22 +93,33 @@ Status Server::Serve(int num_workers) {
 }
 
 void Server::AcceptLoop() {
+  pollfd listeners[2] = {{listen_fd_, POLLIN, 0}, {local_listen_fd_, POLLIN, 0}};
+  const nfds_t count = local_listen_fd_ >= 0 ? 2 : 1;
   while (!stopping_) {
-    sockaddr_in addr{};
-    socklen_t len = sizeof(addr);
-    int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      return;  // The listener was closed by Stop().
+    if (::poll(listeners, count, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
     }
-    ConfigureSocket(fd, options_.timeout_ms);
-    char host[64] = {0};
-    ::inet_ntop(AF_INET, &addr.sin_addr, host, sizeof(host));
-    auto conn = std::make_shared<WorkerConn>(std::make_unique<Connection>(
-        fd, std::string(host) + ":" + std::to_string(ntohs(addr.sin_port))));
-    std::lock_guard<std::mutex> lock(conns_mutex_);
-    accepted_.push_back(conn);
-    readers_.emplace_back([this, conn] { ReadLoop(conn); });
+    for (nfds_t i = 0; i < count; ++i) {
+      if (listeners[i].revents & (POLLERR | POLLHUP | POLLNVAL)) return;  // Stop() closed it.
+      if (!(listeners[i].revents & POLLIN)) continue;
+      sockaddr_storage addr{};
+      socklen_t len = sizeof(addr);
+      int fd = ::accept4(listeners[i].fd, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC);
+      if (fd < 0) continue;
+      ConfigureSocket(fd, options_.timeout_ms);
+      std::string peer = "a local worker";
+      if (addr.ss_family == AF_INET) {
+        const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
+        char host[INET_ADDRSTRLEN] = {0};
+        ::inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+        peer = std::string(host) + ":" + std::to_string(ntohs(in->sin_port));
+      }
+      auto conn = std::make_shared<WorkerConn>(std::make_unique<Connection>(fd, peer));
+      std::lock_guard<std::mutex> lock(conns_mutex_);
+      accepted_.push_back(conn);
+      readers_.emplace_back([this, conn] { ReadLoop(conn); });
+    }
   }
 }
 
@@ -369,9 +385,11 @@ std::string Server::failure() {
 
 void Server::Stop() {
   if (stopping_.exchange(true)) return;
-  if (listen_fd_ >= 0) ::shutdown(listen_fd_, SHUT_RDWR);
+  for (int fd : {listen_fd_, local_listen_fd_})
+    if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
   if (acceptor_.joinable()) acceptor_.join();
-  if (listen_fd_ >= 0) ::close(listen_fd_);
+  for (int fd : {listen_fd_, local_listen_fd_})
+    if (fd >= 0) ::close(fd);
   std::vector<std::thread> readers;
   {
     std::lock_guard<std::mutex> lock(conns_mutex_);

@@ -104,6 +104,7 @@ class Server {
   const ServerOptions options_;
   int num_workers_ = 0;
   int listen_fd_ = -1;
+  int local_listen_fd_ = -1;  // Unix socket for workers on this host.
   int failure_pipe_[2] = {-1, -1};
   std::atomic<bool> stopping_{false};
   std::thread acceptor_;

@@ -2,10 +2,11 @@
 
     python examples/benchmarks/push_pull_benchmark.py
 
-Runs 2 tf_bps workers with 2 servers on loopback, then 2 MultiWorkerMirroredStrategy
-workers (RING all-reduce) on the same float32 tensor sizes, and prints the algorithm
-bandwidth (tensor bytes / median time per operation) of both, the p50 latency of the
-smallest size, and the ratio tf_bps / peer.
+Runs 2 tf_bps workers with 2 servers on this machine twice, with the default same-host
+transport (Unix sockets) and with TCP over loopback (BYTEPS_ENABLE_IPC=0), then 2
+MultiWorkerMirroredStrategy workers (RING all-reduce, gRPC over loopback) on the same
+float32 tensor sizes. Prints the algorithm bandwidth (tensor bytes / median time per
+operation) of each, the ratios tf_bps / peer, and the p50 latency of the smallest size.
 """
 
 from __future__ import annotations
@@ -94,11 +95,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_tf_bps(out_path: str) -> dict:
+def run_tf_bps(out_path: str, ipc: bool) -> dict:
+    env = {**os.environ, "BYTEPS_ENABLE_IPC": "1" if ipc else "0"}
     command = [sys.executable, "-m", "tf_bps.launcher", "-np", str(NUM_WORKERS),
                "--num-servers", "2", sys.executable, __file__, "--role", "tf_bps",
                "--out", out_path]
-    done = subprocess.run(command, timeout=900, capture_output=True, text=True)
+    done = subprocess.run(command, timeout=900, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"the tf_bps job failed:\n{done.stdout}{done.stderr}")
     with open(out_path) as results:
@@ -141,18 +143,20 @@ def main() -> None:
         return mwms_worker(args.out)
 
     with tempfile.TemporaryDirectory() as scratch:
-        ours = run_tf_bps(os.path.join(scratch, "tf_bps.json"))
+        local = run_tf_bps(os.path.join(scratch, "local.json"), ipc=True)
+        tcp = run_tf_bps(os.path.join(scratch, "tcp.json"), ipc=False)
         peer = run_mwms(os.path.join(scratch, "mwms.json"))
-    print(f"{NUM_WORKERS} workers on loopback; tf_bps with 2 servers vs "
-          "MultiWorkerMirroredStrategy (RING), float32, algorithm bandwidth")
-    print(f"{'size':>6}  {'tf_bps GB/s':>12}  {'MWMS GB/s':>10}  {'ratio':>6}")
+    print(f"{NUM_WORKERS} workers, float32, algorithm bandwidth in GB/s; tf_bps with 2 servers "
+          "(Unix sockets, and TCP loopback), MultiWorkerMirroredStrategy RING")
+    print(f"{'size':>6}  {'tf_bps':>8}  {'tf_bps TCP':>10}  {'MWMS':>8}  {'ratio':>6}  "
+          f"{'TCP ratio':>9}")
     for label in SIZES:
-        a, b = ours[label]["bandwidth_gbs"], peer[label]["bandwidth_gbs"]
-        print(f"{label:>6}  {a:12.3f}  {b:10.3f}  {a / b:5.2f}x")
+        a, t, b = (r[label]["bandwidth_gbs"] for r in (local, tcp, peer))
+        print(f"{label:>6}  {a:8.3f}  {t:10.3f}  {b:8.3f}  {a / b:5.2f}x  {t / b:8.2f}x")
     small = next(iter(SIZES))
-    a, b = ours[small]["p50_us"], peer[small]["p50_us"]
-    print(f"p50 latency at {small}: tf_bps {a:.0f} us, MWMS {b:.0f} us "
-          f"(tf_bps / MWMS = {a / b:.2f})")
+    a, t, b = (r[small]["p50_us"] for r in (local, tcp, peer))
+    print(f"p50 latency at {small}: tf_bps {a:.0f} us, tf_bps TCP {t:.0f} us, MWMS {b:.0f} us "
+          f"(tf_bps / MWMS = {a / b:.2f}, TCP / MWMS = {t / b:.2f})")
 
 
 if __name__ == "__main__":
