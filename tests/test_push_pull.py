@@ -6,18 +6,21 @@ from cases import cases, expected
 
 
 @pytest.mark.parametrize(
-    "num_workers,num_servers,partition_bytes,ipc",
-    [(2, 1, 4096000, 1), (2, 2, 4096, 1), (3, 2, 1000, 0)],
-    ids=["2w-1s-default-partition", "2w-2s-4k-partition", "3w-2s-1000b-partition-tcp"])
+    "num_workers,num_servers,partition_bytes,tcp_workers",
+    [(2, 1, 4096000, []), (2, 2, 4096, []), (3, 2, 1000, [0, 1, 2]), (3, 2, 65536, [1])],
+    ids=["2w-1s-default-partition", "2w-2s-4k-partition", "3w-2s-1000b-partition-tcp",
+         "3w-2s-64k-partition-mixed"])
 def test_push_pull_matches_numpy(procs, tmp_path, num_workers, num_servers, partition_bytes,
-                                 ipc):
+                                 tcp_workers):
     status, output = procs.launch(num_workers, "correctness.py", num_servers=num_servers,
                                   BYTEPS_PARTITION_BYTES=partition_bytes, TEST_OUT=tmp_path,
-                                  BYTEPS_ENABLE_IPC=ipc, BYTEPS_LOG_LEVEL="DEBUG")
+                                  TEST_TCP_WORKERS=",".join(map(str, tcp_workers)),
+                                  BYTEPS_LOG_LEVEL="DEBUG")
     assert status == 0, output
-    # Same-host servers are reached over their Unix socket unless IPC is switched off.
+    # Same-host servers are reached over their Unix socket (and shared memory) unless
+    # BYTEPS_ENABLE_IPC=0.
     local_links = output.count("is on this host: using its Unix socket")
-    assert local_links == (num_workers * num_servers if ipc else 0), output
+    assert local_links == (num_workers - len(tcp_workers)) * num_servers, output
     for rank in range(num_workers):
         got = np.load(tmp_path / f"rank{rank}.npz")
         for case, dtype, shape in cases():

@@ -28,9 +28,15 @@ class LogLine {
   std::ostringstream stream_;
 };
 
+// Turns a streamed LogLine into void, so BPS_LOG can be one expression (safe in if/else).
+struct LogVoidify {
+  void operator&(LogLine&) {}
+};
+
 }  // namespace bps
 
-#define BPS_LOG(level) \
-  if (::bps::LogEnabled(::bps::LogLevel::level)) ::bps::LogLine(::bps::LogLevel::level)
+#define BPS_LOG(level)                                       \
+  !::bps::LogEnabled(::bps::LogLevel::level) ? (void)0       \
+                                             : ::bps::LogVoidify() & ::bps::LogLine(::bps::LogLevel::level)
 
 #endif  // TF_BPS_CORE_LOGGING_H_

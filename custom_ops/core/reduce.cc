@@ -35,6 +35,24 @@ BPS_VECTORISE void SumLoop(T* __restrict dst, const T* __restrict src, size_t co
   for (size_t i = 0; i < count; ++i) dst[i] += src[i];
 }
 
+template <typename T>
+BPS_VECTORISE void SumOfLoop(T* __restrict dst, const T* __restrict a, const T* __restrict b,
+                             size_t count) {
+  for (size_t i = 0; i < count; ++i) dst[i] = a[i] + b[i];
+}
+
+BPS_VECTORISE void SumOfHalf(_Float16* __restrict dst, const _Float16* __restrict a,
+                             const _Float16* __restrict b, size_t count) {
+  for (size_t i = 0; i < count; ++i)
+    dst[i] = static_cast<_Float16>(static_cast<float>(a[i]) + static_cast<float>(b[i]));
+}
+
+BPS_VECTORISE void SumOfBFloat16(uint16_t* __restrict dst, const uint16_t* __restrict a,
+                                 const uint16_t* __restrict b, size_t count) {
+  for (size_t i = 0; i < count; ++i)
+    dst[i] = FloatToBFloat16(BFloat16ToFloat(a[i]) + BFloat16ToFloat(b[i]));
+}
+
 BPS_VECTORISE void SumHalf(_Float16* __restrict dst, const _Float16* __restrict src,
                            size_t count) {
   for (size_t i = 0; i < count; ++i)
@@ -93,6 +111,35 @@ void SumInto(DataType dtype, void* dst, const void* src, size_t count) {
       return;
     case DataType::kInt64:
       SumLoop(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), count);
+      return;
+  }
+}
+
+void SumOf(DataType dtype, void* dst, const void* a, const void* b, size_t count) {
+  switch (dtype) {
+    case DataType::kFloat16:
+      SumOfHalf(static_cast<_Float16*>(dst), static_cast<const _Float16*>(a),
+                static_cast<const _Float16*>(b), count);
+      return;
+    case DataType::kBFloat16:
+      SumOfBFloat16(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a),
+                    static_cast<const uint16_t*>(b), count);
+      return;
+    case DataType::kFloat32:
+      SumOfLoop(static_cast<float*>(dst), static_cast<const float*>(a),
+                static_cast<const float*>(b), count);
+      return;
+    case DataType::kFloat64:
+      SumOfLoop(static_cast<double*>(dst), static_cast<const double*>(a),
+                static_cast<const double*>(b), count);
+      return;
+    case DataType::kInt32:
+      SumOfLoop(static_cast<int32_t*>(dst), static_cast<const int32_t*>(a),
+                static_cast<const int32_t*>(b), count);
+      return;
+    case DataType::kInt64:
+      SumOfLoop(static_cast<int64_t*>(dst), static_cast<const int64_t*>(a),
+                static_cast<const int64_t*>(b), count);
       return;
   }
 }

@@ -12,6 +12,9 @@ namespace bps {
 // dst[i] += src[i] for `count` elements of `dtype`.
 void SumInto(DataType dtype, void* dst, const void* src, size_t count);
 
+// dst[i] = a[i] + b[i]: summing two shared-memory inputs reads each once.
+void SumOf(DataType dtype, void* dst, const void* a, const void* b, size_t count);
+
 // buf[i] /= divisor; floats multiply by the reciprocal, integer types use floor
 // division as numpy and TensorFlow do.
 void DivideInPlace(DataType dtype, void* buf, size_t count, int divisor);

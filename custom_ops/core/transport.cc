@@ -26,9 +26,18 @@ std::string ErrnoText() { return std::strerror(errno); }
 
 Connection::Connection(int fd, std::string peer) : fd_(fd), peer_(std::move(peer)) {}
 
-Connection::~Connection() { ::close(fd_); }
+Connection::~Connection() {
+  if (received_fd_ >= 0) ::close(received_fd_);
+  ::close(fd_);
+}
 
-Status Connection::Send(const FrameHeader& header, const void* payload) {
+int Connection::TakeReceivedFd() {
+  int fd = received_fd_;
+  received_fd_ = -1;
+  return fd;
+}
+
+Status Connection::Send(const FrameHeader& header, const void* payload, int fd) {
   iovec parts[2];
   parts[0].iov_base = const_cast<FrameHeader*>(&header);
   parts[0].iov_len = sizeof(header);
@@ -36,8 +45,22 @@ Status Connection::Send(const FrameHeader& header, const void* payload) {
   parts[1].iov_len = payload ? header.length : 0;
   int count = parts[1].iov_len ? 2 : 1;
   iovec* next = parts;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   while (count > 0) {
-    ssize_t sent = ::writev(fd_, next, count);
+    msghdr message{};
+    message.msg_iov = next;
+    message.msg_iovlen = static_cast<size_t>(count);
+    if (fd >= 0) {  // The descriptor rides on the first bytes sent, once.
+      message.msg_control = control;
+      message.msg_controllen = sizeof(control);
+      cmsghdr* cmsg = CMSG_FIRSTHDR(&message);
+      cmsg->cmsg_level = SOL_SOCKET;
+      cmsg->cmsg_type = SCM_RIGHTS;
+      cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
+    }
+    ssize_t sent = ::sendmsg(fd_, &message, MSG_NOSIGNAL);
+    if (sent > 0) fd = -1;
     if (sent < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK)
@@ -63,7 +86,21 @@ Status Connection::ReceiveHeader(FrameHeader* header, bool* eof) {
   char* dst = reinterpret_cast<char*>(header);
   size_t got = 0;
   while (got < sizeof(*header)) {
-    ssize_t n = ::recv(fd_, dst + got, sizeof(*header) - got, 0);
+    iovec part{dst + got, sizeof(*header) - got};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    msghdr message{};
+    message.msg_iov = &part;
+    message.msg_iovlen = 1;
+    message.msg_control = control;
+    message.msg_controllen = sizeof(control);
+    ssize_t n = ::recvmsg(fd_, &message, MSG_CMSG_CLOEXEC);
+    for (cmsghdr* cmsg = CMSG_FIRSTHDR(&message); n > 0 && cmsg;
+         cmsg = CMSG_NXTHDR(&message, cmsg)) {
+      if (cmsg->cmsg_level == SOL_SOCKET && cmsg->cmsg_type == SCM_RIGHTS) {
+        if (received_fd_ >= 0) ::close(received_fd_);
+        std::memcpy(&received_fd_, CMSG_DATA(cmsg), sizeof(int));
+      }
+    }
     if (n == 0) {
       *eof = true;
       return Status::Error(peer_ + " closed the connection");

@@ -21,6 +21,16 @@ enum class FrameType : uint8_t {
   kReply = 4,    // server -> worker: the summed partition.
   kError = 5,    // server -> worker: payload is a message; the partition failed.
   kBye = 6,      // worker -> server: clean shutdown, no more pushes from this rank.
+  // Same-host peers (Unix socket) only:
+  kArena = 7,      // either way: a shared-memory arena; payload ArenaAnnouncement, fd attached.
+  kPushShm = 8,    // like kPush, but the data lies in the worker's arena (payload ShmLocation).
+  kReplyShm = 9,   // like kReply, but the sum lies in the server's arena (payload ShmLocation).
+};
+
+struct ArenaAnnouncement {
+  uint32_t index = 0;
+  uint32_t reserved = 0;
+  uint64_t size = 0;
 };
 
 constexpr uint32_t kFrameMagic = 0x31535042;  // "BPS1"
@@ -51,9 +61,12 @@ class Connection {
   const std::string& peer() const { return peer_; }
   std::mutex& write_mutex() { return write_mutex_; }
 
-  Status Send(const FrameHeader& header, const void* payload);
+  // `fd` >= 0 is passed to the peer with the frame (Unix sockets only).
+  Status Send(const FrameHeader& header, const void* payload, int fd = -1);
   // Returns an error on EOF or failure; `eof` tells a clean close apart.
   Status ReceiveHeader(FrameHeader* header, bool* eof);
+  // The descriptor that came with the last header, or -1; the caller owns it.
+  int TakeReceivedFd();
   Status ReceivePayload(void* dst, size_t bytes);
   Status DiscardPayload(size_t bytes);
   // Wakes a thread blocked in Receive*; the connection stays allocated.
@@ -61,6 +74,7 @@ class Connection {
 
  private:
   int fd_;
+  int received_fd_ = -1;
   std::string peer_;
   std::mutex write_mutex_;
 };

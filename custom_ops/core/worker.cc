@@ -1,7 +1,10 @@
 #include "worker.h"
 
 #include <algorithm>
+#include <unistd.h>
+
 #include <chrono>
+#include <cstring>
 
 #include "logging.h"
 #include "reduce.h"
@@ -63,8 +66,12 @@ void PushPullOp::MaybeFinishLocked(std::unique_lock<std::mutex>& lock) {
 // ServerLink
 
 ServerLink::ServerLink(Worker* worker, int index, ServerAddress address,
-                       std::unique_ptr<Connection> conn)
-    : worker_(worker), index_(index), address_(std::move(address)), conn_(std::move(conn)) {}
+                       std::unique_ptr<Connection> conn, bool shared_memory)
+    : worker_(worker),
+      index_(index),
+      address_(std::move(address)),
+      conn_(std::move(conn)),
+      shared_memory_(shared_memory) {}
 
 ServerLink::~ServerLink() { Join(); }
 
@@ -110,20 +117,7 @@ void ServerLink::SendLoop() {
     header.tensor_id = op.tensor_id();
     header.signature = task.signature;
     header.dtype = static_cast<uint8_t>(op.view().dtype);
-    Status status = Status::OK();
-    {
-      std::lock_guard<std::mutex> lock(conn_->write_mutex());
-      if (!task.declare_frame.empty()) {
-        header.type = static_cast<uint8_t>(FrameType::kDeclare);
-        header.length = task.declare_frame.size();
-        status = conn_->Send(header, task.declare_frame.data());
-      }
-      if (status.ok()) {
-        header.type = static_cast<uint8_t>(FrameType::kPush);
-        header.length = task.length;
-        status = conn_->Send(header, static_cast<const char*>(op.view().input) + task.offset);
-      }
-    }
+    Status status = SendPartition(task, &header);
     op.EndIo();
     BPS_LOG(kTrace) << "pushed " << op.name() << " part " << task.part << " to " << description();
     if (!status.ok()) {
@@ -132,6 +126,44 @@ void ServerLink::SendLoop() {
       return;
     }
   }
+}
+
+Status ServerLink::SendPartition(const PartitionTask& task, FrameHeader* header) {
+  const char* data = static_cast<const char*>(task.op->view().input) + task.offset;
+  std::lock_guard<std::mutex> lock(conn_->write_mutex());
+  if (!task.declare_frame.empty()) {
+    header->type = static_cast<uint8_t>(FrameType::kDeclare);
+    header->length = task.declare_frame.size();
+    Status status = conn_->Send(*header, task.declare_frame.data());
+    if (!status.ok()) return status;
+  }
+  if (!shared_memory_) {
+    header->type = static_cast<uint8_t>(FrameType::kPush);
+    header->length = task.length;
+    return conn_->Send(*header, data);
+  }
+  const PartitionKey key{task.op->tensor_id(), task.part};
+  auto slot = slots_.find(key);
+  if (slot == slots_.end() || slot->second.length != task.length) {
+    ShmLocation location;
+    bool fresh_arena = false;
+    Status status = slot_allocator_.Allocate(task.length, &location, &fresh_arena);
+    if (!status.ok()) return status;
+    if (fresh_arena) {
+      const SharedArena& arena = slot_allocator_.arena(location.arena);
+      ArenaAnnouncement announcement{location.arena, 0, arena.size()};
+      FrameHeader frame;
+      frame.type = static_cast<uint8_t>(FrameType::kArena);
+      frame.length = sizeof(announcement);
+      status = conn_->Send(frame, &announcement, arena.fd());
+      if (!status.ok()) return status;
+    }
+    slot = slots_.insert_or_assign(key, location).first;
+  }
+  std::memcpy(slot_allocator_.Resolve(slot->second), data, task.length);
+  header->type = static_cast<uint8_t>(FrameType::kPushShm);
+  header->length = sizeof(ShmLocation);
+  return conn_->Send(*header, &slot->second);
 }
 
 std::shared_ptr<PushPullOp> ServerLink::TakePending(const FrameHeader& header, Pending* pending) {
@@ -144,34 +176,63 @@ std::shared_ptr<PushPullOp> ServerLink::TakePending(const FrameHeader& header, P
 }
 
 Status ServerLink::HandleReply(const FrameHeader& header) {
-  Pending pending;
-  std::shared_ptr<PushPullOp> op = TakePending(header, &pending);
   const auto type = static_cast<FrameType>(header.type);
+  // Read the frame's payload first: the stream must stay in step whatever the op's fate.
+  std::string message;
+  ShmLocation location;
   if (type == FrameType::kError) {
-    std::string message(header.length, '\0');
+    message.resize(header.length);
     Status status = conn_->ReceivePayload(message.data(), message.size());
     if (!status.ok()) return status;
+  } else if (type == FrameType::kReplyShm) {
+    if (header.length != sizeof(location))
+      return Status::Error("malformed shared-memory reply from " + description());
+    Status status = conn_->ReceivePayload(&location, sizeof(location));
+    if (!status.ok()) return status;
+  }
+  Pending pending;
+  std::shared_ptr<PushPullOp> op = TakePending(header, &pending);
+  if (type == FrameType::kError) {
     if (op) op->Fail(Status::Error(message));
     return Status::OK();
   }
-  if (!op || !op->BeginIo()) return conn_->DiscardPayload(header.length);
-  if (header.length != pending.length) {
+  const bool shared = type == FrameType::kReplyShm;
+  if (!op || !op->BeginIo()) return shared ? Status::OK() : conn_->DiscardPayload(header.length);
+  const uint64_t length = shared ? location.length : header.length;
+  const char* source = shared ? server_arenas_.Resolve(location) : nullptr;
+  Status status = Status::OK();
+  if (length != pending.length || (shared && !source)) {
     op->EndIo();
-    op->Fail(Status::Error(description() + " returned " + std::to_string(header.length) +
-                           " bytes for partition " + std::to_string(header.part) + " of tensor '" +
-                           op->name() + "', expected " + std::to_string(pending.length)));
-    return conn_->DiscardPayload(header.length);
+    op->Fail(Status::Error(description() + " returned a malformed sum for partition " +
+                           std::to_string(header.part) + " of tensor '" + op->name() + "'"));
+    return shared ? Status::OK() : conn_->DiscardPayload(header.length);
   }
   void* dst = static_cast<char*>(op->view().output) + pending.offset;
-  Status status = conn_->ReceivePayload(dst, pending.length);
+  if (shared) {
+    std::memcpy(dst, source, length);
+  } else {
+    status = conn_->ReceivePayload(dst, length);
+  }
   if (status.ok() && op->reduce_op() == ReduceOp::kAverage) {
-    const size_t count = pending.length / DataTypeSize(op->view().dtype);
+    const size_t count = length / DataTypeSize(op->view().dtype);
     DivideInPlace(op->view().dtype, dst, count, op->divisor());
   }
   op->EndIo();
   if (!status.ok()) return status;
   op->PartitionDone();
   return Status::OK();
+}
+
+Status ServerLink::HandleArena() {
+  ArenaAnnouncement announcement;
+  const int fd = conn_->TakeReceivedFd();
+  Status status = conn_->ReceivePayload(&announcement, sizeof(announcement));
+  if (!status.ok() || fd < 0) {
+    if (fd >= 0) ::close(fd);
+    return status.ok() ? Status::Error(description() + " announced memory without a descriptor")
+                       : status;
+  }
+  return server_arenas_.Add(announcement.index, fd, announcement.size);
 }
 
 void ServerLink::ReceiveLoop() {
@@ -181,8 +242,11 @@ void ServerLink::ReceiveLoop() {
     Status status = conn_->ReceiveHeader(&header, &eof);
     if (status.ok()) {
       const auto type = static_cast<FrameType>(header.type);
-      if (type == FrameType::kReply || type == FrameType::kError) {
+      if (type == FrameType::kReply || type == FrameType::kReplyShm ||
+          type == FrameType::kError) {
         status = HandleReply(header);
+      } else if (type == FrameType::kArena && header.length == sizeof(ArenaAnnouncement)) {
+        status = HandleArena();
       } else {
         status = Status::Error("unexpected frame type " + std::to_string(header.type) + " from " +
                                description());
@@ -263,10 +327,11 @@ Status Worker::Start() {
     int fd = -1;
     Status status = Status::Error("not on this host");
     if (address.same_host) status = ConnectLocal(address.port, options_.timeout_ms, &fd);
-    if (!status.ok())
-      status = ConnectTcp(address.host, address.port, options_.timeout_ms, options_.timeout_ms, &fd);
-    else
+    const bool local = status.ok();
+    if (local)
       BPS_LOG(kDebug) << "server " << i << " is on this host: using its Unix socket";
+    else
+      status = ConnectTcp(address.host, address.port, options_.timeout_ms, options_.timeout_ms, &fd);
     if (!status.ok())
       return Status::Error("worker " + std::to_string(options_.rank) + " cannot reach server " +
                            std::to_string(i) + ": " + status.message());
@@ -279,7 +344,7 @@ Status Worker::Start() {
     status = conn->Send(hello, nullptr);
     if (!status.ok()) return status;
     links_.push_back(std::make_unique<ServerLink>(this, static_cast<int>(i), address,
-                                                  std::move(conn)));
+                                                  std::move(conn), local));
   }
   for (auto& link : links_) link->Start();
   watchdog_ = std::thread([this] { WatchdogLoop(); });

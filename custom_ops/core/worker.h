@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common.h"
+#include "shared_memory.h"
 #include "transport.h"
 
 namespace bps {
@@ -102,7 +103,10 @@ class Worker;
 // The connection to one server with its push (sender) and pull (receiver) threads.
 class ServerLink {
  public:
-  ServerLink(Worker* worker, int index, ServerAddress address, std::unique_ptr<Connection> conn);
+  // `shared_memory`: the server is on this host (a Unix socket), so partition data
+  // goes through shared slots instead of the socket.
+  ServerLink(Worker* worker, int index, ServerAddress address, std::unique_ptr<Connection> conn,
+             bool shared_memory);
   ~ServerLink();
 
   void Start();
@@ -124,14 +128,22 @@ class ServerLink {
   };
 
   void SendLoop();
+  Status SendPartition(const PartitionTask& task, FrameHeader* header);
   void ReceiveLoop();
   Status HandleReply(const FrameHeader& header);
+  Status HandleArena();
   std::shared_ptr<PushPullOp> TakePending(const FrameHeader& header, Pending* pending);
 
   Worker* const worker_;
   const int index_;
   const ServerAddress address_;
   std::unique_ptr<Connection> conn_;
+  const bool shared_memory_;
+  // Push slots, one per partition key; only the sender thread touches them.
+  SlotAllocator slot_allocator_;
+  std::unordered_map<PartitionKey, ShmLocation, PartitionKeyHash> slots_;
+  // The server's arenas holding sums; only the receiver thread touches them.
+  PeerArenas server_arenas_;
 
   std::mutex queue_mutex_;
   std::condition_variable queue_cv_;

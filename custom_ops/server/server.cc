@@ -24,8 +24,12 @@ constexpr size_t kMaxPooledBlocks = 64;
 }  // namespace
 
 struct Server::WorkerConn {
-  explicit WorkerConn(std::unique_ptr<Connection> c) : conn(std::move(c)) {}
+  WorkerConn(std::unique_ptr<Connection> c, bool same_host)
+      : conn(std::move(c)), local(same_host) {}
   std::unique_ptr<Connection> conn;
+  const bool local;  // On this host: data goes through shared memory both ways.
+  PeerArenas arenas;  // The worker's push slots.
+  uint32_t announced_results = 0;  // Result arenas sent to it; guarded by the write mutex.
   int rank = -1;
   std::mutex mutex;
   std::condition_variable cv;
@@ -108,14 +112,15 @@ void Server::AcceptLoop() {
       int fd = ::accept4(listeners[i].fd, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC);
       if (fd < 0) continue;
       ConfigureSocket(fd, options_.timeout_ms);
-      std::string peer = "a local worker";
+      std::string peer = "a worker on this host";
+      const bool local = addr.ss_family == AF_UNIX;
       if (addr.ss_family == AF_INET) {
         const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
         char host[INET_ADDRSTRLEN] = {0};
         ::inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
         peer = std::string(host) + ":" + std::to_string(ntohs(in->sin_port));
       }
-      auto conn = std::make_shared<WorkerConn>(std::make_unique<Connection>(fd, peer));
+      auto conn = std::make_shared<WorkerConn>(std::make_unique<Connection>(fd, peer), local);
       std::lock_guard<std::mutex> lock(conns_mutex_);
       accepted_.push_back(conn);
       readers_.emplace_back([this, conn] { ReadLoop(conn); });
@@ -171,7 +176,22 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
       declarations_[{header.tensor_id, rank}] = std::move(declaration);
       continue;
     }
-    if (type != FrameType::kPush || !IsValidDataType(header.dtype)) {
+    if (type == FrameType::kArena && worker->local &&
+        header.length == sizeof(ArenaAnnouncement)) {
+      ArenaAnnouncement announcement;
+      const int fd = conn.TakeReceivedFd();
+      status = conn.ReceivePayload(&announcement, sizeof(announcement));
+      if (status.ok() && fd < 0) status = Status::Error("an arena came without its descriptor");
+      if (status.ok()) {
+        status = worker->arenas.Add(announcement.index, fd, announcement.size);  // Owns fd.
+      } else if (fd >= 0) {
+        ::close(fd);
+      }
+      if (!status.ok()) break;
+      continue;
+    }
+    if ((type != FrameType::kPush && type != FrameType::kPushShm) ||
+        !IsValidDataType(header.dtype)) {
       status = Status::Error("unexpected frame type " + std::to_string(header.type) +
                              " from worker rank " + std::to_string(rank));
       break;
@@ -181,11 +201,10 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
       worker->cv.wait(lock, [&] { return worker->outstanding < kMaxOutstandingPerWorker; });
       ++worker->outstanding;
     }
-    PushItem item{false,         header.tensor_id, header.part,
-                  rank,          header.dtype,     header.signature,
-                  header.length, pool_.Acquire(header.length)};
-    status = conn.ReceivePayload(item.block.data.get(), item.length);
+    PushItem item;
+    status = ReceivePush(worker.get(), header, &item);
     if (!status.ok()) break;
+    item.rank = rank;  // The connection's rank, whatever the frame claims.
     const PartitionKey key{item.tensor_id, item.part};
     Engine* engine = engines_[PartitionKeyHash()(key) % engines_.size()].get();
     {
@@ -198,6 +217,27 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
     SetFailure("worker rank " + std::to_string(rank) + " (" + conn.peer() +
                ") disconnected without shutting down: " + status.message());
   }
+}
+
+Status Server::ReceivePush(WorkerConn* worker, const FrameHeader& header, PushItem* item) {
+  item->tensor_id = header.tensor_id;
+  item->part = header.part;
+  item->dtype = header.dtype;
+  item->signature = header.signature;
+  if (static_cast<FrameType>(header.type) == FrameType::kPush) {
+    item->length = header.length;
+    item->block = pool_.Acquire(header.length);
+    return worker->conn->ReceivePayload(item->block.data.get(), item->length);
+  }
+  ShmLocation location;
+  if (header.length != sizeof(location) || !worker->local)
+    return Status::Error("malformed shared-memory push");
+  Status status = worker->conn->ReceivePayload(&location, sizeof(location));
+  if (!status.ok()) return status;
+  item->length = location.length;
+  item->shared = worker->arenas.Resolve(location);
+  if (!item->shared) return Status::Error("a shared-memory push points outside the worker's arenas");
+  return Status::OK();
 }
 
 void Server::EngineLoop(Engine* engine) {
@@ -241,7 +281,11 @@ void Server::Process(Engine* engine, PushItem item) {
   const PartitionKey id{item.tensor_id, item.part};
   KeyState& key = engine->keys[id];
   if (key.contributors.empty()) {
-    key.sum = std::move(item.block);
+    if (item.shared) {
+      key.shared.push_back(item.shared);
+    } else {
+      key.sum = std::move(item.block);
+    }
     key.length = item.length;
     key.signature = item.signature;
     key.dtype = item.dtype;
@@ -260,8 +304,14 @@ void Server::Process(Engine* engine, PushItem item) {
         SendError(earlier, item.tensor_id, item.part, key.error);
     }
     if (key.error.empty()) {
-      SumInto(static_cast<DataType>(key.dtype), key.sum.data.get(), item.block.data.get(),
-              key.length / DataTypeSize(static_cast<DataType>(key.dtype)));
+      if (item.shared) {
+        key.shared.push_back(item.shared);
+      } else if (!key.sum.data) {
+        key.sum = std::move(item.block);
+      } else {
+        SumInto(static_cast<DataType>(key.dtype), key.sum.data.get(), item.block.data.get(),
+                key.length / DataTypeSize(static_cast<DataType>(key.dtype)));
+      }
     }
     pool_.Release(std::move(item.block));
   }
@@ -289,11 +339,50 @@ void Server::Process(Engine* engine, PushItem item) {
       gone.empty())
     return;
   if (key.error.empty()) {
+    ShmLocation slot;
+    const char* sum = Complete(engine, id, &key, &slot);
+    if (!sum) {
+      for (uint32_t r : key.contributors)
+        SendError(r, id.tensor_id, id.part, "the server ran out of shared memory: " + failure());
+    }
     for (uint32_t r : key.contributors)
-      SendReply(r, item.tensor_id, item.part, key.sum.data.get(), key.length);
+      if (sum) SendReply(r, id.tensor_id, id.part, sum, key.length, key.shared.empty() ? nullptr : &slot);
   }
   pool_.Release(std::move(key.sum));
   engine->keys.erase(id);
+}
+
+const char* Server::Complete(Engine* engine, const PartitionKey& id, KeyState* key,
+                             ShmLocation* slot) {
+  if (key->shared.empty()) return key->sum.data.get();  // Summed as the pushes came in.
+  auto found = engine->result_slots.find(id);
+  char* out = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(results_mutex_);
+    if (found == engine->result_slots.end() || found->second.length != key->length) {
+      bool fresh_arena = false;
+      Status status = results_.Allocate(key->length, slot, &fresh_arena);
+      if (!status.ok()) {
+        SetFailure(status.message());
+        return nullptr;
+      }
+      found = engine->result_slots.insert_or_assign(id, *slot).first;
+    }
+    *slot = found->second;
+    out = results_.Resolve(*slot);
+  }
+  const auto dtype = static_cast<DataType>(key->dtype);
+  const size_t count = key->length / DataTypeSize(dtype);
+  // Shared inputs are read once each: the first pair lands in the result directly.
+  std::vector<const char*> inputs = key->shared;
+  if (key->sum.data) inputs.insert(inputs.begin(), key->sum.data.get());
+  if (inputs.size() == 1) {
+    std::memcpy(out, inputs[0], key->length);
+  } else {
+    SumOf(dtype, out, inputs[0], inputs[1], count);
+    for (size_t i = 2; i < inputs.size(); ++i) SumInto(dtype, out, inputs[i], count);
+  }
+  return out;
 }
 
 void Server::SendToWorker(uint32_t rank, FrameType type, uint64_t tensor_id, uint32_t part,
@@ -317,8 +406,42 @@ void Server::SendToWorker(uint32_t rank, FrameType type, uint64_t tensor_id, uin
 }
 
 void Server::SendReply(uint32_t rank, uint64_t tensor_id, uint32_t part, const void* data,
-                       size_t length) {
-  SendToWorker(rank, FrameType::kReply, tensor_id, part, data, length);
+                       size_t length, const ShmLocation* slot) {
+  std::shared_ptr<WorkerConn> worker;
+  {
+    std::lock_guard<std::mutex> lock(conns_mutex_);
+    worker = conns_[rank];
+  }
+  if (!worker || !slot || !worker->local) {
+    SendToWorker(rank, FrameType::kReply, tensor_id, part, data, length);
+    return;
+  }
+  // A same-host worker reads the sum from the result slot; first it must have every
+  // arena up to the slot's.
+  std::lock_guard<std::mutex> lock(worker->conn->write_mutex());
+  Status status = Status::OK();
+  while (status.ok() && worker->announced_results <= slot->arena) {
+    ArenaAnnouncement announcement;
+    int fd;
+    {
+      std::lock_guard<std::mutex> results_lock(results_mutex_);
+      const SharedArena& arena = results_.arena(worker->announced_results);
+      announcement = ArenaAnnouncement{worker->announced_results, 0, arena.size()};
+      fd = arena.fd();
+    }
+    FrameHeader header;
+    header.type = static_cast<uint8_t>(FrameType::kArena);
+    header.length = sizeof(announcement);
+    status = worker->conn->Send(header, &announcement, fd);
+    ++worker->announced_results;
+  }
+  FrameHeader header;
+  header.type = static_cast<uint8_t>(FrameType::kReplyShm);
+  header.tensor_id = tensor_id;
+  header.part = part;
+  header.length = sizeof(*slot);
+  if (status.ok()) status = worker->conn->Send(header, slot);
+  if (!status.ok()) BPS_LOG(kDebug) << status.message();
 }
 
 void Server::SendError(uint32_t rank, uint64_t tensor_id, uint32_t part,

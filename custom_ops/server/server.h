@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "../core/common.h"
+#include "../core/shared_memory.h"
 #include "../core/transport.h"
 
 namespace bps {
@@ -70,10 +71,12 @@ class Server {
     uint8_t dtype = 0;
     uint64_t signature = 0;
     size_t length = 0;
-    BlockPool::Block block;
+    BlockPool::Block block;    // data received over the socket, or
+    const char* shared = nullptr;  // data in the worker's shared slot (same host).
   };
   struct KeyState {
-    BlockPool::Block sum;
+    BlockPool::Block sum;  // running sum of the pushes that came over sockets
+    std::vector<const char*> shared;  // pushes in shared slots, summed when all are in
     size_t length = 0;
     uint64_t signature = 0;
     uint8_t dtype = 0;
@@ -85,6 +88,10 @@ class Server {
     std::condition_variable cv;
     std::deque<PushItem> queue;
     std::unordered_map<PartitionKey, KeyState, PartitionKeyHash> keys;
+    // Where each key's sum goes for same-host workers; kept across rounds, since a
+    // key is only summed again once every worker has pushed it again, and so has
+    // finished reading the last sum.
+    std::unordered_map<PartitionKey, ShmLocation, PartitionKeyHash> result_slots;
     std::thread thread;
   };
 
@@ -92,10 +99,15 @@ class Server {
   void ReadLoop(std::shared_ptr<WorkerConn> conn);
   void EngineLoop(Engine* engine);
   void Process(Engine* engine, PushItem item);
+  // Adds the round's pushes into one buffer; returns it (and its slot, when shared).
+  const char* Complete(Engine* engine, const PartitionKey& id, KeyState* key,
+                       ShmLocation* slot);
+  Status ReceivePush(WorkerConn* worker, const FrameHeader& header, PushItem* item);
   void SendToWorker(uint32_t rank, FrameType type, uint64_t tensor_id, uint32_t part,
                     const void* payload, size_t length);
   void SendError(uint32_t rank, uint64_t tensor_id, uint32_t part, const std::string& message);
-  void SendReply(uint32_t rank, uint64_t tensor_id, uint32_t part, const void* data, size_t length);
+  void SendReply(uint32_t rank, uint64_t tensor_id, uint32_t part, const void* data, size_t length,
+                 const ShmLocation* slot);
   std::string Describe(uint64_t tensor_id, uint32_t rank);
   std::string MismatchMessage(uint64_t tensor_id, uint32_t rank_a, uint32_t rank_b);
   void SetFailure(const std::string& reason);
@@ -110,6 +122,9 @@ class Server {
   std::thread acceptor_;
   BlockPool pool_;
   std::vector<std::unique_ptr<Engine>> engines_;
+
+  std::mutex results_mutex_;
+  SlotAllocator results_;  // sums for same-host workers
 
   std::mutex conns_mutex_;
   std::vector<std::shared_ptr<WorkerConn>> conns_;  // by rank
