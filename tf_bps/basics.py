@@ -87,6 +87,11 @@ def is_initialized() -> bool:
     return _job is not None
 
 
+def is_distributed() -> bool:
+    """Whether push_pull goes through servers (False on the single-worker local path)."""
+    return _current().link is not None
+
+
 def rank() -> int:
     return _current().rank
 

@@ -93,6 +93,27 @@ def broadcast(tensor, root_rank: int, name: str | None = None) -> tf.Tensor:
     return tf.cast(result, tf.bool) if tensor.dtype == tf.bool else result
 
 
+def allgather(tensor, name: str | None = None) -> tf.Tensor:
+    """Concatenates every worker's `tensor` along the first axis, in rank order.
+
+    The first dimension may differ between workers. Built from two push_pulls: one
+    for the row counts, one where each worker fills only its own rows.
+    """
+    tensor = tf.convert_to_tensor(tensor)
+    size, rank = basics.size(), basics.rank()
+    if size == 1:
+        return tf.identity(tensor)
+    name = f"Allgather.{name}" if name else _default_name("Allgather", tensor)
+    rows = tf.shape(tensor, out_type=tf.int64)[0]
+    counts = _push_pull(tf.one_hot(rank, size, dtype=tf.int64) * rows, f"{name}.rows", Sum)
+    before = tf.reduce_sum(counts[:rank])
+    after = tf.reduce_sum(counts) - before - rows
+    padding = tf.concat([[[before, after]], tf.zeros([tf.rank(tensor) - 1, 2], tf.int64)], 0)
+    wire = tf.cast(tensor, tf.int32) if tensor.dtype == tf.bool else tensor
+    gathered = _push_pull(tf.pad(wire, padding), name, Sum)
+    return tf.cast(gathered, tf.bool) if tensor.dtype == tf.bool else gathered
+
+
 def _variable_name(variable) -> str:
     return getattr(variable, "path", None) or variable.name
 

@@ -1,0 +1,94 @@
+"""DistributedOptimizer details, Keras callbacks, sparse gradients and saving."""
+
+import json
+import sys
+
+import numpy as np
+import pytest
+from conftest import base_env
+from test_job import reports
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    from conftest import Processes
+
+    out = tmp_path_factory.mktemp("keras")
+    processes = Processes()
+    try:
+        status, output = processes.launch(2, "keras_features.py", str(out))
+    finally:
+        processes.end_all()
+    assert status == 0, output
+    got = reports(output)
+    assert sorted(got) == [0, 1], output
+    return got, out
+
+
+def test_optimizer_applies_only_the_average_and_keeps_its_identity(job):
+    got, _ = job
+    for report in got.values():
+        assert report["applied"] == [-1.5, -1.5, -1.5]  # SGD(1.0) step of mean(1, 2)
+        assert report["class"] == ["SGD", "keras.src.optimizers.sgd"]
+        assert report["config_matches"]
+
+
+def test_broadcast_callback_starts_everyone_from_rank_0(job):
+    got, _ = job
+    assert got[0]["initial_weights"] != got[1]["initial_weights"]
+    assert got[0]["first_weights"] == got[1]["first_weights"] == got[0]["initial_weights"]
+    assert got[0]["final_weights"] == got[1]["final_weights"]
+
+
+def test_metric_average_callback_gives_the_cross_worker_mean(job):
+    got, _ = job
+    for epoch in range(3):
+        local = [got[r]["local_logs"][epoch] for r in (0, 1)]
+        assert local[0]["loss"] != local[1]["loss"]
+        for rank in (0, 1):
+            averaged = got[rank]["averaged_logs"][epoch]
+            for key in ("loss", "mae"):
+                assert averaged[key] == pytest.approx((local[0][key] + local[1][key]) / 2)
+
+
+def test_learning_rate_warmup_and_schedule(job):
+    got, _ = job
+    steps, warmup, size, initial = 4, 2, 2, 0.1
+    expected = []
+    for epoch in range(3):
+        for batch in range(steps):
+            if epoch < warmup:
+                progress = epoch + batch / steps + 1 / steps
+                expected.append(initial / size * (progress * (size - 1) / warmup + 1))
+            else:
+                expected.append(expected[-1])
+    for report in got.values():
+        np.testing.assert_allclose(report["rates"], expected, rtol=1e-6)
+        assert report["rates"][-1] == pytest.approx(initial)
+        # Staircase, epochs 1 and 2 only, two batches per epoch.
+        np.testing.assert_allclose(report["schedule_rates"],
+                                   [0.1, 0.1, 0.05, 0.05, 0.025, 0.025, 0.025, 0.025], rtol=1e-6)
+
+
+def test_sparse_gradients_allgather_and_legacy_optimizer(job):
+    got, _ = job
+    dense = [[0.5, 0.5], [1.0, 1.0], [0.5, 0.5], [1.0, 1.0], [0.0, 0.0], [1.5, 1.5]]
+    for report in got.values():
+        assert report["sparse_False"] == ["IndexedSlices", dense]
+        assert report["sparse_True"][1] == dense and report["sparse_True"][0] != "IndexedSlices"
+        assert report["allgather"] == [[0, 0], [1, 1], [1, 1]]
+        assert report["legacy"] == [-1.5, -1.5]
+
+
+def test_saved_model_reloads_without_tf_bps(job, procs):
+    got, out = job
+    probe = (
+        "import json, sys, keras\n"
+        f"model = keras.models.load_model({str(out / 'model.keras')!r})\n"
+        "print('tf_bps' in sys.modules, type(model.optimizer).__module__,\n"
+        "      json.dumps([w.numpy().tolist() for w in model.weights]))\n")
+    status, output = procs.run([sys.executable, "-c", probe], base_env())
+    assert status == 0, output
+    loaded, module, weights = output.strip().splitlines()[-1].split(" ", 2)
+    assert loaded == "False" and module == "keras.src.optimizers.sgd"
+    assert json.loads(weights) == got[0]["saved_weights"] == got[1]["saved_weights"]

@@ -1,0 +1,50 @@
+"""Training through tf_bps matches one process trained on the global batch."""
+
+import sys
+
+import numpy as np
+import pytest
+from conftest import base_env, worker_command
+
+CASES = [
+    # mode, optimizer, passes, compression, tolerance
+    ("fit", "sgd", 1, "none", 1e-5),
+    ("fit_eager", "adam", 1, "none", 1e-5),
+    ("tape", "sgd", 1, "none", 1e-5),
+    ("tape_function", "adam", 1, "none", 1e-5),
+    ("fit", "sgd", 2, "none", 1e-5),
+    ("fit", "adam", 1, "fp16", 2e-2),
+    ("tape_function", "sgd", 1, "fp16", 2e-2),
+]
+
+
+@pytest.mark.parametrize("mode,optimizer,passes,compression,tolerance", CASES,
+                         ids=[f"{m}-{o}-passes{p}-{c}" for m, o, p, c, _ in CASES])
+def test_two_workers_match_one_process_on_the_global_batch(
+        procs, tmp_path, mode, optimizer, passes, compression, tolerance):
+    args = ["--mode", mode, "--optimizer", optimizer, "--passes", str(passes),
+            "--compression", compression]
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "dist").mkdir()
+    status, output = procs.run(
+        worker_command("train.py", *args, "--reference", "--out", str(tmp_path / "ref")),
+        base_env())
+    assert status == 0, output
+    status, output = procs.launch(2, "train.py", *args, "--out", str(tmp_path / "dist"))
+    assert status == 0, output
+    reference = np.load(tmp_path / "ref" / "rank0.npz")
+    workers = [np.load(tmp_path / "dist" / f"rank{r}.npz") for r in range(2)]
+    for key in reference:
+        np.testing.assert_array_equal(workers[0][key], workers[1][key], err_msg=key)
+        np.testing.assert_allclose(workers[0][key], reference[key], rtol=tolerance,
+                                   atol=tolerance, err_msg=key)
+    # The weights moved well beyond the tolerance: a run that applied nothing fails.
+    initial = np.load(tmp_path / "ref" / "init0.npz")
+    assert all(np.abs(reference[k] - initial[k]).max() > 10 * tolerance for k in reference)
+
+
+def test_single_process_path_needs_no_job(procs, tmp_path):
+    status, output = procs.run(
+        [sys.executable, str(worker_command("train.py")[1]), "--out", str(tmp_path)],
+        base_env())
+    assert status == 0 and "TRAINED" in output, output

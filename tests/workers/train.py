@@ -1,0 +1,110 @@
+"""Trains a small Keras model one of several ways and saves the final weights.
+
+Run under bpslaunch for the distributed modes (each worker gets its batch-size share
+of every global batch), or with --reference as one plain process on whole global
+batches: both must end with the same weights.
+"""
+
+import argparse
+import json
+import os
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+FEATURES, BATCH, STEPS = 4, 8, 6  # BATCH: per worker and per backward pass.
+
+
+def parse():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mode", choices=["fit", "fit_eager", "tape", "tape_function"],
+                        default="fit")
+    parser.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
+    parser.add_argument("--passes", type=int, default=1)
+    parser.add_argument("--compression", choices=["none", "fp16"], default="none")
+    parser.add_argument("--workers", type=int, default=2, help="with --reference")
+    parser.add_argument("--reference", action="store_true")
+    parser.add_argument("--out", required=True)
+    return parser.parse_args()
+
+
+def data(workers, passes):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(STEPS * workers * passes * BATCH, FEATURES)).astype("float32")
+    y = (x @ np.array([1.0, -2.0, 0.5, 3.0], "float32"))[:, None] + 0.1
+    return x, y
+
+
+def shard(array, rank, workers, passes):
+    """This worker's micro-batches, in the order it trains on them."""
+    update = workers * passes * BATCH
+    rows = []
+    for start in range(0, len(array), update):
+        for p in range(passes):
+            offset = start + (p * workers + rank) * BATCH
+            rows.append(array[offset:offset + BATCH])
+    return np.concatenate(rows)
+
+
+def build():
+    keras.utils.set_random_seed(1234)
+    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(8, activation="tanh"),
+                              keras.layers.Dense(1)])
+    return model
+
+
+def make_optimizer(name):
+    return keras.optimizers.SGD(0.05, momentum=0.9) if name == "sgd" else keras.optimizers.Adam(
+        0.01)
+
+
+def main():
+    args = parse()
+    if args.reference:
+        rank, workers, bps = 0, args.workers, None
+        x, y = data(workers, args.passes)
+        batch = workers * args.passes * BATCH
+    else:
+        import tf_bps as bps
+
+        bps.init()
+        rank, workers = bps.rank(), bps.size()
+        x, y = data(workers, args.passes)
+        x, y = shard(x, rank, workers, args.passes), shard(y, rank, workers, args.passes)
+        batch = BATCH
+    model = build()
+    optimizer = make_optimizer(args.optimizer)
+    if bps and args.mode.startswith("fit"):
+        compression = bps.Compression.fp16 if args.compression == "fp16" else bps.Compression.none
+        optimizer = bps.DistributedOptimizer(optimizer, backward_passes_per_step=args.passes,
+                                             compression=compression)
+    loss_fn = keras.losses.MeanSquaredError()
+    np.savez(os.path.join(args.out, f"init{rank}.npz"), *[w.numpy() for w in model.weights])
+    if args.mode.startswith("fit"):
+        model.compile(optimizer=optimizer, loss=loss_fn, run_eagerly=args.mode == "fit_eager")
+        model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+    else:
+        def step(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(yb, model(xb, training=True))
+            if bps:
+                compression = (bps.Compression.fp16 if args.compression == "fp16"
+                               else bps.Compression.none)
+                tape = bps.DistributedGradientTape(tape, compression=compression)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply(grads, model.trainable_variables)
+
+        if args.mode == "tape_function":
+            step = tf.function(step)
+        for start in range(0, len(x), batch):
+            step(tf.constant(x[start:start + batch]), tf.constant(y[start:start + batch]))
+    np.savez(os.path.join(args.out, f"rank{rank}.npz"),
+             *[w.numpy() if hasattr(w, "numpy") else np.asarray(w) for w in model.weights])
+    print("TRAINED " + json.dumps({"rank": rank, "size": workers}), flush=True)
+    if bps:
+        bps.shutdown()
+
+
+if __name__ == "__main__":
+    main()
