@@ -1,10 +1,20 @@
 """Training through tf_bps matches one process trained on the global batch."""
 
+import json
 import sys
 
 import numpy as np
 import pytest
 from conftest import base_env, worker_command
+
+def trained(output: str) -> dict[int, dict]:
+    found = {}
+    for line in output.splitlines():
+        if "TRAINED " in line:
+            report = json.loads(line.split("TRAINED ", 1)[1])
+            found[report["rank"]] = report
+    return found
+
 
 CASES = [
     # mode, optimizer, passes, compression, tolerance
@@ -15,6 +25,8 @@ CASES = [
     ("fit", "sgd", 2, "none", 1e-5),
     ("fit", "adam", 1, "fp16", 2e-2),
     ("tape_function", "sgd", 1, "fp16", 2e-2),
+    ("strategy", "sgd", 1, "none", 1e-5),
+    ("strategy", "adam", 1, "none", 1e-5),
 ]
 
 
@@ -26,10 +38,10 @@ def test_two_workers_match_one_process_on_the_global_batch(
             "--compression", compression]
     (tmp_path / "ref").mkdir()
     (tmp_path / "dist").mkdir()
-    status, output = procs.run(
+    status, reference_output = procs.run(
         worker_command("train.py", *args, "--reference", "--out", str(tmp_path / "ref")),
         base_env())
-    assert status == 0, output
+    assert status == 0, reference_output
     status, output = procs.launch(2, "train.py", *args, "--out", str(tmp_path / "dist"))
     assert status == 0, output
     reference = np.load(tmp_path / "ref" / "rank0.npz")
@@ -38,9 +50,33 @@ def test_two_workers_match_one_process_on_the_global_batch(
         np.testing.assert_array_equal(workers[0][key], workers[1][key], err_msg=key)
         np.testing.assert_allclose(workers[0][key], reference[key], rtol=tolerance,
                                    atol=tolerance, err_msg=key)
+    if mode == "strategy":
+        # fit's reported loss is the mean over all workers, as one process reports it.
+        reference_loss = trained(reference_output)[0]["loss"]
+        for report in trained(output).values():
+            assert report["loss"] == pytest.approx(reference_loss, rel=1e-5)
     # The weights moved well beyond the tolerance: a run that applied nothing fails.
     initial = np.load(tmp_path / "ref" / "init0.npz")
     assert all(np.abs(reference[k] - initial[k]).max() > 10 * tolerance for k in reference)
+
+
+def test_strategy_with_two_local_replicas_per_worker(procs, tmp_path):
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "dist").mkdir()
+    args = ["--mode", "strategy", "--optimizer", "sgd"]
+    status, output = procs.run(
+        worker_command("train.py", *args, "--reference", "--out", str(tmp_path / "ref")),
+        base_env())
+    assert status == 0, output
+    status, output = procs.launch(2, "train.py", *args, "--local-replicas", "2", "--out",
+                                  str(tmp_path / "dist"))
+    assert status == 0, output
+    assert output.count('"replicas": 4') == 2, output
+    reference = np.load(tmp_path / "ref" / "rank0.npz")
+    workers = [np.load(tmp_path / "dist" / f"rank{r}.npz") for r in range(2)]
+    for key in reference:
+        np.testing.assert_array_equal(workers[0][key], workers[1][key], err_msg=key)
+        np.testing.assert_allclose(workers[0][key], reference[key], rtol=1e-5, atol=1e-5)
 
 
 def test_single_process_path_needs_no_job(procs, tmp_path):

@@ -28,6 +28,7 @@ _LAZY = {
     "tf_bps.ops": ("push_pull", "broadcast", "broadcast_variables", "allgather", "Average",
                    "Sum", "ReduceOp"),
     "tf_bps.training": ("DistributedOptimizer", "DistributedGradientTape"),
+    "tf_bps.strategies": ("ParameterServerStrategy",),
 }
 _LAZY_MODULES = {"callbacks": "tf_bps.keras.callbacks", "keras": "tf_bps.keras"}
 _TENSORFLOW_NAMES = {name for names in _LAZY.values() for name in names} | set(_LAZY_MODULES)

@@ -18,8 +18,10 @@ FEATURES, BATCH, STEPS = 4, 8, 6  # BATCH: per worker and per backward pass.
 
 def parse():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", choices=["fit", "fit_eager", "tape", "tape_function"],
-                        default="fit")
+    parser.add_argument("--mode", choices=["fit", "fit_eager", "tape", "tape_function",
+                                           "strategy"], default="fit")
+    parser.add_argument("--local-replicas", type=int, default=1,
+                        help="logical CPU devices, for --mode strategy")
     parser.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
     parser.add_argument("--passes", type=int, default=1)
     parser.add_argument("--compression", choices=["none", "fp16"], default="none")
@@ -61,6 +63,12 @@ def make_optimizer(name):
 
 def main():
     args = parse()
+    if args.local_replicas > 1:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * args.local_replicas)
+    if args.mode == "strategy" and not args.reference:
+        return train_with_strategy(args)
     if args.reference:
         rank, workers, bps = 0, args.workers, None
         x, y = data(workers, args.passes)
@@ -81,9 +89,11 @@ def main():
                                              compression=compression)
     loss_fn = keras.losses.MeanSquaredError()
     np.savez(os.path.join(args.out, f"init{rank}.npz"), *[w.numpy() for w in model.weights])
-    if args.mode.startswith("fit"):
+    losses = {}
+    if args.mode.startswith("fit") or args.mode == "strategy":
         model.compile(optimizer=optimizer, loss=loss_fn, run_eagerly=args.mode == "fit_eager")
-        model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+        history = model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+        losses["loss"] = history.history["loss"][-1]
     else:
         def step(xb, yb):
             with tf.GradientTape() as tape:
@@ -99,11 +109,33 @@ def main():
             step = tf.function(step)
         for start in range(0, len(x), batch):
             step(tf.constant(x[start:start + batch]), tf.constant(y[start:start + batch]))
-    np.savez(os.path.join(args.out, f"rank{rank}.npz"),
-             *[w.numpy() if hasattr(w, "numpy") else np.asarray(w) for w in model.weights])
-    print("TRAINED " + json.dumps({"rank": rank, "size": workers}), flush=True)
+    save(args.out, rank, workers, model, **losses)
     if bps:
         bps.shutdown()
+
+
+def save(out, rank, workers, model, **extra):
+    np.savez(os.path.join(out, f"rank{rank}.npz"), *[w.numpy() for w in model.weights])
+    print("TRAINED " + json.dumps({"rank": rank, "size": workers, **extra}), flush=True)
+
+
+def train_with_strategy(args):
+    """model.fit under ParameterServerStrategy on the whole data set: the strategy
+    shards it by worker and splits each global batch over all replicas."""
+    import tf_bps as bps
+
+    strategy = bps.ParameterServerStrategy()
+    workers = bps.size()
+    x, y = data(workers, 1)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(workers * BATCH)
+    with strategy.scope():
+        model = build()
+        model.compile(optimizer=make_optimizer(args.optimizer), loss="mse")
+    np.savez(os.path.join(args.out, f"init{bps.rank()}.npz"), *[w.numpy() for w in model.weights])
+    history = model.fit(dataset, epochs=1, verbose=0)
+    save(args.out, bps.rank(), workers, model, replicas=strategy.num_replicas_in_sync,
+         loss=history.history["loss"][-1])
+    bps.shutdown()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,207 @@
+"""`tf_bps.ParameterServerStrategy`: a tf.distribute strategy over tf_bps workers.
+
+Inside a worker it is MirroredStrategy: one replica per local device (all visible
+GPUs, else the logical CPUs). Across workers, every reduction goes through
+push_pull: local replicas are summed first, so one tensor per worker reaches the
+summation servers.
+
+TensorFlow offers one public extension point for this, tf.distribute.CrossDeviceOps
+(PushPullCrossDeviceOps below). Everything else this module touches is private to
+TensorFlow 2.21 or Keras 3; each touch point says why it is needed, and all of them
+are in this file:
+  - MirroredExtended, subclassed: the global replica count, dataset sharding by
+    worker, initial values from rank 0, and reductions that always cross workers.
+  - input_util / cross_device_ops helpers that MirroredExtended itself uses.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import tensorflow as tf
+from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
+from tensorflow.python.distribute import distribute_lib, input_util, mirrored_strategy
+from tensorflow.python.distribute import values as values_lib
+from tensorflow.python.util import nest
+
+import tf_bps as bps
+from tf_bps import ops
+
+_WIRE_DTYPES = {tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64, tf.bool}
+
+
+def _local_devices() -> list[str]:
+    gpus = tf.config.list_logical_devices("GPU")
+    return [d.name for d in (gpus or tf.config.list_logical_devices("CPU"))]
+
+
+class PushPullCrossDeviceOps(tf.distribute.CrossDeviceOps):
+    """Sums local replicas on one device, then across workers with push_pull."""
+
+    def __init__(self):
+        super().__init__()
+
+    @property
+    def _num_between_graph_workers(self):
+        # CrossDeviceOps.reduce returns its input untouched, without calling
+        # reduce_implementation, when it believes there is one worker and one device.
+        return bps.size()
+
+    def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):
+        return self._reduce(reduce_op, per_replica_value, destinations)
+
+    def batch_reduce_implementation(self, reduce_op, value_destination_pairs, options):
+        return [self._reduce(reduce_op, value, destinations)
+                for value, destinations in value_destination_pairs]
+
+    def broadcast_implementation(self, tensor, destinations):
+        return cross_device_ops_lib.simple_broadcast(tensor, destinations, always_mirrored=True)
+
+    def _reduce(self, reduce_op, value, destinations):
+        local = list(value.values) if isinstance(value, values_lib.DistributedValues) else [value]
+        with tf.device(local[0].device):
+            total = tf.add_n(local) if len(local) > 1 else tf.identity(local[0])
+            if bps.is_distributed():
+                total = ops.push_pull(total, op=ops.Sum)
+            if reduce_op == tf.distribute.ReduceOp.MEAN:
+                # A plain tensor is one value per worker; a PerReplica, one per replica.
+                count = len(local) * bps.size()
+                total = (total // count if total.dtype.is_integer
+                         else total / tf.cast(count, total.dtype))
+        return cross_device_ops_lib.simple_broadcast(total, destinations, always_mirrored=True)
+
+
+class _ParameterServerExtended(mirrored_strategy.MirroredExtended):
+    """MirroredExtended whose replicas span all workers of the tf_bps job."""
+
+    def __init__(self, container_strategy, devices):
+        self._bps_size = bps.size()
+        self._bps_rank = bps.rank()
+        self._variables_created = itertools.count()
+        super().__init__(container_strategy, devices=devices,
+                         cross_device_ops=PushPullCrossDeviceOps())
+
+    # Private: MirroredExtended counts only this process's devices.
+    @property
+    def _num_replicas_in_sync(self):
+        return len(self._devices) * self._bps_size
+
+    # Private: tells TensorFlow's input pipeline (end-of-data agreement) and Keras
+    # (metric averaging, predict gathering) that replicas live in several processes.
+    def _in_multi_worker_mode(self):
+        return self._bps_size > 1
+
+    # Private: MirroredExtended hands int32 values to a local-only ReductionToOneDevice.
+    def _get_cross_device_ops(self, value):
+        return self._cross_device_ops
+
+    # Private: MirroredExtended reduces to CPU destinations with a local-only
+    # ReductionToOneDevice, which on a CPU machine would never cross workers.
+    def _reduce_to(self, reduce_op, value, destinations, options):
+        if isinstance(value, values_lib.Mirrored) and reduce_op == tf.distribute.ReduceOp.MEAN:
+            return value  # Already equal everywhere.
+
+        def reduce_one(item):
+            # With several workers a plain tensor is this worker's value (MWMS does the
+            # same), so it is reduced across workers like a PerReplica.
+            if not isinstance(item, values_lib.DistributedValues) and self._bps_size == 1:
+                return cross_device_ops_lib.reduce_non_distributed_value(
+                    reduce_op, item, destinations, self._num_replicas_in_sync)
+            return self._cross_device_ops.reduce(reduce_op, item, destinations=destinations,
+                                                 options=options)
+
+        return nest.map_structure(reduce_one, value)
+
+    def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
+        return self._cross_device_ops.batch_reduce(reduce_op, value_destination_pairs,
+                                                   options=options)
+
+    # Private: gathers across workers too (Keras concatenates predict outputs this way).
+    def _gather_to_implementation(self, value, destinations, axis, options):
+        local = list(value.values) if isinstance(value, values_lib.DistributedValues) else [value]
+        with tf.device(local[0].device):
+            joined = tf.concat(local, axis=axis) if len(local) > 1 else tf.identity(local[0])
+            if bps.is_distributed():
+                perm = [axis] + [i for i in range(joined.shape.rank) if i != axis]
+                moved = tf.transpose(joined, perm) if axis != 0 else joined
+                gathered = ops.allgather(moved)
+                inverse = [perm.index(i) for i in range(len(perm))]
+                joined = tf.transpose(gathered, inverse) if axis != 0 else gathered
+        return cross_device_ops_lib.simple_broadcast(joined, destinations, always_mirrored=True)
+
+    # Private: every worker starts from rank 0's initial values, as MWMS does.
+    def _create_variable(self, next_creator, **kwargs):
+        initial_value = kwargs.get("initial_value")
+        if self._bps_size > 1 and initial_value is not None:
+            index = next(self._variables_created)
+            name = kwargs.get("name") or "variable"
+            dtype = kwargs.get("dtype")
+
+            def from_rank_0():
+                value = initial_value() if callable(initial_value) else initial_value
+                value = tf.convert_to_tensor(value, dtype=dtype)
+                if value.dtype.base_dtype not in _WIRE_DTYPES:
+                    return value
+                return ops.broadcast(value, 0, name=f"VariableInit.{index}.{name}")
+
+            kwargs["initial_value"] = from_rank_0
+        return super()._create_variable(next_creator, **kwargs)
+
+    def _input_context(self) -> tf.distribute.InputContext:
+        return tf.distribute.InputContext(num_input_pipelines=self._bps_size,
+                                          input_pipeline_id=self._bps_rank,
+                                          num_replicas_in_sync=self._num_replicas_in_sync)
+
+    # Private: shards the dataset by worker (auto-sharding, as MultiWorkerMirroredStrategy).
+    def _experimental_distribute_dataset(self, dataset, options):
+        return input_util.get_distributed_dataset(
+            dataset, self._input_workers_with_options(options), self._container_strategy(),
+            num_replicas_in_sync=self._num_replicas_in_sync,
+            input_context=self._input_context(), options=options)
+
+    def _distribute_datasets_from_function(self, dataset_fn, options):
+        return input_util.get_distributed_datasets_from_function(
+            dataset_fn, self._input_workers_with_options(options), [self._input_context()],
+            self._container_strategy(), options)
+
+
+class ParameterServerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+    """Synchronous data parallelism over a tf_bps job.
+
+        strategy = tf_bps.ParameterServerStrategy()
+        with strategy.scope():
+            model = build_model()
+            model.compile(...)
+        model.fit(dataset)
+
+    `num_replicas_in_sync` counts the replicas of all workers; `fit` averages
+    gradients over all of them once, and reports metrics averaged over workers.
+    """
+
+    # Private: MirroredExtended reads this class attribute of its container.
+    _collective_key_base = 0
+
+    def __init__(self, devices=None):
+        # Deliberately not MultiWorkerMirroredStrategy.__init__ (TF_CONFIG, collectives):
+        # the subclass is a marker, because Keras 3 averages metrics across workers
+        # only for instances of that class (backend/tensorflow/trainer.py).
+        if not bps.is_initialized():
+            bps.init()
+        extended = _ParameterServerExtended(self, list(devices or _local_devices()))
+        distribute_lib.Strategy.__init__(self, extended)
+
+    def reduce(self, reduce_op, value, axis):
+        # Keras reduces multi-worker metric results with axis=0 even when they are
+        # scalars, which Strategy.reduce rejects; a scalar has no axis to reduce.
+        parts = value.values if isinstance(value, values_lib.DistributedValues) else [value]
+        if axis is not None and all(getattr(p, "shape", None) is not None and p.shape.rank == 0
+                                    for p in parts):
+            axis = None
+        return super().reduce(reduce_op, value, axis)
+
+    @property
+    def cluster_resolver(self):
+        return None
+
+    def __deepcopy__(self, memo):
+        return self  # One strategy per process: copies would share the job anyway.
