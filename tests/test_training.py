@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from conftest import base_env, worker_command
 
+
 def trained(output: str) -> dict[int, dict]:
     found = {}
     for line in output.splitlines():
