@@ -1,0 +1,44 @@
+"""ParameterServerStrategy beyond fit: initial values, input, evaluate, predict."""
+
+import pytest
+from test_job import reports
+
+
+@pytest.fixture(scope="module")
+def got():
+    from conftest import Processes
+
+    processes = Processes()
+    try:
+        status, output = processes.launch(2, "strategy_features.py")
+    finally:
+        processes.end_all()
+    assert status == 0, output
+    found = reports(output)
+    assert sorted(found) == [0, 1], output
+    return found
+
+
+def test_replicas_span_workers_and_local_devices(got):
+    for report in got.values():
+        assert report["replicas"] == 4  # 2 workers x 2 logical CPUs
+        assert report["isinstance_mwms"]  # Keras averages metrics only for this class.
+        assert report["reduce_sum"] == 4.0
+
+
+def test_initial_values_come_from_rank_0(got):
+    assert got[0]["initial"] == got[1]["initial"] == got[1]["rank0_seed_initial"]
+
+
+def test_datasets_are_sharded_by_worker(got):
+    seen = [set(got[r]["seen"]) for r in (0, 1)]
+    assert not seen[0] & seen[1]
+    assert seen[0] | seen[1] == set(range(32))
+    for rank in (0, 1):
+        # InputContext: 2 pipelines, this worker's id, 4 replicas, 8 / 4 per replica.
+        assert got[rank]["contexts"] == [[2, rank, 4, 2]]
+
+
+def test_evaluate_and_predict_cover_all_workers(got):
+    assert got[0]["evaluate"] == got[1]["evaluate"]
+    assert got[0]["predict_rows"] == got[1]["predict_rows"] == 16
