@@ -7,9 +7,9 @@
 import argparse
 
 import keras
+import mnist_data
 import tensorflow as tf
 
-import mnist_data
 import tf_bps as bps
 
 

@@ -22,8 +22,8 @@ with strategy.scope():
     model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
 report["initial"] = [w.numpy().tolist() for w in model.weights]
 keras.utils.set_random_seed(100)
-report["rank0_seed_initial"] = [
-    w.numpy().tolist() for w in keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]).weights]
+plain = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+report["rank0_seed_initial"] = [w.numpy().tolist() for w in plain.weights]
 
 # experimental_distribute_dataset: each worker sees its own shard of each global batch.
 dataset = tf.data.Dataset.range(32).batch(8)
