@@ -104,7 +104,7 @@ def mwms_worker(args) -> None:
                 per_example = loss_fn(labels, model(images, training=True))
                 loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
             grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             return loss
 
         return strategy.reduce("SUM", strategy.run(replica_step, args=batch), axis=None)
