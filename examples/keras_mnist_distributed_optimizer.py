@@ -27,6 +27,7 @@ def main():
     # Each worker trains on its own slice of the data.
     x_train, y_train = x_train[bps.rank()::bps.size()], y_train[bps.rank()::bps.size()]
 
+    keras.utils.set_random_seed(bps.rank())  # Different on purpose: the callback broadcasts.
     model = keras.Sequential([
         keras.Input((28, 28, 1)),
         keras.layers.Conv2D(16, 3, activation="relu"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -15,6 +16,16 @@ TESTS = Path(__file__).resolve().parent
 WORKERS = TESTS / "workers"
 LAUNCH = [sys.executable, "-m", "tf_bps.launcher"]
 sys.path.insert(0, str(WORKERS))  # cases.py is shared by worker scripts and tests.
+
+
+def marked_json(output: str, marker: str = "REPORT") -> dict[int, dict]:
+    """The JSON objects workers print after `marker `, by their "rank" field."""
+    found = {}
+    for line in output.splitlines():
+        if f"{marker} " in line:
+            report = json.loads(line.split(f"{marker} ", 1)[1])
+            found[report["rank"]] = report
+    return found
 
 
 def free_port() -> int:

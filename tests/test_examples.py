@@ -29,7 +29,7 @@ def test_strategy_example_converges_with_two_workers(procs):
 
 
 def test_distributed_optimizer_example(procs):
-    output = run_example(procs, "keras_mnist_distributed_optimizer.py", "--epochs", "2",
+    output = run_example(procs, "keras_mnist_distributed_optimizer.py", "--epochs", "3",
                          workers=2)
     found = re.search(r"test accuracy ([\d.]+)", output)
     assert found and float(found.group(1)) > 0.9, output

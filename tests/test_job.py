@@ -1,19 +1,10 @@
 """Broadcast, gradients, the local path, errors and the lifetime of real jobs."""
 
-import json
 import sys
 import time
 
 from conftest import LAUNCH, base_env, finish, free_port, worker_command
-
-
-def reports(output: str) -> dict[int, dict]:
-    found = {}
-    for line in output.splitlines():
-        if "REPORT " in line:
-            report = json.loads(line.split("REPORT ", 1)[1])
-            found[report["rank"]] = report
-    return found
+from conftest import marked_json as reports
 
 
 def test_broadcast_and_gradients(procs):

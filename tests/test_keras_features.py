@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import base_env
-from test_job import reports
+from conftest import marked_json as reports
 
 
 @pytest.fixture(scope="module")

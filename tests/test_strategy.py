@@ -1,7 +1,7 @@
 """ParameterServerStrategy beyond fit: initial values, input, evaluate, predict."""
 
 import pytest
-from test_job import reports
+from conftest import marked_json as reports
 
 
 @pytest.fixture(scope="module")
@@ -42,3 +42,8 @@ def test_datasets_are_sharded_by_worker(got):
 def test_evaluate_and_predict_cover_all_workers(got):
     assert got[0]["evaluate"] == got[1]["evaluate"]
     assert got[0]["predict_rows"] == got[1]["predict_rows"] == 16
+
+
+def test_distributed_optimizer_under_the_strategy_is_refused(got):
+    for report in got.values():
+        assert "average the gradients twice" in report["double_sync"]

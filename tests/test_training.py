@@ -1,20 +1,14 @@
 """Training through tf_bps matches one process trained on the global batch."""
 
-import json
 import sys
 
 import numpy as np
 import pytest
-from conftest import base_env, worker_command
+from conftest import base_env, marked_json, worker_command
 
 
 def trained(output: str) -> dict[int, dict]:
-    found = {}
-    for line in output.splitlines():
-        if "TRAINED " in line:
-            report = json.loads(line.split("TRAINED ", 1)[1])
-            found[report["rank"]] = report
-    return found
+    return marked_json(output, "TRAINED")
 
 
 CASES = [

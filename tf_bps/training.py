@@ -80,6 +80,13 @@ class _DistributedKerasOptimizer:
         self._bps_pass_count = None
 
     def apply(self, grads, trainable_variables=None):
+        from tf_bps.strategies import ParameterServerStrategy
+
+        if isinstance(tf.distribute.get_strategy(), ParameterServerStrategy):
+            raise ValueError(
+                "bps.DistributedOptimizer inside ParameterServerStrategy would average the "
+                "gradients twice: the strategy already synchronises them. Use the plain "
+                "optimizer under the strategy.")
         grads = list(grads)
         if trainable_variables is None:
             variables = list(self._trainable_variables)

@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
+
+import jobs
 
 NUM_WORKERS = 2
 
@@ -116,53 +116,14 @@ def mwms_worker(args) -> None:
         loss = train_step(next(iterator))
     loss.numpy()
     elapsed = time.perf_counter() - start
-    if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0:
+    if jobs.is_mwms_chief():
         with open(args.out, "w") as out:
             json.dump({"images_per_second": global_batch * args.steps / elapsed}, out)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def worker_args(args, role: str, out: str) -> list[str]:
+def worker_command(args, role: str, out: str) -> list[str]:
     return [sys.executable, __file__, "--role", role, "--out", out, "--batch-size",
             str(args.batch_size), "--steps", str(args.steps), "--warmup", str(args.warmup)]
-
-
-def run_tf_bps(args, out: str) -> float:
-    command = [sys.executable, "-m", "tf_bps.launcher", "-np", str(NUM_WORKERS),
-               *worker_args(args, "tf_bps", out)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        raise RuntimeError(f"the tf_bps job failed:\n{done.stdout}{done.stderr}")
-    with open(out) as results:
-        return json.load(results)["images_per_second"]
-
-
-def run_mwms(args, out: str) -> float:
-    cluster = {"worker": [f"127.0.0.1:{free_port()}" for _ in range(NUM_WORKERS)]}
-    processes = []
-    for index in range(NUM_WORKERS):
-        env = {**os.environ, "TF_CONFIG": json.dumps(
-            {"cluster": cluster, "task": {"type": "worker", "index": index}})}
-        processes.append(subprocess.Popen(worker_args(args, "mwms", out), env=env,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                          text=True))
-    try:
-        for process in processes:
-            _, errors = process.communicate(timeout=900)
-            if process.returncode != 0:
-                raise RuntimeError(f"a MultiWorkerMirroredStrategy worker failed:\n{errors}")
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    with open(out) as results:
-        return json.load(results)["images_per_second"]
 
 
 def main() -> None:
@@ -179,8 +140,11 @@ def main() -> None:
     if args.role == "mwms":
         return mwms_worker(args)
     with tempfile.TemporaryDirectory() as scratch:
-        ours = run_tf_bps(args, os.path.join(scratch, "tf_bps.json"))
-        peer = run_mwms(args, os.path.join(scratch, "mwms.json"))
+        mine, theirs = os.path.join(scratch, "tf_bps.json"), os.path.join(scratch, "mwms.json")
+        ours = jobs.run_tf_bps(worker_command(args, "tf_bps", mine), mine,
+                               NUM_WORKERS)["images_per_second"]
+        peer = jobs.run_mwms(worker_command(args, "mwms", theirs), theirs,
+                             NUM_WORKERS)["images_per_second"]
     print(f"{NUM_WORKERS} workers, batch {args.batch_size} per worker, {args.steps} timed steps")
     print(f"tf_bps ParameterServerStrategy (model.fit): {ours:8.1f} images/s")
     print(f"MultiWorkerMirroredStrategy (RING):         {peer:8.1f} images/s")

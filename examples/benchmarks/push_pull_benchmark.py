@@ -14,12 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+
+import jobs
 
 SIZES = {"4 KB": 4 * 1024, "1 MB": 2**20, "16 MB": 16 * 2**20, "64 MB": 64 * 2**20}
 NUM_WORKERS = 2
@@ -83,52 +83,13 @@ def mwms_worker(out_path: str) -> None:
         results[label] = time_operation(
             lambda t=tensor, f=all_reduce: strategy.experimental_local_results(f(t))[0].numpy(),
             nbytes)
-    task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-    if task == 0:
+    if jobs.is_mwms_chief():
         with open(out_path, "w") as out:
             json.dump(results, out)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def run_tf_bps(out_path: str, ipc: bool) -> dict:
-    env = {**os.environ, "BYTEPS_ENABLE_IPC": "1" if ipc else "0"}
-    command = [sys.executable, "-m", "tf_bps.launcher", "-np", str(NUM_WORKERS),
-               "--num-servers", "2", sys.executable, __file__, "--role", "tf_bps",
-               "--out", out_path]
-    done = subprocess.run(command, timeout=900, capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"the tf_bps job failed:\n{done.stdout}{done.stderr}")
-    with open(out_path) as results:
-        return json.load(results)
-
-
-def run_mwms(out_path: str) -> dict:
-    ports = [free_port() for _ in range(NUM_WORKERS)]
-    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
-    processes = []
-    for index in range(NUM_WORKERS):
-        env = {**os.environ, "TF_CONFIG": json.dumps(
-            {"cluster": cluster, "task": {"type": "worker", "index": index}})}
-        processes.append(subprocess.Popen(
-            [sys.executable, __file__, "--role", "mwms", "--out", out_path], env=env,
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-    try:
-        for process in processes:
-            _, errors = process.communicate(timeout=900)
-            if process.returncode != 0:
-                raise RuntimeError(f"a MultiWorkerMirroredStrategy worker failed:\n{errors}")
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    with open(out_path) as results:
-        return json.load(results)
+def worker_command(role: str, out_path: str) -> list[str]:
+    return [sys.executable, __file__, "--role", role, "--out", out_path]
 
 
 def main() -> None:
@@ -143,9 +104,12 @@ def main() -> None:
         return mwms_worker(args.out)
 
     with tempfile.TemporaryDirectory() as scratch:
-        local = run_tf_bps(os.path.join(scratch, "local.json"), ipc=True)
-        tcp = run_tf_bps(os.path.join(scratch, "tcp.json"), ipc=False)
-        peer = run_mwms(os.path.join(scratch, "mwms.json"))
+        paths = {name: os.path.join(scratch, f"{name}.json") for name in ("local", "tcp", "mwms")}
+        local = jobs.run_tf_bps(worker_command("tf_bps", paths["local"]), paths["local"],
+                                NUM_WORKERS, num_servers=2, env={"BYTEPS_ENABLE_IPC": "1"})
+        tcp = jobs.run_tf_bps(worker_command("tf_bps", paths["tcp"]), paths["tcp"],
+                              NUM_WORKERS, num_servers=2, env={"BYTEPS_ENABLE_IPC": "0"})
+        peer = jobs.run_mwms(worker_command("mwms", paths["mwms"]), paths["mwms"], NUM_WORKERS)
     print(f"{NUM_WORKERS} workers, float32, algorithm bandwidth in GB/s; tf_bps with 2 servers "
           "(Unix sockets, and TCP loopback), MultiWorkerMirroredStrategy RING")
     print(f"{'size':>6}  {'tf_bps':>8}  {'tf_bps TCP':>10}  {'MWMS':>8}  {'ratio':>6}  "

@@ -54,5 +54,13 @@ report["evaluate"] = model.evaluate(data, verbose=0)
 report["predict_rows"] = int(model.predict(data, verbose=0).shape[0])
 report["reduce_sum"] = float(strategy.reduce(
     "SUM", strategy.run(lambda: tf.constant(1.0)), axis=None).numpy())
+# DistributedOptimizer under the strategy would synchronise twice: refused.
+with strategy.scope():
+    doubled = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    doubled.compile(optimizer=bps.DistributedOptimizer(keras.optimizers.SGD()), loss="mse")
+try:
+    doubled.fit(data, epochs=1, verbose=0)
+except ValueError as error:
+    report["double_sync"] = str(error)
 print("REPORT " + json.dumps(report), flush=True)
 bps.shutdown()
