@@ -70,6 +70,12 @@ def test_learning_rate_warmup_and_schedule(job):
                                    [0.1, 0.1, 0.05, 0.05, 0.025, 0.025, 0.025, 0.025], rtol=1e-6)
 
 
+def test_momentum_correction_rescales_momentum_with_the_rate(job):
+    got, _ = job
+    for report in got.values():
+        assert report["momentum_corrected"] == [0.5, -1.0]
+
+
 def test_sparse_gradients_allgather_and_legacy_optimizer(job):
     got, _ = job
     dense = [[0.5, 0.5], [1.0, 1.0], [0.5, 0.5], [1.0, 1.0], [0.0, 0.0], [1.5, 1.5]]

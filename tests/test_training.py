@@ -20,6 +20,8 @@ CASES = [
     ("fit", "sgd", 2, "none", 1e-5),
     ("fit", "adam", 1, "fp16", 2e-2),
     ("tape_function", "sgd", 1, "fp16", 2e-2),
+    ("fit", "adamw_schedule_clip", 1, "none", 1e-5),
+    ("loop_optimizer", "loss_scale", 1, "none", 1e-5),
     ("strategy", "sgd", 1, "none", 1e-5),
     ("strategy", "adam", 1, "none", 1e-5),
 ]

@@ -78,6 +78,16 @@ record_schedule = RecordRates()
 model.fit(x, y, batch_size=16, epochs=4, verbose=0, callbacks=[schedule, record_schedule])
 report["schedule_rates"] = record_schedule.rates
 
+# Momentum correction: a change of rate rescales SGD's momentum buffers by new / old.
+corrected = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, use_bias=False)])
+corrected.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse")
+corrected.optimizer.build(corrected.trainable_variables)
+corrected.optimizer.momentums[0].assign([[1.0], [-2.0]])
+halve = bps.callbacks.LearningRateScheduleCallback(initial_lr=0.1, multiplier=0.5)
+halve.set_model(corrected)
+halve.on_epoch_begin(0)
+report["momentum_corrected"] = corrected.optimizer.momentums[0].numpy().ravel().tolist()
+
 # 4. Sparse gradients (an embedding lookup), kept sparse or densified.
 table = tf.Variable(tf.zeros([6, 2]))
 for sparse_as_dense in (False, True):

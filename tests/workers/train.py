@@ -19,10 +19,11 @@ FEATURES, BATCH, STEPS = 4, 8, 6  # BATCH: per worker and per backward pass.
 def parse():
     parser = argparse.ArgumentParser()
     parser.add_argument("--mode", choices=["fit", "fit_eager", "tape", "tape_function",
-                                           "strategy"], default="fit")
+                                           "loop_optimizer", "strategy"], default="fit")
     parser.add_argument("--local-replicas", type=int, default=1,
                         help="logical CPU devices, for --mode strategy")
-    parser.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
+    parser.add_argument("--optimizer", choices=["sgd", "adam", "adamw_schedule_clip",
+                                                "loss_scale"], default="sgd")
     parser.add_argument("--passes", type=int, default=1)
     parser.add_argument("--compression", choices=["none", "fp16"], default="none")
     parser.add_argument("--workers", type=int, default=2, help="with --reference")
@@ -57,8 +58,16 @@ def build():
 
 
 def make_optimizer(name):
-    return keras.optimizers.SGD(0.05, momentum=0.9) if name == "sgd" else keras.optimizers.Adam(
-        0.01)
+    if name == "sgd":
+        return keras.optimizers.SGD(0.05, momentum=0.9)
+    if name == "adam":
+        return keras.optimizers.Adam(0.01)
+    if name == "adamw_schedule_clip":
+        schedule = keras.optimizers.schedules.ExponentialDecay(0.02, decay_steps=2,
+                                                               decay_rate=0.8)
+        return keras.optimizers.AdamW(schedule, weight_decay=0.01, clipnorm=0.5)
+    return keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.05),
+                                               initial_scale=2.0**10)
 
 
 def main():
@@ -83,7 +92,7 @@ def main():
         batch = BATCH
     model = build()
     optimizer = make_optimizer(args.optimizer)
-    if bps and args.mode.startswith("fit"):
+    if bps and (args.mode.startswith("fit") or args.mode == "loop_optimizer"):
         compression = bps.Compression.fp16 if args.compression == "fp16" else bps.Compression.none
         optimizer = bps.DistributedOptimizer(optimizer, backward_passes_per_step=args.passes,
                                              compression=compression)
@@ -98,14 +107,14 @@ def main():
         def step(xb, yb):
             with tf.GradientTape() as tape:
                 loss = loss_fn(yb, model(xb, training=True))
-            if bps:
+            if bps and args.mode != "loop_optimizer":  # There the optimizer synchronises.
                 compression = (bps.Compression.fp16 if args.compression == "fp16"
                                else bps.Compression.none)
                 tape = bps.DistributedGradientTape(tape, compression=compression)
             grads = tape.gradient(loss, model.trainable_variables)
             optimizer.apply(grads, model.trainable_variables)
 
-        if args.mode == "tape_function":
+        if args.mode in ("tape_function", "loop_optimizer"):
             step = tf.function(step)
         for start in range(0, len(x), batch):
             step(tf.constant(x[start:start + batch]), tf.constant(y[start:start + batch]))
