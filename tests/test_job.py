@@ -76,7 +76,7 @@ def test_bad_variables_are_named(procs):
     assert status == 2 and "BYTEPS_SERVER_ENGINE_THREAD='0'" in output
     status, output = procs.run([sys.executable, "-m", "tf_bps.server"],
                                base_env(DMLC_ROLE="server", DMLC_PS_ROOT_PORT="99999"))
-    assert status == 2 and "DMLC_PS_ROOT_PORT=99999" in output
+    assert status == 2 and "DMLC_PS_ROOT_PORT='99999'" in output
 
 
 def test_shape_and_dtype_mismatch_name_tensor_and_ranks(procs):

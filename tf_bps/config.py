@@ -22,7 +22,8 @@ class ConfigError(ValueError):
     """A variable has a value tf_bps cannot use; the message names it."""
 
 
-def _int(env: Mapping[str, str], name: str, default: int | None, minimum: int = 0) -> int | None:
+def _int(env: Mapping[str, str], name: str, default: int | None, minimum: int = 0,
+         maximum: int | None = None) -> int | None:
     raw = env.get(name, "").strip()
     if raw == "":
         return default
@@ -30,8 +31,9 @@ def _int(env: Mapping[str, str], name: str, default: int | None, minimum: int = 
         value = int(raw)
     except ValueError:
         value = None
-    if value is None or value < minimum:
-        raise ConfigError(f"{name}={raw!r} is not valid: expected an integer >= {minimum}")
+    if value is None or value < minimum or (maximum is not None and value > maximum):
+        accepted = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+        raise ConfigError(f"{name}={raw!r} is not valid: expected an integer {accepted}")
     return value
 
 
@@ -102,7 +104,7 @@ class Config:
         config = cls(
             role=_choice(env, "DMLC_ROLE", ROLES, None),
             root_uri=env.get("DMLC_PS_ROOT_URI", "").strip() or None,
-            root_port=_int(env, "DMLC_PS_ROOT_PORT", None, minimum=1),
+            root_port=_int(env, "DMLC_PS_ROOT_PORT", None, minimum=1, maximum=65535),
             num_worker=_int(env, "DMLC_NUM_WORKER", 1, minimum=1),
             num_server=_int(env, "DMLC_NUM_SERVER", 0, minimum=0),
             worker_id=_int(env, "DMLC_WORKER_ID", 0),
@@ -121,8 +123,6 @@ class Config:
             heartbeat_timeout=_float(env, "PS_HEARTBEAT_TIMEOUT", 10.0),
             op_timeout=_float(env, "BYTEPS_OP_TIMEOUT", 300.0),
         )
-        if config.port_range_error():
-            raise ConfigError(config.port_range_error())
         if config.worker_id >= config.num_worker:
             raise ConfigError(
                 f"DMLC_WORKER_ID={config.worker_id} is not valid: expected 0 to "
@@ -132,11 +132,6 @@ class Config:
                 f"BYTEPS_LOCAL_RANK={config.local_rank} is not valid: expected 0 to "
                 f"BYTEPS_LOCAL_SIZE-1 ({config.local_size - 1})")
         return config
-
-    def port_range_error(self) -> str:
-        if self.root_port is not None and self.root_port > 65535:
-            return f"DMLC_PS_ROOT_PORT={self.root_port} is not valid: expected 1 to 65535"
-        return ""
 
     @property
     def size(self) -> int:

@@ -14,6 +14,7 @@ import tensorflow as tf
 from tf_bps import basics
 from tf_bps.compression import Compression
 from tf_bps.ops import Average, ReduceOp, Sum, _push_pull, allgather
+from tf_bps.strategies import ParameterServerStrategy
 
 
 def _variable_name(variable) -> str:
@@ -80,8 +81,6 @@ class _DistributedKerasOptimizer:
         self._bps_pass_count = None
 
     def apply(self, grads, trainable_variables=None):
-        from tf_bps.strategies import ParameterServerStrategy
-
         if isinstance(tf.distribute.get_strategy(), ParameterServerStrategy):
             raise ValueError(
                 "bps.DistributedOptimizer inside ParameterServerStrategy would average the "

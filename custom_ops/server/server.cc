@@ -159,6 +159,7 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
     if (type == FrameType::kBye) {
       std::lock_guard<std::mutex> lock(conns_mutex_);
       finished_[rank] = true;
+      ++finished_count_;
       BPS_LOG(kDebug) << "worker rank " << rank << " finished";
       return;
     }
@@ -270,8 +271,8 @@ void Server::EngineLoop(Engine* engine) {
 }
 
 void Server::Process(Engine* engine, PushItem item) {
-  const std::string fatal = failure();
-  if (!fatal.empty()) {
+  if (failed_.load()) {
+    const std::string fatal = failure();
     SendError(item.rank, item.tensor_id, item.part,
               "the job is failing: " + fatal + " (tensor " + Describe(item.tensor_id, item.rank) +
                   ")");
@@ -320,7 +321,7 @@ void Server::Process(Engine* engine, PushItem item) {
 
   // A rank that already said Bye can never complete this round.
   std::vector<uint32_t> gone;
-  {
+  if (finished_count_.load() > 0) {
     std::lock_guard<std::mutex> lock(conns_mutex_);
     for (int r = 0; r < num_workers_; ++r) {
       if (finished_[r] && std::find(key.contributors.begin(), key.contributors.end(),
@@ -474,6 +475,7 @@ void Server::SetFailure(const std::string& reason) {
     if (!failure_.empty()) return;
     failure_ = reason;
   }
+  failed_.store(true);
   BPS_LOG(kError) << reason;
   char byte = 1;
   if (::write(failure_pipe_[1], &byte, 1) < 0) BPS_LOG(kWarning) << "cannot signal failure";

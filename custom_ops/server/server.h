@@ -131,6 +131,9 @@ class Server {
   std::vector<std::shared_ptr<WorkerConn>> accepted_;  // every connection, for Stop()
   std::vector<std::thread> readers_;
   std::vector<bool> finished_;  // rank said Bye
+  // Lets the per-push path skip the locked checks while every worker is alive and busy.
+  std::atomic<int> finished_count_{0};
+  std::atomic<bool> failed_{false};
 
   std::mutex declarations_mutex_;
   std::map<std::pair<uint64_t, uint32_t>, Declaration> declarations_;
