@@ -1,5 +1,6 @@
 """Broadcast, gradients, the local path, errors and the lifetime of real jobs."""
 
+import re
 import sys
 import time
 
@@ -115,11 +116,13 @@ def test_killed_server_fails_workers_quickly(procs):
     for rank in range(2):
         status, output = finish(job[f"worker{rank}"], timeout=20)
         assert status == 3, output
-        assert "closed the connection (tensor 'loop" in output, output
+        # EOF or a reset, depending on timing; either way the server and tensor are named.
+        assert re.search(r"server \d \(127\.0\.0\.1:\d+\)[^\n]*\(tensor 'loop\d'\)",
+                         output), output
     assert time.monotonic() - killed_at < 20
     # The workers report the lost server; the scheduler stops the rest of the job.
     status, output = finish(job["scheduler"], timeout=20)
-    assert status == 1 and "closed the connection" in output, output
+    assert status == 1 and re.search(r"reported: [^\n]*server \d", output), output
     assert finish(job["server0"], timeout=20)[0] == 1
 
 
