@@ -12,12 +12,16 @@ are in this file:
   - MirroredExtended, subclassed: the global replica count, dataset sharding by
     worker, initial values from rank 0, and reductions that always cross workers.
   - input_util / cross_device_ops helpers that MirroredExtended itself uses.
+  - Keras 3's ModelCheckpoint and BackupAndRestore, which write on every worker: under
+    this strategy only rank 0 writes (see _save_on_rank_0_only).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 
+import keras
 import tensorflow as tf
 from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
 from tensorflow.python.distribute import distribute_lib, input_util, mirrored_strategy
@@ -147,6 +151,16 @@ class _ParameterServerExtended(mirrored_strategy.MirroredExtended):
             kwargs["initial_value"] = from_rank_0
         return super()._create_variable(next_creator, **kwargs)
 
+    # Public properties MirroredExtended answers True for everywhere: as in
+    # MultiWorkerMirroredStrategy, only the chief (rank 0) writes checkpoints and summaries.
+    @property
+    def should_checkpoint(self):
+        return self._bps_rank == 0
+
+    @property
+    def should_save_summary(self):
+        return self._bps_rank == 0
+
     def _input_context(self) -> tf.distribute.InputContext:
         return tf.distribute.InputContext(num_input_pipelines=self._bps_size,
                                           input_pipeline_id=self._bps_rank,
@@ -189,6 +203,8 @@ class ParameterServerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
             bps.init()
         extended = _ParameterServerExtended(self, list(devices or _local_devices()))
         distribute_lib.Strategy.__init__(self, extended)
+        self._bps_cluster_resolver = None
+        _save_on_rank_0_only()
 
     def reduce(self, reduce_op, value, axis):
         # Keras reduces multi-worker metric results with axis=0 even when they are
@@ -201,7 +217,51 @@ class ParameterServerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
 
     @property
     def cluster_resolver(self):
-        return None
+        """The job as MultiWorkerMirroredStrategy describes it: task_type "worker",
+        task_id = rank, and a cluster spec listing each worker's host by rank."""
+        if self._bps_cluster_resolver is None:
+            spec = tf.train.ClusterSpec({"worker": list(bps.basics.worker_hosts())})
+            self._bps_cluster_resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+                spec, task_type="worker", task_id=bps.rank())
+        return self._bps_cluster_resolver
 
     def __deepcopy__(self, memo):
         return self  # One strategy per process: copies would share the job anyway.
+
+
+class MirroredStrategy(ParameterServerStrategy):
+    """BytePS's `bps.distribute.MirroredStrategy(devices=...)`: mirrored replicas on this
+    worker's `devices`, synchronised across workers through tf_bps."""
+
+    def __init__(self, devices=None, cross_device_ops=None):
+        if cross_device_ops is not None:
+            raise ValueError(f"cross_device_ops={cross_device_ops!r} is not supported: tf_bps "
+                             "strategies always reduce through push_pull")
+        super().__init__(devices=devices)
+
+
+def _on_a_worker_other_than_rank_0(callback) -> bool:
+    """Whether `callback` runs on a worker other than rank 0 of a multi-worker job."""
+    strategy = getattr(getattr(callback, "model", None), "distribute_strategy", None)
+    return (isinstance(strategy, ParameterServerStrategy)
+            and not strategy.extended.should_checkpoint)
+
+
+@functools.cache
+def _save_on_rank_0_only() -> None:
+    """Private (Keras 3): ModelCheckpoint and BackupAndRestore save (and BackupAndRestore
+    deletes) the same files on every worker, so two workers would write one file at
+    once. Under this strategy only rank 0 writes; every worker still reads the backup
+    when training starts, so all of them resume from the same epoch."""
+    for cls, methods in ((keras.callbacks.ModelCheckpoint, ("_save_model",)),
+                         (keras.callbacks.BackupAndRestore, ("_save_model", "on_train_end"))):
+        for method in methods:
+            original = getattr(cls, method)
+
+            @functools.wraps(original)
+            def on_rank_0(self, *args, _original=original, **kwargs):
+                if _on_a_worker_other_than_rank_0(self):
+                    return None
+                return _original(self, *args, **kwargs)
+
+            setattr(cls, method, on_rank_0)

@@ -4,33 +4,54 @@
     bps.init()
     summed = bps.push_pull(tensor, average=True, name="grad0")
 
+The module offers what `horovod.tensorflow` and `byteps.tensorflow` scripts call, so
+that such a script moves here by changing its import line; `tf_bps.keras` does the
+same for `horovod.tensorflow.keras` / `byteps.tensorflow.keras`.
+
 Importing tf_bps does not import TensorFlow: servers and the scheduler never need
 it. The TensorFlow operations load on first use.
 """
 
 from tf_bps.basics import (
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
     init,
     is_distributed,
+    is_homogeneous,
     is_initialized,
     local_rank,
     local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
     rank,
+    rocm_built,
     shutdown,
     size,
+    sycl_built,
 )
 from tf_bps.compression import Compression
 from tf_bps.config import ConfigError
+from tf_bps.process_sets import ProcessSet, global_process_set
 
 __version__ = "0.1.0"
 
 # Names that need TensorFlow, imported on first use: module -> names.
 _LAZY = {
-    "tf_bps.ops": ("push_pull", "broadcast", "broadcast_variables", "allgather", "Average",
-                   "Sum", "ReduceOp"),
-    "tf_bps.training": ("DistributedOptimizer", "DistributedGradientTape"),
+    "tf_bps.ops": ("push_pull", "allreduce", "broadcast", "broadcast_variables", "allgather",
+                   "Average", "Sum", "ReduceOp"),
+    "tf_bps.training": ("DistributedOptimizer", "DistributedGradientTape", "load_model"),
     "tf_bps.strategies": ("ParameterServerStrategy",),
 }
-_LAZY_MODULES = {"callbacks": "tf_bps.keras.callbacks", "keras": "tf_bps.keras"}
+# tf_bps.distribute is BytePS's name for the strategies (bps.distribute.MirroredStrategy).
+_LAZY_MODULES = {"callbacks": "tf_bps.keras.callbacks", "keras": "tf_bps.keras",
+                 "distribute": "tf_bps.strategies"}
 _TENSORFLOW_NAMES = {name for names in _LAZY.values() for name in names} | set(_LAZY_MODULES)
 
 
@@ -46,5 +67,7 @@ def __getattr__(name):
 
 
 __all__ = ["init", "shutdown", "is_initialized", "is_distributed", "rank", "size", "local_rank",
-           "local_size",
-           "Compression", "ConfigError", *sorted(_TENSORFLOW_NAMES)]
+           "local_size", "cross_rank", "cross_size", "is_homogeneous", "mpi_built",
+           "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled", "nccl_built",
+           "ddl_built", "ccl_built", "cuda_built", "rocm_built", "sycl_built", "Compression",
+           "ConfigError", "ProcessSet", "global_process_set", *sorted(_TENSORFLOW_NAMES)]

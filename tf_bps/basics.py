@@ -9,7 +9,7 @@ import threading
 from dataclasses import dataclass
 
 from tf_bps import core
-from tf_bps.config import Config
+from tf_bps.config import Config, configure_logging
 from tf_bps.rendezvous import SchedulerLink
 
 log = logging.getLogger("tf_bps")
@@ -20,7 +20,10 @@ class _Job:
     config: Config
     rank: int
     size: int
+    local_rank: int  # Among the workers on this host (see scheduler._local_placement).
+    local_size: int
     link: SchedulerLink | None  # None on the single-worker local path.
+    worker_hosts: tuple[str, ...] = ()  # By rank; empty on the local path.
 
 
 _lock = threading.Lock()
@@ -36,12 +39,11 @@ def init() -> None:
         config = Config.from_env()
         if config.role not in (None, "worker"):
             raise RuntimeError(f"bps.init() runs in workers, but DMLC_ROLE={config.role!r}")
-        logging.basicConfig(format="[tf_bps %(levelname)s] %(message)s")
-        log.setLevel("DEBUG" if config.log_level == "TRACE" else config.log_level)
+        configure_logging(config, "tf_bps")
         core.set_logging(config, f"tf_bps worker {config.rank}")
         if not config.distributed:
             core.worker_init_local()
-            _job = _Job(config, rank=0, size=1, link=None)
+            _job = _Job(config, rank=0, size=1, local_rank=0, local_size=1, link=None)
         else:
             link = SchedulerLink(config)
             try:
@@ -52,7 +54,9 @@ def init() -> None:
                 link.close(failure="worker could not start")
                 raise
             link.start_monitor(on_abort=_on_abort)
-            _job = _Job(config, rank=book["rank"], size=book["size"], link=link)
+            _job = _Job(config, rank=book["rank"], size=book["size"],
+                        local_rank=book["local_rank"], local_size=book["local_size"], link=link,
+                        worker_hosts=tuple(book["workers"]))
             log.info("worker rank %d of %d joined; servers %s", _job.rank, _job.size,
                      book["servers"])
     atexit.register(shutdown)
@@ -101,8 +105,82 @@ def size() -> int:
 
 
 def local_rank() -> int:
-    return _current().config.local_rank
+    """This process's index among the job's workers on this machine."""
+    return _current().local_rank
 
 
 def local_size() -> int:
-    return _current().config.local_size
+    """How many of the job's workers run on this machine."""
+    return _current().local_size
+
+
+def cross_rank() -> int:
+    """Index of this machine among the machines of the job (Horovod's cross_rank)."""
+    job = _current()
+    if not job.worker_hosts:
+        return 0
+    machines = list(dict.fromkeys(job.worker_hosts))  # In order of their first rank.
+    return machines.index(job.worker_hosts[job.rank])
+
+
+def cross_size() -> int:
+    """How many machines the job's workers run on."""
+    return len(set(_current().worker_hosts)) or 1
+
+
+def worker_hosts() -> tuple[str, ...]:
+    """The address each worker advertised, by rank (one entry on the local path)."""
+    job = _current()
+    return job.worker_hosts or (job.config.node_host or "localhost",)
+
+
+def is_homogeneous() -> bool:
+    """Whether every machine of the job runs the same number of workers."""
+    hosts = _current().worker_hosts
+    return len({hosts.count(host) for host in hosts}) <= 1
+
+
+# What this build was made with, as Horovod scripts ask it. tf_bps synchronises through
+# its own servers: no MPI, Gloo, NCCL, DDL, oneCCL, ROCm or SYCL is involved.
+def mpi_built() -> bool:
+    return False
+
+
+def mpi_enabled() -> bool:
+    return False
+
+
+def mpi_threads_supported() -> bool:
+    return False
+
+
+def gloo_built() -> bool:
+    return False
+
+
+def gloo_enabled() -> bool:
+    return False
+
+
+def nccl_built() -> int:
+    return 0
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    return False
+
+
+def rocm_built() -> bool:
+    return False
+
+
+def sycl_built() -> bool:
+    return False

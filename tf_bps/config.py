@@ -7,6 +7,7 @@ its settings from here through the C API.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import socket
 import struct
@@ -201,3 +202,19 @@ def _interface_address(name: str) -> str:
                 f"DMLC_INTERFACE={name!r} is not valid: no IPv4 address on that interface "
                 f"({error.strerror})") from None
     return socket.inet_ntoa(packed[20:24])
+
+
+def configure_logging(config: Config, prefix: str) -> logging.Logger:
+    """Sets up the "tf_bps" logger (and only it) for this process: BYTEPS_LOG_LEVEL, one
+    stderr handler with `prefix`, no propagation. The root logger stays the user's, so
+    their `logging.basicConfig` keeps working and our lines are never printed twice."""
+    logger = logging.getLogger("tf_bps")
+    logger.setLevel("DEBUG" if config.log_level == "TRACE" else config.log_level)
+    logger.propagate = False
+    for handler in [h for h in logger.handlers if getattr(h, "_tf_bps", False)]:
+        logger.removeHandler(handler)
+    handler = logging.StreamHandler()
+    handler._tf_bps = True
+    handler.setFormatter(logging.Formatter(f"[{prefix} %(levelname)s] %(message)s"))
+    logger.addHandler(handler)
+    return logger

@@ -9,8 +9,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import queue
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,6 +28,10 @@ from tf_bps.config import Config, ConfigError
 EXIT_GRACE_S = 30.0
 FAILURE_GRACE_S = 5.0
 TERMINATE_GRACE_S = 3.0
+
+
+class LaunchError(RuntimeError):
+    """A process of the job could not be started; everything started is ended."""
 
 
 @dataclass
@@ -57,8 +63,13 @@ class JobSupervisor:
     def start(self, label: str, command: list[str], env: dict[str, str], is_worker: bool,
               prefix: str | None = None) -> None:
         pipe = subprocess.PIPE if prefix is not None else None
-        process = subprocess.Popen(command, env=env, stdout=pipe, stderr=pipe,
-                                   start_new_session=True)
+        try:
+            process = subprocess.Popen(command, env=env, stdout=pipe, stderr=pipe,
+                                       start_new_session=True)
+        except OSError as error:
+            self.terminate()
+            raise LaunchError(f"cannot start {label} ({command[0]!r}): "
+                              f"{error.strerror or error}") from None
         child = Child(label, process, is_worker)
         self.children.append(child)
         if prefix is not None:
@@ -148,6 +159,20 @@ class JobSupervisor:
         print(f"bpslaunch: {message}", file=sys.stderr, flush=True)
 
 
+def _resolve_command(command: list[str]) -> str | None:
+    """Why `command` cannot start (checked before anything is started), or None."""
+    program = command[0]
+    if os.sep in program:
+        if not os.path.isfile(program):
+            return f"cannot run {program!r}: no such file"
+        if not os.access(program, os.X_OK):
+            return f"cannot run {program!r}: not executable"
+        return None
+    if shutil.which(program) is None:
+        return f"cannot run {program!r}: command not found on PATH"
+    return None
+
+
 def _launch_local_job(num_workers: int, num_servers: int, command: list[str]) -> int:
     base = dict(os.environ)
     config = Config.from_env(base)
@@ -165,8 +190,14 @@ def _launch_local_job(num_workers: int, num_servers: int, command: list[str]) ->
                              {**base, "DMLC_ROLE": "server"}, is_worker=False)
     else:
         base.update(DMLC_NUM_WORKER="1", BYTEPS_LOCAL_SIZE="1", BYTEPS_LOCAL_RANK="0")
+    # TF_CONFIG as TensorFlow's multi-worker recipes read it (the worker count, this
+    # worker's index), unless the user set one.
+    cluster = {"worker": [f"127.0.0.1:{_free_port()}" for _ in range(num_workers)]}
     for rank in range(num_workers):
         env = {**base, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(rank)}
+        if "TF_CONFIG" not in base and num_workers > 1:
+            env["TF_CONFIG"] = json.dumps({"cluster": cluster,
+                                           "task": {"type": "worker", "index": rank}})
         supervisor.start(f"worker {rank}", command, env, is_worker=True, prefix=f"[{rank}]: ")
     return _supervise(supervisor)
 
@@ -199,12 +230,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-np", "--num-workers", type=int, dest="num_workers",
                         help="workers to start on this machine (without DMLC_ROLE)")
     parser.add_argument("--num-servers", type=int, help="servers to start (default: -np)")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="the worker's command")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="the worker's command (may follow a `--`)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command[:1] == ["--"]:
+        args.command = args.command[1:]
     try:
         config = Config.from_env()
     except ConfigError as error:
@@ -221,9 +255,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         print("bpslaunch: no command to run for the workers", file=sys.stderr)
         return 2
+    problem = _resolve_command(args.command)
+    if problem:
+        print(f"bpslaunch: {problem}", file=sys.stderr)
+        return 127
     if config.role == "worker":
         if config.local_size > 1 and "BYTEPS_LOCAL_RANK" not in os.environ:
-            return _launch_local_ranks(config, args.command)
+            return _run(_launch_local_ranks, config, args.command)
         os.execvp(args.command[0], args.command)
     if args.num_workers is None or args.num_workers < 1:
         print("bpslaunch: set DMLC_ROLE (scheduler, server or worker), or give -np N to start "
@@ -233,7 +271,15 @@ def main(argv: list[str] | None = None) -> int:
     if num_servers < 1:
         print("bpslaunch: --num-servers must be at least 1", file=sys.stderr)
         return 2
-    return _launch_local_job(args.num_workers, num_servers, args.command)
+    return _run(_launch_local_job, args.num_workers, num_servers, args.command)
+
+
+def _run(launch, *args) -> int:
+    try:
+        return launch(*args)
+    except LaunchError as error:
+        print(f"bpslaunch: {error}", file=sys.stderr)
+        return 127
 
 
 if __name__ == "__main__":

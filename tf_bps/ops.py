@@ -1,4 +1,5 @@
-"""TensorFlow operations: push_pull, broadcast and their gradients.
+"""TensorFlow operations: push_pull (and Horovod's allreduce), broadcast, allgather and
+their gradients.
 
 The per-tensor work happens in the C++ kernel (custom_ops/tf) and the core; this
 module only names tensors and builds ops.
@@ -6,12 +7,14 @@ module only names tensors and builds ops.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 
 import tensorflow as tf
 
 from tf_bps import basics, core
 from tf_bps.compression import Compression
+from tf_bps.process_sets import check_process_set, global_process_set
 
 _library = tf.load_op_library(str(core.native_library("_bps_tf_ops")))
 
@@ -65,6 +68,54 @@ def push_pull(tensor, average: bool | None = None, name: str | None = None,
     compressed, context = compression.compress(tensor)
     name = name or _default_name("PushPull", compressed)
     return compression.decompress(_push_pull(compressed, name, reduce_op), context)
+
+
+def allreduce(tensor, average=None, device_dense="", device_sparse="",
+              compression=Compression.none, op=None, prescale_factor=1.0, postscale_factor=1.0,
+              name=None, process_set=global_process_set, ignore_name_scope=False):
+    """Horovod's allreduce, with its arguments and defaults (average over all workers).
+
+    `prescale_factor` multiplies each worker's tensor before the reduction and
+    `postscale_factor` the result. A `tf.IndexedSlices` stays sparse: its rows and
+    indices are gathered from every worker (and divided by the size for an average).
+    `device_dense` / `device_sparse` place the operation, as in Horovod.
+    """
+    check_process_set(process_set)
+    reduce_op = _resolve_op(average, op)
+    if isinstance(tensor, tf.IndexedSlices):
+        for argument, factor in (("prescale_factor", prescale_factor),
+                                 ("postscale_factor", postscale_factor)):
+            if factor != 1.0:
+                raise ValueError(f"{argument}={factor!r} is not supported for tf.IndexedSlices")
+        with _placed(device_sparse):
+            return _allreduce_indexed_slices(tensor, name or "IndexedSlices", reduce_op)
+    with _placed(device_dense):
+        tensor = _scale(tf.convert_to_tensor(tensor), prescale_factor, "prescale_factor")
+        reduced = push_pull(tensor, name=name, compression=compression, op=reduce_op)
+        return _scale(reduced, postscale_factor, "postscale_factor")
+
+
+def _placed(device: str):
+    """Horovod's device_dense / device_sparse: where the operation runs ("" = default)."""
+    return tf.device(device) if device else contextlib.nullcontext()
+
+
+def _scale(tensor: tf.Tensor, factor, argument: str) -> tf.Tensor:
+    if isinstance(factor, (int, float)) and factor == 1:
+        return tensor
+    if not (tensor.dtype.is_floating or tensor.dtype.is_complex):
+        raise ValueError(f"{argument}={factor!r} needs a floating-point tensor, not "
+                         f"{tensor.dtype.name}")
+    return tensor * tf.cast(factor, tensor.dtype)
+
+
+def _allreduce_indexed_slices(grad: tf.IndexedSlices, name: str, op) -> tf.IndexedSlices:
+    """A sparse tensor stays sparse: the rows and indices of all workers, gathered."""
+    values = allgather(grad.values, name=f"{name}.values")
+    indices = allgather(grad.indices, name=f"{name}.indices")
+    if op == Average:
+        values = values / tf.cast(basics.size(), values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=grad.dense_shape)
 
 
 @tf.RegisterGradient("BytepsPushPull")

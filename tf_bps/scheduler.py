@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from tf_bps.config import Config, ConfigError
+from tf_bps.config import Config, ConfigError, configure_logging
 
 log = logging.getLogger("tf_bps.scheduler")
 
@@ -36,6 +36,18 @@ class Node:
 
 class JobFailed(RuntimeError):
     pass
+
+
+def _local_placement(workers: list[Node]) -> dict[int, tuple[int, int]]:
+    """rank -> (local rank, local size): each worker's index, in rank order, among the
+    workers that advertise the same host, and their count. This is what pins one GPU
+    per process, whatever started the workers (bpslaunch -np, BYTEPS_LOCAL_* or a
+    cluster manager)."""
+    by_host: dict[str, list[int]] = {}
+    for worker in sorted(workers, key=lambda w: w.rank):
+        by_host.setdefault(worker.host, []).append(worker.rank)
+    return {rank: (index, len(ranks)) for ranks in by_host.values()
+            for index, rank in enumerate(ranks)}
 
 
 class Scheduler:
@@ -121,9 +133,13 @@ class Scheduler:
         for server in servers:
             self._send(server, {"type": "book", "server_id": server.rank, "num_workers": size,
                                 "servers": addresses})
+        local = _local_placement(workers)
         for worker in workers:
+            local_rank, local_size = local[worker.rank]
             self._send(worker, {"type": "book", "rank": worker.rank, "size": size,
-                                "servers": addresses})
+                                "local_rank": local_rank, "local_size": local_size,
+                                "servers": addresses, "workers": [
+                                    w.host for w in sorted(workers, key=lambda w: w.rank)]})
         log.info("job started: %d worker(s), %d server(s)", size, len(servers))
 
     # -- supervision ----------------------------------------------------------------
@@ -165,8 +181,7 @@ class Scheduler:
 def main() -> int:
     try:
         config = Config.from_env()
-        logging.basicConfig(level=config.log_level if config.log_level != "TRACE" else "DEBUG",
-                            format="[tf_bps scheduler %(levelname)s] %(message)s")
+        configure_logging(config, "tf_bps scheduler")
         return Scheduler(config).run()
     except (ConfigError, zmq.ZMQError) as error:
         print(f"tf_bps scheduler: {error}", file=sys.stderr)

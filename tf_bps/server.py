@@ -7,7 +7,7 @@ import logging
 import sys
 
 from tf_bps import core
-from tf_bps.config import Config, ConfigError
+from tf_bps.config import Config, ConfigError, configure_logging
 from tf_bps.rendezvous import RendezvousError, SchedulerLink
 
 log = logging.getLogger("tf_bps.server")
@@ -55,8 +55,7 @@ def main() -> int:
         print(f"tf_bps server: DMLC_ROLE={config.role!r} but this is a server; "
               "set DMLC_ROLE=server", file=sys.stderr)
         return 2
-    level = "DEBUG" if config.log_level == "TRACE" else config.log_level
-    logging.basicConfig(level=level, format="[tf_bps server %(levelname)s] %(message)s")
+    configure_logging(config, "tf_bps server")
     try:
         return serve(config)
     except ConfigError as error:

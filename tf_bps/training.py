@@ -9,16 +9,75 @@ synchronised ones reach the wrapped optimizer.
 
 from __future__ import annotations
 
+import dataclasses
+
 import tensorflow as tf
 
 from tf_bps import basics
 from tf_bps.compression import Compression
-from tf_bps.ops import Average, ReduceOp, Sum, _push_pull, allgather
+from tf_bps.ops import (
+    Average,
+    ReduceOp,
+    Sum,
+    _allreduce_indexed_slices,
+    _placed,
+    _push_pull,
+    _scale,
+)
+from tf_bps.process_sets import check_process_set, global_process_set
 from tf_bps.strategies import ParameterServerStrategy
 
 
 def _variable_name(variable) -> str:
     return getattr(variable, "path", None) or getattr(variable, "name", None) or "tensor"
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncOptions:
+    """How gradients are synchronised: the arguments Horovod's wrappers share, checked."""
+
+    compression: type = Compression.none
+    op: ReduceOp = Average
+    sparse_as_dense: bool = False
+    gradient_predivide_factor: float = 1.0
+    device_dense: str = ""
+    device_sparse: str = ""
+
+    @classmethod
+    def from_arguments(cls, compression=Compression.none, op=Average, sparse_as_dense=False,
+                       gradient_predivide_factor=1.0, device_dense="", device_sparse="",
+                       num_groups=0, groups=None, process_set=None) -> SyncOptions:
+        if op not in (Average, Sum):
+            raise ValueError(f"op={op!r} is not supported: use bps.Average or bps.Sum")
+        if gradient_predivide_factor != 1.0 and op != Average:
+            raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor!r} needs "
+                             f"op=bps.Average, not {ReduceOp(op).name}")
+        if not gradient_predivide_factor > 0:
+            raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor!r} must "
+                             "be > 0")
+        # Grouping only decides which reductions Horovod fuses; every gradient of a step
+        # is in flight at once here, so any valid grouping gives the same result.
+        if not isinstance(num_groups, int) or num_groups < 0:
+            raise ValueError(f"num_groups={num_groups!r} must be an integer >= 0")
+        if groups is not None and not (isinstance(groups, int) and groups > 0
+                                       or isinstance(groups, (list, tuple))):
+            raise ValueError(f"groups={groups!r} must be a positive integer or a list of "
+                             "lists of variables")
+        check_process_set(process_set)
+        for argument, device in (("device_dense", device_dense),
+                                 ("device_sparse", device_sparse)):
+            if not isinstance(device, str):
+                raise ValueError(f"{argument}={device!r} must be a device string")
+        return cls(compression, ReduceOp(op), bool(sparse_as_dense),
+                   float(gradient_predivide_factor), device_dense, device_sparse)
+
+    def plan(self) -> tuple[ReduceOp, float, float]:
+        """(op on the wire, prescale, postscale). A predivide factor f splits an average
+        into 1/f before the sum and f/size after it, as Horovod does."""
+        if self.gradient_predivide_factor == 1.0:
+            return self.op, 1.0, 1.0
+        factor = self.gradient_predivide_factor
+        return Sum, 1.0 / factor, factor / basics.size()
 
 
 @tf.function
@@ -27,58 +86,94 @@ def _push_pull_group(tensors, names, op):
     return [_push_pull(t, n, ReduceOp(op)) for t, n in zip(tensors, names, strict=True)]
 
 
-def synchronise_gradients(grads, names, compression=Compression.none, op=Average,
-                          sparse_as_dense=False):
+def synchronise_gradients(grads, names, options: SyncOptions = SyncOptions()):
     """push_pulls every gradient (None stays None); `names` must be stable per step."""
     grads = list(grads)
     if not basics.is_distributed():
         return grads  # One worker: its gradients are the average already.
+    op, prescale, postscale = options.plan()
     results = [None] * len(grads)
     dense_index, dense_tensors, dense_names, contexts = [], [], [], []
     for index, (grad, name) in enumerate(zip(grads, names, strict=True)):
         if grad is None:
             continue
         if isinstance(grad, tf.IndexedSlices):
-            if not sparse_as_dense:
-                results[index] = _push_pull_indexed_slices(grad, name, op)
+            if not options.sparse_as_dense:
+                with _placed(options.device_sparse):
+                    results[index] = _allreduce_indexed_slices(grad, name, options.op)
                 continue
             grad = tf.convert_to_tensor(grad)
-        compressed, context = compression.compress(grad)
+        compressed, context = options.compression.compress(_scale(grad, prescale,
+                                                                    "prescale_factor"))
         dense_index.append(index)
         dense_tensors.append(compressed)
         dense_names.append(name)
         contexts.append(context)
     if dense_tensors:
-        if tf.executing_eagerly():
-            summed = _push_pull_group(dense_tensors, tuple(dense_names), int(op))
-        else:
-            summed = [_push_pull(t, n, op) for t, n in zip(dense_tensors, dense_names,
-                                                            strict=True)]
+        with _placed(options.device_dense):
+            if tf.executing_eagerly():
+                summed = _push_pull_group(dense_tensors, tuple(dense_names), int(op))
+            else:
+                summed = [_push_pull(t, n, op) for t, n in zip(dense_tensors, dense_names,
+                                                                strict=True)]
         for index, tensor, context in zip(dense_index, summed, contexts, strict=True):
-            results[index] = compression.decompress(tensor, context)
+            results[index] = _scale(options.compression.decompress(tensor, context), postscale,
+                                    "postscale_factor")
     return results
 
 
-def _push_pull_indexed_slices(grad: tf.IndexedSlices, name: str, op) -> tf.IndexedSlices:
-    """A sparse gradient stays sparse: the rows and indices of all workers, gathered."""
-    values = allgather(grad.values, name=f"{name}.values")
-    indices = allgather(grad.indices, name=f"{name}.indices")
-    if op == Average:
-        values = values / tf.cast(basics.size(), values.dtype)
-    return tf.IndexedSlices(values, indices, dense_shape=grad.dense_shape)
+class _LocalVariables:
+    """Horovod's register_local_var / register_local_source: variables whose gradients
+    stay on this worker (not synchronised), optionally scaled by 1/size so that they
+    have the magnitude of an averaged gradient."""
+
+    def _bps_init_local(self, scale_local_gradients):
+        if not isinstance(scale_local_gradients, bool):
+            raise ValueError(f"scale_local_gradients={scale_local_gradients!r} must be a bool")
+        self._bps_scale_local = scale_local_gradients
+        self._bps_local_refs = set()
+
+    @staticmethod
+    def _bps_key(variable):
+        return variable.ref() if hasattr(variable, "ref") else id(variable)
+
+    def _bps_register_local(self, variable):
+        self._bps_local_refs.add(self._bps_key(variable))
+
+    def _bps_is_local(self, variable) -> bool:
+        return self._bps_key(variable) in self._bps_local_refs
+
+    def _bps_sync(self, grads, variables, names, options):
+        """Synchronises the gradients of shared variables; local ones stay (scaled)."""
+        shared = [i for i, v in enumerate(variables) if not self._bps_is_local(v)]
+        synced = synchronise_gradients([grads[i] for i in shared], [names[i] for i in shared],
+                                       options)
+        results = list(grads)
+        for i, grad in zip(shared, synced, strict=True):
+            results[i] = grad
+        if self._bps_scale_local and len(shared) < len(results) and basics.size() > 1:
+            for i, variable in enumerate(variables):
+                if self._bps_is_local(variable) and results[i] is not None:
+                    results[i] = results[i] / basics.size()
+        return results
 
 
-class _DistributedKerasOptimizer:
+class _DistributedKerasOptimizer(_LocalVariables):
     """Mixed into a copy of the user's optimizer class (see DistributedOptimizer)."""
 
-    def _bps_setup(self, prefix, compression, backward_passes_per_step, op, sparse_as_dense):
+    def _bps_setup(self, prefix, options, backward_passes_per_step,
+                   average_aggregated_gradients, scale_local_gradients):
         self._bps_prefix = prefix
-        self._bps_compression = compression
+        self._bps_options = options
         self._bps_passes = backward_passes_per_step
-        self._bps_op = op
-        self._bps_sparse_as_dense = sparse_as_dense
+        self._bps_average_passes = average_aggregated_gradients
         self._bps_accumulators = None
         self._bps_pass_count = None
+        self._bps_init_local(scale_local_gradients)
+
+    def register_local_var(self, var):
+        """Keeps `var`'s gradient on this worker (Horovod's register_local_var)."""
+        self._bps_register_local(var)
 
     def apply(self, grads, trainable_variables=None):
         if isinstance(tf.distribute.get_strategy(), ParameterServerStrategy):
@@ -100,12 +195,12 @@ class _DistributedKerasOptimizer:
 
     def _bps_synchronise(self, grads, variables):
         names = [f"{self._bps_prefix}.{_variable_name(v)}" for v in variables]
-        return synchronise_gradients(grads, names, self._bps_compression, self._bps_op,
-                                     self._bps_sparse_as_dense)
+        return self._bps_sync(grads, variables, names, self._bps_options)
 
     def _bps_accumulate_then_apply(self, grads, variables, trainable_variables):
         """Adds local gradients for backward_passes_per_step calls, then synchronises
-        their mean once and applies it; the calls in between change no weight."""
+        their sum (their mean with average_aggregated_gradients=True) once and applies
+        it; the calls in between change no weight."""
         if self._bps_accumulators is None:
             with tf.init_scope():
                 self._bps_accumulators = [
@@ -119,11 +214,12 @@ class _DistributedKerasOptimizer:
         count = self._bps_pass_count.assign_add(1)
 
         def synchronise_and_apply():
-            passes = float(self._bps_passes)
-            means = [None if g is None else tf.convert_to_tensor(a) / tf.cast(passes, a.dtype)
-                     for a, g in zip(self._bps_accumulators, grads, strict=True)]
+            divisor = float(self._bps_passes if self._bps_average_passes else 1)
+            aggregated = [None if g is None else tf.convert_to_tensor(a) / tf.cast(divisor,
+                                                                                   a.dtype)
+                          for a, g in zip(self._bps_accumulators, grads, strict=True)]
             super(_DistributedKerasOptimizer, self).apply(
-                self._bps_synchronise(means, variables), trainable_variables)
+                self._bps_synchronise(aggregated, variables), trainable_variables)
             for accumulator in self._bps_accumulators:
                 accumulator.assign(tf.zeros_like(accumulator))
             return tf.constant(True)
@@ -132,20 +228,25 @@ class _DistributedKerasOptimizer:
                        lambda: tf.constant(False))
 
 
-class _DistributedLegacyOptimizer(tf.compat.v1.train.Optimizer):
+class _DistributedLegacyOptimizer(tf.compat.v1.train.Optimizer, _LocalVariables):
     """For tf.compat.v1 graph code: synchronises in compute_gradients."""
 
-    def __init__(self, optimizer, prefix, compression, op, sparse_as_dense):
-        super().__init__(use_locking=False, name=prefix)
+    def __init__(self, optimizer, prefix, options, use_locking, scale_local_gradients):
+        super().__init__(use_locking=use_locking, name=prefix)
         self._optimizer = optimizer
-        self._bps_args = (compression, op, sparse_as_dense)
+        self._bps_options = options
+        self._bps_init_local(scale_local_gradients)
+
+    def register_local_var(self, var):
+        self._bps_register_local(var)
 
     def compute_gradients(self, *args, **kwargs):
         grads_and_vars = self._optimizer.compute_gradients(*args, **kwargs)
         grads = [g for g, _ in grads_and_vars]
-        names = [f"{self._name}.{_variable_name(v)}" for _, v in grads_and_vars]
-        synced = synchronise_gradients(grads, names, *self._bps_args)
-        return list(zip(synced, [v for _, v in grads_and_vars], strict=True))
+        variables = [v for _, v in grads_and_vars]
+        names = [f"{self._name}.{_variable_name(v)}" for v in variables]
+        synced = self._bps_sync(grads, variables, names, self._bps_options)
+        return list(zip(synced, variables, strict=True))
 
     def apply_gradients(self, *args, **kwargs):
         return self._optimizer.apply_gradients(*args, **kwargs)
@@ -160,41 +261,101 @@ class _DistributedLegacyOptimizer(tf.compat.v1.train.Optimizer):
         return self._optimizer.variables(*args, **kwargs)
 
 
-def DistributedOptimizer(optimizer, name=None, compression=Compression.none,
-                         backward_passes_per_step=1, op=Average, sparse_as_dense=False):
+def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="",
+                         device_sparse="", compression=Compression.none, sparse_as_dense=False,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=global_process_set, scale_local_gradients=True):
     """Wraps a Keras 3 (or tf.compat.v1) optimizer so that it applies gradients
     averaged (op=bps.Average) or summed (op=bps.Sum) over all workers.
 
-    The result is an instance of a subclass of the optimizer's own class with the
-    same name, module and config, so saved models reload without tf_bps.
+    Takes every argument of Horovod's DistributedOptimizer (horovod.tensorflow and
+    horovod.tensorflow.keras) with its default. `backward_passes_per_step=N` adds N
+    local gradients before one synchronisation (their mean with
+    average_aggregated_gradients=True). The result is an instance of a subclass of the
+    optimizer's own class with the same name, module and config, so saved models
+    reload without tf_bps.
     """
-    if op not in (Average, Sum):
-        raise ValueError(f"op must be bps.Average or bps.Sum, got {op!r}")
+    options = SyncOptions.from_arguments(compression, op, sparse_as_dense,
+                                         gradient_predivide_factor, device_dense,
+                                         device_sparse, num_groups, groups, process_set)
     if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be an integer >= 1, got "
                          f"{backward_passes_per_step!r}")
+    if not isinstance(average_aggregated_gradients, bool):
+        raise ValueError("average_aggregated_gradients must be a bool, got "
+                         f"{average_aggregated_gradients!r}")
+    if not isinstance(use_locking, bool):
+        raise ValueError(f"use_locking must be a bool, got {use_locking!r}")
     prefix = name or "DistributedOptimizer"
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         if backward_passes_per_step != 1:
-            raise ValueError("backward_passes_per_step > 1 needs a Keras optimizer")
-        return _DistributedLegacyOptimizer(optimizer, prefix, compression, op, sparse_as_dense)
-    cls = optimizer.__class__
-    distributed_cls = type(cls.__name__, (_DistributedKerasOptimizer, cls),
-                           {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
-    wrapped = distributed_cls.from_config(optimizer.get_config())
-    wrapped._bps_setup(prefix, compression, backward_passes_per_step, op, sparse_as_dense)
+            raise ValueError(f"backward_passes_per_step={backward_passes_per_step} needs a "
+                             "Keras optimizer, not a tf.compat.v1 one")
+        return _DistributedLegacyOptimizer(optimizer, prefix, options, use_locking,
+                                           scale_local_gradients)
+    if use_locking:
+        raise ValueError("use_locking=True applies to tf.compat.v1 optimizers only; Keras "
+                         "optimizers have no locking option")
+    if isinstance(optimizer, _DistributedKerasOptimizer):
+        raise ValueError("the optimizer is already a bps.DistributedOptimizer")
+    wrapped = _distributed_class(type(optimizer)).from_config(optimizer.get_config())
+    wrapped._bps_setup(prefix, options, backward_passes_per_step,
+                       average_aggregated_gradients, scale_local_gradients)
     return wrapped
 
 
-class DistributedGradientTape:
-    """Wraps a tf.GradientTape: `gradient()` returns gradients synchronised over all
-    workers. Everything else is the wrapped tape's."""
+def _distributed_class(cls):
+    """A subclass of a Keras optimizer class that keeps its name and module, so that
+    what is saved with it is exactly what the plain optimizer would save."""
+    return type(cls.__name__, (_DistributedKerasOptimizer, cls),
+                {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
 
-    def __init__(self, tape, compression=Compression.none, op=Average, sparse_as_dense=False,
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None,
+               compression=Compression.none):
+    """Loads a saved Keras model whose optimizer then synchronises like a
+    bps.DistributedOptimizer, with its saved state (slots, iterations) intact.
+
+    `custom_optimizers`: optimizer classes the model may use that Keras does not know;
+    `custom_objects`: as for keras.models.load_model.
+    """
+    import keras
+
+    objects = {cls.__name__: cls for cls in custom_optimizers or []}
+    objects.update(custom_objects or {})
+    model = keras.models.load_model(filepath, custom_objects=objects)
+    optimizer = getattr(model, "optimizer", None)
+    if isinstance(optimizer, keras.optimizers.Optimizer) and not isinstance(
+            optimizer, _DistributedKerasOptimizer):
+        # The loaded instance becomes the distributed one in place: same object, same
+        # variables, only the class gains the synchronising `apply`.
+        optimizer.__class__ = _distributed_class(type(optimizer))
+        optimizer._bps_setup("DistributedOptimizer", SyncOptions.from_arguments(compression),
+                             1, False, True)
+    return model
+
+
+class DistributedGradientTape(_LocalVariables):
+    """Wraps a tf.GradientTape: `gradient()` returns gradients synchronised over all
+    workers. Takes every argument of Horovod's DistributedGradientTape; everything
+    else is the wrapped tape's."""
+
+    def __init__(self, gradtape, device_dense="", device_sparse="",
+                 compression=Compression.none, sparse_as_dense=False, op=Average,
+                 gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                 process_set=global_process_set, scale_local_gradients=True,
                  name="DistributedGradientTape"):
-        self._tape = tape
-        self._args = (compression, op, sparse_as_dense)
+        self._tape = gradtape
+        self._options = SyncOptions.from_arguments(
+            compression, op, sparse_as_dense, gradient_predivide_factor, device_dense,
+            device_sparse, num_groups, groups, process_set)
         self._prefix = name
+        self._bps_init_local(scale_local_gradients)
+
+    def register_local_source(self, source):
+        """Keeps `source`'s gradient on this worker (Horovod's register_local_source)."""
+        self._bps_register_local(source)
 
     def __getattr__(self, attribute):
         return getattr(self._tape, attribute)
@@ -211,5 +372,5 @@ class DistributedGradientTape:
         flat_sources = tf.nest.flatten(sources)
         flat_grads = tf.nest.flatten(grads, expand_composites=False)
         names = [f"{self._prefix}.{i}.{_variable_name(s)}" for i, s in enumerate(flat_sources)]
-        synced = synchronise_gradients(flat_grads, names, *self._args)
+        synced = self._bps_sync(flat_grads, flat_sources, names, self._options)
         return tf.nest.pack_sequence_as(grads, synced)

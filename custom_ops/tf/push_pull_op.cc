@@ -88,6 +88,10 @@ REGISTER_OP("BytepsPushPull")
     .Attr("reduce_op: int = 0")
     .Input("tensor: T")
     .Output("sum: T")
+    // Stateful: the op talks to other processes, so TensorFlow must never fold it
+    // (a constant input would otherwise be evaluated once, without pushing), prune it
+    // or merge two identical calls into one.
+    .SetIsStateful()
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
       c->set_output(0, c->input(0));
       return absl::OkStatus();

@@ -95,6 +95,7 @@ def main():
     if bps and (args.mode.startswith("fit") or args.mode == "loop_optimizer"):
         compression = bps.Compression.fp16 if args.compression == "fp16" else bps.Compression.none
         optimizer = bps.DistributedOptimizer(optimizer, backward_passes_per_step=args.passes,
+                                             average_aggregated_gradients=True,
                                              compression=compression)
     loss_fn = keras.losses.MeanSquaredError()
     np.savez(os.path.join(args.out, f"init{rank}.npz"), *[w.numpy() for w in model.weights])

@@ -1,6 +1,49 @@
-"""Keras 3 integration: callbacks (tf_bps.keras.callbacks) and the training wrappers."""
+"""tf_bps for Keras scripts: what `horovod.tensorflow.keras` and `byteps.tensorflow.keras`
+offer (init, rank, allreduce, DistributedOptimizer, callbacks, load_model, ...), so that
+`import tf_bps.keras as bps` replaces their import line."""
 
+from tf_bps import (
+    Compression,
+    ProcessSet,
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    global_process_set,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    rocm_built,
+    shutdown,
+    size,
+    sycl_built,
+)
 from tf_bps.keras import callbacks
-from tf_bps.training import DistributedGradientTape, DistributedOptimizer
+from tf_bps.ops import (
+    Average,
+    Sum,
+    allgather,
+    allreduce,
+    broadcast,
+    broadcast_variables,
+    push_pull,
+)
+from tf_bps.training import DistributedGradientTape, DistributedOptimizer, load_model
 
-__all__ = ["callbacks", "DistributedOptimizer", "DistributedGradientTape"]
+__all__ = ["Average", "Compression", "DistributedGradientTape", "DistributedOptimizer",
+           "ProcessSet", "Sum", "allgather", "allreduce", "broadcast", "broadcast_variables",
+           "callbacks", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
+           "gloo_built", "gloo_enabled", "global_process_set", "init", "is_homogeneous",
+           "is_initialized", "load_model", "local_rank", "local_size", "mpi_built",
+           "mpi_enabled", "mpi_threads_supported", "nccl_built", "push_pull", "rank",
+           "rocm_built", "shutdown", "size", "sycl_built"]

@@ -7,42 +7,56 @@ import numpy as np
 import tensorflow as tf
 
 from tf_bps import basics
-from tf_bps.ops import Average, broadcast_variables, push_pull
+from tf_bps.ops import Average, _placed, broadcast_variables, push_pull
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
-    """Makes every worker start from `root_rank`'s model and optimizer state.
+    """Makes every worker continue from `root_rank`'s model and optimizer state.
 
-    Runs once, at the start of training, after Keras has built the model and the
-    optimizer and before the first update. An optimizer that is only built by its
-    first update is broadcast right after that batch instead.
+    At the start of training it broadcasts every variable that exists then. Keras builds
+    some models (a Sequential without an Input, a subclassed model) and most optimizers
+    during the first batch; whatever appeared during that batch is broadcast at its end,
+    as Horovod does, so every worker ends the first step with the root's state.
+    `device` places the broadcasts, as in Horovod.
     """
 
-    def __init__(self, root_rank: int = 0):
+    def __init__(self, root_rank: int = 0, device: str = ""):
         super().__init__()
         self.root_rank = root_rank
-        self._optimizer_done = False
+        self.device = device
+        self._broadcast = set()
+        self._first_batch_seen = False
 
     def on_train_begin(self, logs=None):
-        broadcast_variables(self.model.variables, self.root_rank)
-        self._broadcast_optimizer()
+        self._first_batch_seen = False
+        self._broadcast_new_variables()
 
     def on_train_batch_end(self, batch, logs=None):
-        if not self._optimizer_done:
-            self._broadcast_optimizer()
+        if not self._first_batch_seen:
+            self._first_batch_seen = True
+            self._broadcast_new_variables()
 
-    def _broadcast_optimizer(self):
-        optimizer = self.model.optimizer
-        if optimizer is not None and optimizer.built:
-            broadcast_variables(optimizer.variables, self.root_rank)
-            self._optimizer_done = True
+    def _broadcast_new_variables(self):
+        variables = list(self.model.variables)
+        if self.model.optimizer is not None:
+            variables += list(self.model.optimizer.variables)
+        new = [v for v in variables if v.ref() not in self._broadcast]
+        if new:
+            with _placed(self.device):
+                broadcast_variables(new, self.root_rank)
+            self._broadcast.update(v.ref() for v in new)
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
     """Replaces each epoch's logged metrics by their mean over all workers.
 
     Put it before callbacks that read the metrics (checkpoints, early stopping).
+    `device` places the reductions, as in Horovod.
     """
+
+    def __init__(self, device: str = ""):
+        super().__init__()
+        self.device = device
 
     def on_epoch_end(self, epoch, logs=None):
         if not logs:
@@ -50,8 +64,9 @@ class MetricAverageCallback(keras.callbacks.Callback):
         for key in sorted(logs):  # Same order on every worker.
             value = logs[key]
             if isinstance(value, (int, float, np.number)) or tf.is_tensor(value):
-                averaged = push_pull(tf.constant(float(value), tf.float64), op=Average,
-                                     name=f"MetricAverage.{key}")
+                with _placed(self.device):
+                    averaged = push_pull(tf.constant(float(value), tf.float64), op=Average,
+                                         name=f"MetricAverage.{key}")
                 logs[key] = float(averaged.numpy())
 
 
