@@ -133,15 +133,11 @@ class _LocalVariables:
         self._bps_scale_local = scale_local_gradients
         self._bps_local_refs = set()
 
-    @staticmethod
-    def _bps_key(variable):
-        return variable.ref() if hasattr(variable, "ref") else id(variable)
-
     def _bps_register_local(self, variable):
-        self._bps_local_refs.add(self._bps_key(variable))
+        self._bps_local_refs.add(id(variable))  # Keras variables have no ref(); ids do.
 
     def _bps_is_local(self, variable) -> bool:
-        return self._bps_key(variable) in self._bps_local_refs
+        return id(variable) in self._bps_local_refs
 
     def _bps_sync(self, grads, variables, names, options):
         """Synchronises the gradients of shared variables; local ones stay (scaled)."""

@@ -40,11 +40,11 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         variables = list(self.model.variables)
         if self.model.optimizer is not None:
             variables += list(self.model.optimizer.variables)
-        new = [v for v in variables if v.ref() not in self._broadcast]
+        new = [v for v in variables if id(v) not in self._broadcast]  # They outlive fit.
         if new:
             with _placed(self.device):
                 broadcast_variables(new, self.root_rank)
-            self._broadcast.update(v.ref() for v in new)
+            self._broadcast.update(id(v) for v in new)
 
 
 class MetricAverageCallback(keras.callbacks.Callback):

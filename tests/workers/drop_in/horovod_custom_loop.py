@@ -46,7 +46,7 @@ def training_step(batch_images, batch_labels, first_batch):
         loss_value = loss_fn(batch_labels, probabilities)
     tape = hvd.DistributedGradientTape(tape)
     grads = tape.gradient(loss_value, model.trainable_variables)
-    opt.apply_gradients(zip(grads, model.trainable_variables))
+    opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
     if first_batch:
         hvd.broadcast_variables(model.variables, root_rank=0)
         hvd.broadcast_variables(opt.variables, root_rank=0)

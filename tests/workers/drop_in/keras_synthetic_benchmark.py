@@ -4,7 +4,6 @@ keras.applications model, DistributedOptimizer with compression, model.fit with 
 broadcast and metric-average callbacks and a timing callback on rank 0."""
 
 import argparse
-import os
 from timeit import default_timer as timer
 
 import numpy as np

@@ -43,7 +43,7 @@ def benchmark_step(first_batch):
         loss = tf.losses.sparse_categorical_crossentropy(target, probs)
     tape = hvd.DistributedGradientTape(tape, compression=compression)
     gradients = tape.gradient(loss, model.trainable_variables)
-    opt.apply_gradients(zip(gradients, model.trainable_variables))
+    opt.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
     if first_batch:
         hvd.broadcast_variables(model.variables, root_rank=0)
         hvd.broadcast_variables(opt.variables, root_rank=0)

@@ -28,7 +28,7 @@ def mnist_dataset(batch_size):
 
 def build_and_compile_cnn_model():
     model = tf.keras.Sequential([
-        tf.keras.layers.InputLayer(input_shape=(28, 28)),
+        tf.keras.Input(shape=(28, 28)),
         tf.keras.layers.Reshape(target_shape=(28, 28, 1)),
         tf.keras.layers.Conv2D(8, 3, activation="relu"),
         tf.keras.layers.Flatten(),
