@@ -140,47 +140,18 @@ def is_homogeneous() -> bool:
     return len({hosts.count(host) for host in hosts}) <= 1
 
 
-# What this build was made with, as Horovod scripts ask it. tf_bps synchronises through
-# its own servers: no MPI, Gloo, NCCL, DDL, oneCCL, ROCm or SYCL is involved.
-def mpi_built() -> bool:
+# What this build was made with, as Horovod scripts ask it (GPU pinning, for example).
+# tf_bps synchronises through its own servers: no MPI, Gloo, NCCL, DDL, oneCCL, CUDA,
+# ROCm or SYCL is involved in this build.
+def _not_in_this_build() -> bool:
     return False
 
 
-def mpi_enabled() -> bool:
-    return False
-
-
-def mpi_threads_supported() -> bool:
-    return False
-
-
-def gloo_built() -> bool:
-    return False
-
-
-def gloo_enabled() -> bool:
-    return False
+mpi_built = mpi_enabled = mpi_threads_supported = _not_in_this_build
+gloo_built = gloo_enabled = ddl_built = ccl_built = _not_in_this_build
+cuda_built = rocm_built = sycl_built = _not_in_this_build
 
 
 def nccl_built() -> int:
+    """Horovod answers with the NCCL version, 0 when built without it."""
     return 0
-
-
-def ddl_built() -> bool:
-    return False
-
-
-def ccl_built() -> bool:
-    return False
-
-
-def cuda_built() -> bool:
-    return False
-
-
-def rocm_built() -> bool:
-    return False
-
-
-def sycl_built() -> bool:
-    return False
