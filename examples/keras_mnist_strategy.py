@@ -19,6 +19,7 @@ def main():
     parser.add_argument("--batch-size", type=int, default=128, help="global, over all replicas")
     args = parser.parse_args()
 
+    keras.utils.set_random_seed(0)  # Reproducible runs: rank 0's initial weights reach all.
     strategy = bps.ParameterServerStrategy()
     (x_train, y_train), (x_test, y_test), source = mnist_data.load()
     if bps.rank() == 0:

@@ -88,7 +88,8 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
             if factor != 1.0:
                 raise ValueError(f"{argument}={factor!r} is not supported for tf.IndexedSlices")
         with _placed(device_sparse):
-            return _allreduce_indexed_slices(tensor, name or "IndexedSlices", reduce_op)
+            name = name or _default_name("IndexedSlices", tensor.values)
+            return _allreduce_indexed_slices(tensor, name, reduce_op)
     with _placed(device_dense):
         tensor = _scale(tf.convert_to_tensor(tensor), prescale_factor, "prescale_factor")
         reduced = push_pull(tensor, name=name, compression=compression, op=reduce_op)
