@@ -20,24 +20,42 @@ _library = tf.load_op_library(str(core.native_library("_bps_tf_ops")))
 
 
 class ReduceOp(enum.IntEnum):
-    """How push_pull combines the workers' tensors (values are the kernel's attr)."""
+    """How push_pull combines the workers' tensors; Horovod's values, so that code
+    comparing or passing them as integers keeps working."""
 
-    Sum = 0
-    Average = 1
+    Average = 0
+    Sum = 1
+    Adasum = 2
+    Min = 3
+    Max = 4
+    Product = 5
 
 
-Sum = ReduceOp.Sum
 Average = ReduceOp.Average
+Sum = ReduceOp.Sum
+Adasum = ReduceOp.Adasum
+Min = ReduceOp.Min
+Max = ReduceOp.Max
+Product = ReduceOp.Product
+
+# The kernel's reduce_op attribute (the core's values).
+_CORE_REDUCE_OP = {Sum: 0, Average: 1, Min: 2, Max: 3, Product: 4}
 
 
-def _resolve_op(average: bool | None, op: ReduceOp | None) -> ReduceOp:
+def _resolve_op(average: bool | None, op) -> ReduceOp:
     if op is not None and average is not None:
         raise ValueError("push_pull takes either `average` or `op`, not both")
-    if op is not None:
-        if op not in (Sum, Average):
-            raise ValueError(f"push_pull op must be bps.Sum or bps.Average, got {op!r}")
-        return ReduceOp(op)
-    return Sum if average is False else Average
+    if op is None:
+        return Sum if average is False else Average
+    try:
+        op = ReduceOp(op)
+    except ValueError:
+        raise ValueError(f"op={op!r} is not a reduce op: use bps.Average, bps.Sum, bps.Min, "
+                         "bps.Max or bps.Product") from None
+    if op == Adasum:
+        raise ValueError("op=bps.Adasum is not supported by tf_bps: its servers reduce with "
+                         "Average, Sum, Min, Max or Product")
+    return op
 
 
 def _default_name(prefix: str, tensor: tf.Tensor) -> str:
@@ -48,26 +66,45 @@ def _default_name(prefix: str, tensor: tf.Tensor) -> str:
     call order under a name made of their dtype and shape: a loop reuses its keys.
     """
     if tf.executing_eagerly():
-        dims = "x".join(str(d) for d in tensor.shape.as_list()) or "scalar"
-        return f"{prefix}.eager.{tensor.dtype.name}.{dims}"
+        # One name per kind: the core numbers the calls (rounds), so the k-th unnamed
+        # call of every worker meets the others' k-th, and a shape or dtype that
+        # differs between workers is reported at once instead of waiting forever.
+        return f"{prefix}.eager"
     return tf.compat.v1.get_default_graph().unique_name(prefix)
 
 
-def _push_pull(tensor: tf.Tensor, name: str, op: ReduceOp) -> tf.Tensor:
-    return _library.byteps_push_pull(tensor, tensor_name=name, reduce_op=int(op))
+def _push_pull(tensor: tf.Tensor, name: str, op: ReduceOp, prescale_factor=1.0,
+               postscale_factor=1.0) -> tf.Tensor:
+    return _library.byteps_push_pull(tensor, tensor_name=name,
+                                     reduce_op=_CORE_REDUCE_OP[ReduceOp(op)],
+                                     prescale_factor=prescale_factor,
+                                     postscale_factor=postscale_factor)
 
 
 def push_pull(tensor, average: bool | None = None, name: str | None = None,
-              compression=Compression.none, op: ReduceOp | None = None) -> tf.Tensor:
-    """Sums or averages `tensor` across all workers (default: average).
+              compression=Compression.none, op: ReduceOp | None = None,
+              prescale_factor=1.0, postscale_factor=1.0) -> tf.Tensor:
+    """Reduces `tensor` across all workers (default: average).
 
-    Workers match tensors by `name`; without one a stable name is derived.
+    `op` is bps.Average, Sum, Min, Max or Product. Workers match tensors by `name`;
+    without one a stable name is derived. `prescale_factor` multiplies each worker's
+    tensor before the reduction and `postscale_factor` the result.
     """
     reduce_op = _resolve_op(average, op)
     tensor = tf.convert_to_tensor(tensor)
-    compressed, context = compression.compress(tensor)
-    name = name or _default_name("PushPull", compressed)
-    return compression.decompress(_push_pull(compressed, name, reduce_op), context)
+    for argument, factor in (("prescale_factor", prescale_factor),
+                             ("postscale_factor", postscale_factor)):
+        if not isinstance(factor, (int, float)):
+            raise ValueError(f"{argument}={factor!r} must be a number")
+    if compression is not Compression.none:
+        # Scale the full-precision values; the wire carries the compressed ones.
+        tensor = _scale(tensor, prescale_factor)
+        compressed, context = compression.compress(tensor)
+        name = name or _default_name("PushPull", compressed)
+        reduced = compression.decompress(_push_pull(compressed, name, reduce_op), context)
+        return _scale(reduced, postscale_factor)
+    name = name or _default_name("PushPull", tensor)
+    return _push_pull(tensor, name, reduce_op, float(prescale_factor), float(postscale_factor))
 
 
 def allreduce(tensor, average=None, device_dense="", device_sparse="",
@@ -91,9 +128,8 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
             name = name or _default_name("IndexedSlices", tensor.values)
             return _allreduce_indexed_slices(tensor, name, reduce_op)
     with _placed(device_dense):
-        tensor = _scale(tf.convert_to_tensor(tensor), prescale_factor, "prescale_factor")
-        reduced = push_pull(tensor, name=name, compression=compression, op=reduce_op)
-        return _scale(reduced, postscale_factor, "postscale_factor")
+        return push_pull(tensor, name=name, compression=compression, op=reduce_op,
+                         prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
 
 def _placed(device: str):
@@ -101,13 +137,13 @@ def _placed(device: str):
     return tf.device(device) if device else contextlib.nullcontext()
 
 
-def _scale(tensor: tf.Tensor, factor, argument: str) -> tf.Tensor:
+def _scale(tensor: tf.Tensor, factor) -> tf.Tensor:
+    """tensor * factor; integers are scaled in float64 and truncated, as the core does."""
     if isinstance(factor, (int, float)) and factor == 1:
         return tensor
-    if not (tensor.dtype.is_floating or tensor.dtype.is_complex):
-        raise ValueError(f"{argument}={factor!r} needs a floating-point tensor, not "
-                         f"{tensor.dtype.name}")
-    return tensor * tf.cast(factor, tensor.dtype)
+    if tensor.dtype.is_floating or tensor.dtype.is_complex:
+        return tensor * tf.cast(factor, tensor.dtype)
+    return tf.cast(tf.cast(tensor, tf.float64) * factor, tensor.dtype)
 
 
 def _allreduce_indexed_slices(grad: tf.IndexedSlices, name: str, op) -> tf.IndexedSlices:
@@ -119,51 +155,66 @@ def _allreduce_indexed_slices(grad: tf.IndexedSlices, name: str, op) -> tf.Index
     return tf.IndexedSlices(values, indices, dense_shape=grad.dense_shape)
 
 
+def _attr_name(op) -> str:
+    name = op.get_attr("tensor_name")
+    return name.decode() if isinstance(name, bytes) else name
+
+
+_REDUCE_OP_OF_CORE = {core: op for op, core in _CORE_REDUCE_OP.items()}
+
+
 @tf.RegisterGradient("BytepsPushPull")
 def _push_pull_gradient(op, grad):
-    """The gradient of a sum (or mean) over workers is the sum (or mean) of the
-    workers' gradients."""
-    name = op.get_attr("tensor_name")
-    if isinstance(name, bytes):
-        name = name.decode()
-    return _push_pull(grad, f"{name}.grad", ReduceOp(op.get_attr("reduce_op")))
+    """Horovod's definition: the gradient of a sum (or average) over workers is the
+    same reduction, with the same scale factors, of the workers' gradients."""
+    reduce_op = _REDUCE_OP_OF_CORE[op.get_attr("reduce_op")]
+    if reduce_op not in (Sum, Average):
+        raise NotImplementedError(f"the gradient of a {reduce_op.name} push_pull is not "
+                                  "defined (Horovod defines it for Sum and Average only)")
+    return _push_pull(grad, f"{_attr_name(op)}.grad", reduce_op,
+                      op.get_attr("prescale_factor"), op.get_attr("postscale_factor"))
+
+
+@tf.RegisterGradient("BytepsBroadcast")
+def _broadcast_gradient(op, grad):
+    """Horovod's definition: the root receives the sum of every worker's gradient,
+    the other ranks zeros (their input did not affect the result)."""
+    summed = _push_pull(grad, f"{_attr_name(op)}.grad", Sum)
+    if basics.rank() != op.get_attr("root_rank"):
+        return summed * 0
+    return summed
+
+
+@tf.RegisterGradient("BytepsAllgather")
+def _allgather_gradient(op, grad):
+    """Horovod's definition: sum the gradient over workers, then each worker takes
+    the rows that its own input contributed."""
+    name = _attr_name(op)
+    summed = _push_pull(grad, f"{name}.grad", Sum)
+    rows = tf.shape(op.inputs[0], out_type=tf.int64)[:1]
+    all_rows = _library.byteps_allgather(rows, tensor_name=f"{name}.grad.rows")
+    return tf.split(summed, all_rows, axis=0, num=basics.size())[basics.rank()]
 
 
 def broadcast(tensor, root_rank: int, name: str | None = None) -> tf.Tensor:
-    """Every worker gets `root_rank`'s value of `tensor`."""
+    """Every worker gets `root_rank`'s value of `tensor`; only the root's data moves."""
     size = basics.size()
     if not 0 <= root_rank < size:
         raise ValueError(f"root_rank={root_rank} is not a rank of this job (size {size})")
     tensor = tf.convert_to_tensor(tensor)
-    name = f"Broadcast.{name}" if name else _default_name("Broadcast", tensor)
-    if size == 1:
-        return tf.identity(tensor)
-    wire = tf.cast(tensor, tf.int32) if tensor.dtype == tf.bool else tensor
-    # A sum where only the root contributes non-zeros is the root's value, exactly.
-    contribution = wire if basics.rank() == root_rank else tf.zeros_like(wire)
-    result = _push_pull(contribution, name, Sum)
-    return tf.cast(result, tf.bool) if tensor.dtype == tf.bool else result
+    name = name or _default_name("Broadcast", tensor)
+    return _library.byteps_broadcast(tensor, tensor_name=name, root_rank=root_rank)
 
 
 def allgather(tensor, name: str | None = None) -> tf.Tensor:
     """Concatenates every worker's `tensor` along the first axis, in rank order.
 
-    The first dimension may differ between workers. Built from two push_pulls: one
-    for the row counts, one where each worker fills only its own rows.
+    The first dimension may differ between workers; each worker's rows cross the
+    network once to a server and once back to every worker.
     """
     tensor = tf.convert_to_tensor(tensor)
-    size, rank = basics.size(), basics.rank()
-    if size == 1:
-        return tf.identity(tensor)
-    name = f"Allgather.{name}" if name else _default_name("Allgather", tensor)
-    rows = tf.shape(tensor, out_type=tf.int64)[0]
-    counts = _push_pull(tf.one_hot(rank, size, dtype=tf.int64) * rows, f"{name}.rows", Sum)
-    before = tf.reduce_sum(counts[:rank])
-    after = tf.reduce_sum(counts) - before - rows
-    padding = tf.concat([[[before, after]], tf.zeros([tf.rank(tensor) - 1, 2], tf.int64)], 0)
-    wire = tf.cast(tensor, tf.int32) if tensor.dtype == tf.bool else tensor
-    gathered = _push_pull(tf.pad(wire, padding), name, Sum)
-    return tf.cast(gathered, tf.bool) if tensor.dtype == tf.bool else gathered
+    name = name or _default_name("Allgather", tensor)
+    return _library.byteps_allgather(tensor, tensor_name=name)
 
 
 def _variable_name(variable) -> str:

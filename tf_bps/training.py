@@ -103,8 +103,7 @@ def synchronise_gradients(grads, names, options: SyncOptions = SyncOptions()):
                     results[index] = _allreduce_indexed_slices(grad, name, options.op)
                 continue
             grad = tf.convert_to_tensor(grad)
-        compressed, context = options.compression.compress(_scale(grad, prescale,
-                                                                    "prescale_factor"))
+        compressed, context = options.compression.compress(_scale(grad, prescale))
         dense_index.append(index)
         dense_tensors.append(compressed)
         dense_names.append(name)
@@ -117,8 +116,7 @@ def synchronise_gradients(grads, names, options: SyncOptions = SyncOptions()):
                 summed = [_push_pull(t, n, op) for t, n in zip(dense_tensors, dense_names,
                                                                 strict=True)]
         for index, tensor, context in zip(dense_index, summed, contexts, strict=True):
-            results[index] = _scale(options.compression.decompress(tensor, context), postscale,
-                                    "postscale_factor")
+            results[index] = _scale(options.compression.decompress(tensor, context), postscale)
     return results
 
 

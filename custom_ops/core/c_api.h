@@ -1,4 +1,6 @@
-/* C API of the tf_bps core, loaded by Python through ctypes. Functions returning int
+/* C API of the tf_bps core: the only entry point of framework adapters (the
+ * TensorFlow kernels) and of the Python binding. Plain C types only, so that
+ * libraries built with other compiler flags can call it. Functions returning int
  * return 0 on success and -1 on failure; bps_last_error() then holds the message. */
 #ifndef TF_BPS_CORE_C_API_H_
 #define TF_BPS_CORE_C_API_H_
@@ -19,6 +21,32 @@ void bps_worker_abort(const char* reason);
 /* Copies why the worker failed (a server died, say; empty when healthy) into buf. */
 int bps_worker_failure(char* buf, int capacity);
 void bps_worker_shutdown(void);
+
+/* One collective on one tensor. Values of kind: 1 push_pull, 2 broadcast,
+ * 3 allgather; dtype, reduce_op and error kinds: the core's enums (common.h). */
+typedef struct bps_op {
+  const char* name; /* stable across workers and steps; copied */
+  int kind;
+  int dtype;
+  int reduce_op; /* push_pull: 0 sum, 1 average, 2 min, 3 max, 4 product */
+  int root_rank; /* broadcast */
+  double prescale;
+  double postscale;
+  int ndims;
+  const long long* shape; /* copied */
+  const void* input;
+  void* output; /* allgather: NULL, the core asks for it through bps_allocate_fn */
+  unsigned long long bytes; /* of the input */
+} bps_op;
+
+/* Returns the output buffer for the shape (an allgather's), or NULL if it cannot. */
+typedef void* (*bps_allocate_fn)(void* ctx, const long long* shape, int ndims);
+/* error_kind 0 is success; otherwise message says what failed (valid during the call). */
+typedef void (*bps_done_fn)(void* ctx, int error_kind, const char* message);
+
+/* Asynchronous: `done` runs exactly once, on a core thread or before this returns.
+ * input/output must stay valid until then. */
+void bps_enqueue(const bps_op* op, bps_allocate_fn allocate, bps_done_fn done, void* ctx);
 
 /* Server: an opaque handle; the failure descriptor turns readable on a fatal error. */
 /* Listens first (port 0: any free port) so the port can be registered with the

@@ -4,7 +4,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -18,39 +17,58 @@ enum class DataType : uint8_t {
   kFloat64 = 4,
   kInt32 = 5,
   kInt64 = 6,
+  kUint8 = 7,
+  kInt8 = 8,
+  kUint16 = 9,
+  kInt16 = 10,
+  kBool = 11,  // One byte per element, 0 or 1.
 };
 
 size_t DataTypeSize(DataType dtype);
 const char* DataTypeName(DataType dtype);
 bool IsValidDataType(uint8_t value);
 
-enum class ReduceOp : uint8_t { kSum = 0, kAverage = 1 };
+// Wire values too. Average is a sum on the servers, divided by the size on the worker.
+enum class ReduceOp : uint8_t { kSum = 0, kAverage = 1, kMin = 2, kMax = 3, kProduct = 4 };
 
-// A result that either succeeded or carries a message meant for the user.
+const char* ReduceOpName(ReduceOp op);
+bool IsValidReduceOp(uint8_t value);
+
+// Why an operation failed, so that adapters can raise the matching error class
+// (TensorFlow: InvalidArgument, FailedPrecondition, Unavailable, Aborted, ...).
+// Wire values: servers send them in error frames.
+enum class ErrorKind : uint8_t {
+  kOk = 0,
+  kInvalidArgument = 1,  // The caller's input is unusable.
+  kMismatch = 2,         // Workers disagree on a tensor's shape, dtype, root, op, ...
+  kPeerGone = 3,         // A server or worker died or closed its connection.
+  kAborted = 4,          // The round was abandoned (another worker failed, stale round).
+  kTimeout = 5,          // BYTEPS_OP_TIMEOUT passed.
+  kInternal = 6,         // A bug or a malformed peer.
+  kShutdown = 7,         // tf_bps is not initialised or was shut down.
+};
+
+const char* ErrorKindName(ErrorKind kind);
+
+// A result that either succeeded or carries a kind and a message meant for the user.
 class Status {
  public:
   static Status OK() { return Status(); }
-  static Status Error(std::string message) { return Status(std::move(message)); }
-  bool ok() const { return message_.empty(); }
+  static Status Error(std::string message) { return Error(ErrorKind::kInternal, std::move(message)); }
+  static Status Error(ErrorKind kind, std::string message) {
+    return Status(kind == ErrorKind::kOk ? ErrorKind::kInternal : kind, std::move(message));
+  }
+  bool ok() const { return kind_ == ErrorKind::kOk; }
+  ErrorKind kind() const { return kind_; }
   const std::string& message() const { return message_; }
+  // The same kind, the message extended (say, with the tensor's name).
+  Status WithSuffix(const std::string& suffix) const { return Status(kind_, message_ + suffix); }
 
  private:
   Status() = default;
-  explicit Status(std::string message) : message_(std::move(message)) {}
+  Status(ErrorKind kind, std::string message) : kind_(kind), message_(std::move(message)) {}
+  ErrorKind kind_ = ErrorKind::kOk;
   std::string message_;
-};
-
-using DoneCallback = std::function<void(const Status&)>;
-
-// What a framework adapter hands to the core: borrowed memory plus metadata.
-// `input` must stay valid and unchanged, and `output` writable, until `done` runs.
-// `input` and `output` may alias (the op then works in place).
-struct TensorView {
-  DataType dtype;
-  std::vector<int64_t> shape;
-  const void* input;
-  void* output;
-  size_t bytes;
 };
 
 // One partition of one tensor: what a server sums and a worker waits for.

@@ -1,5 +1,6 @@
 #include "reduce.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -15,65 +16,96 @@ namespace bps {
 namespace {
 
 // bfloat16 is the upper half of a float32; converting back rounds to nearest even.
-inline float BFloat16ToFloat(uint16_t value) {
-  uint32_t bits = static_cast<uint32_t>(value) << 16;
+struct BFloat16 {
+  uint16_t bits;
+};
+
+inline float ToFloat(BFloat16 value) {
+  uint32_t bits = static_cast<uint32_t>(value.bits) << 16;
   float out;
   std::memcpy(&out, &bits, sizeof(out));
   return out;
 }
 
-inline uint16_t FloatToBFloat16(float value) {
+inline BFloat16 FromFloat(float value, BFloat16) {
   uint32_t bits;
   std::memcpy(&bits, &value, sizeof(bits));
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);  // NaN
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return {static_cast<uint16_t>((bits >> 16) | 0x40)};
   bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
+  return {static_cast<uint16_t>(bits >> 16)};
 }
 
+// Half precision computes in float, as TensorFlow's CPU kernels do.
+inline float ToFloat(_Float16 value) { return static_cast<float>(value); }
+inline _Float16 FromFloat(float value, _Float16) { return static_cast<_Float16>(value); }
+
+// How a storage type computes: itself, or float for the 16-bit floats.
 template <typename T>
-BPS_VECTORISE void SumLoop(T* __restrict dst, const T* __restrict src, size_t count) {
-  for (size_t i = 0; i < count; ++i) dst[i] += src[i];
-}
+struct Arith {
+  using Compute = T;
+  static Compute In(T value) { return value; }
+  static T Out(Compute value) { return value; }
+};
+template <>
+struct Arith<_Float16> {
+  using Compute = float;
+  static float In(_Float16 value) { return ToFloat(value); }
+  static _Float16 Out(float value) { return FromFloat(value, _Float16{}); }
+};
+template <>
+struct Arith<BFloat16> {
+  using Compute = float;
+  static float In(BFloat16 value) { return ToFloat(value); }
+  static BFloat16 Out(float value) { return FromFloat(value, BFloat16{}); }
+};
 
-template <typename T>
-BPS_VECTORISE void SumOfLoop(T* __restrict dst, const T* __restrict a, const T* __restrict b,
-                             size_t count) {
-  for (size_t i = 0; i < count; ++i) dst[i] = a[i] + b[i];
-}
+struct SumOp {
+  template <typename C>
+  static C Apply(C a, C b) { return a + b; }
+};
+struct MinOp {
+  template <typename C>
+  static C Apply(C a, C b) { return std::min(a, b); }
+};
+struct MaxOp {
+  template <typename C>
+  static C Apply(C a, C b) { return std::max(a, b); }
+};
+struct ProductOp {
+  template <typename C>
+  static C Apply(C a, C b) { return a * b; }
+};
 
-BPS_VECTORISE void SumOfHalf(_Float16* __restrict dst, const _Float16* __restrict a,
-                             const _Float16* __restrict b, size_t count) {
-  for (size_t i = 0; i < count; ++i)
-    dst[i] = static_cast<_Float16>(static_cast<float>(a[i]) + static_cast<float>(b[i]));
-}
-
-BPS_VECTORISE void SumOfBFloat16(uint16_t* __restrict dst, const uint16_t* __restrict a,
-                                 const uint16_t* __restrict b, size_t count) {
-  for (size_t i = 0; i < count; ++i)
-    dst[i] = FloatToBFloat16(BFloat16ToFloat(a[i]) + BFloat16ToFloat(b[i]));
-}
-
-BPS_VECTORISE void SumHalf(_Float16* __restrict dst, const _Float16* __restrict src,
-                           size_t count) {
-  for (size_t i = 0; i < count; ++i)
-    dst[i] = static_cast<_Float16>(static_cast<float>(dst[i]) + static_cast<float>(src[i]));
-}
-
-BPS_VECTORISE void SumBFloat16(uint16_t* __restrict dst, const uint16_t* __restrict src,
+template <typename T, typename Op>
+BPS_VECTORISE void CombineLoop(T* __restrict dst, const T* __restrict a, const T* __restrict b,
                                size_t count) {
-  for (size_t i = 0; i < count; ++i)
-    dst[i] = FloatToBFloat16(BFloat16ToFloat(dst[i]) + BFloat16ToFloat(src[i]));
+  using A = Arith<T>;
+  for (size_t i = 0; i < count; ++i) dst[i] = A::Out(Op::Apply(A::In(a[i]), A::In(b[i])));
 }
 
-// Multiplying by the reciprocal is several times cheaper than dividing and differs
-// from division by at most one unit in the last place (Horovod scales the same way).
-template <typename T>
-BPS_VECTORISE void ScaleFloatLoop(T* buf, size_t count, T factor) {
-  for (size_t i = 0; i < count; ++i) buf[i] *= factor;
+// In place: dst is also the first operand, so it cannot be declared __restrict with it.
+template <typename T, typename Op>
+BPS_VECTORISE void CombineIntoLoop(T* __restrict dst, const T* __restrict src, size_t count) {
+  using A = Arith<T>;
+  for (size_t i = 0; i < count; ++i) dst[i] = A::Out(Op::Apply(A::In(dst[i]), A::In(src[i])));
 }
 
 template <typename T>
-void DivideIntLoop(T* buf, size_t count, T divisor) {
+BPS_VECTORISE void ScaleLoop(T* buf, size_t count, double factor) {
+  using A = Arith<T>;
+  using C = typename A::Compute;
+  if constexpr (std::is_floating_point_v<C>) {
+    // Multiplying by the reciprocal is several times cheaper than dividing and differs
+    // from division by at most one unit in the last place (Horovod scales the same way).
+    const C f = static_cast<C>(factor);
+    for (size_t i = 0; i < count; ++i) buf[i] = A::Out(A::In(buf[i]) * f);
+  } else {
+    for (size_t i = 0; i < count; ++i) buf[i] = static_cast<T>(static_cast<double>(buf[i]) * factor);
+  }
+}
+
+template <typename T>
+void FloorDivideLoop(T* buf, size_t count, T divisor) {
   for (size_t i = 0; i < count; ++i) {
     T q = buf[i] / divisor;
     if ((buf[i] % divisor != 0) && ((buf[i] < 0) != (divisor < 0))) --q;
@@ -81,91 +113,90 @@ void DivideIntLoop(T* buf, size_t count, T divisor) {
   }
 }
 
-BPS_VECTORISE void ScaleHalf(_Float16* buf, size_t count, float factor) {
-  for (size_t i = 0; i < count; ++i)
-    buf[i] = static_cast<_Float16>(static_cast<float>(buf[i]) * factor);
+// Calls fn(T{}) with T the storage type of `dtype`; bool is never dispatched here.
+template <typename Fn>
+void Dispatch(DataType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DataType::kFloat16:
+      return fn(_Float16{});
+    case DataType::kBFloat16:
+      return fn(BFloat16{});
+    case DataType::kFloat32:
+      return fn(float{});
+    case DataType::kFloat64:
+      return fn(double{});
+    case DataType::kInt32:
+      return fn(int32_t{});
+    case DataType::kInt64:
+      return fn(int64_t{});
+    case DataType::kUint8:
+      return fn(uint8_t{});
+    case DataType::kInt8:
+      return fn(int8_t{});
+    case DataType::kUint16:
+      return fn(uint16_t{});
+    case DataType::kInt16:
+      return fn(int16_t{});
+    case DataType::kBool:
+      return;
+  }
 }
 
-BPS_VECTORISE void ScaleBFloat16(uint16_t* buf, size_t count, float factor) {
-  for (size_t i = 0; i < count; ++i) buf[i] = FloatToBFloat16(BFloat16ToFloat(buf[i]) * factor);
+template <typename T>
+void Combine(ReduceOp op, T* dst, const T* a, const T* b, size_t count) {
+  const bool in_place = dst == a;
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage:
+      return in_place ? CombineIntoLoop<T, SumOp>(dst, b, count)
+                      : CombineLoop<T, SumOp>(dst, a, b, count);
+    case ReduceOp::kMin:
+      return in_place ? CombineIntoLoop<T, MinOp>(dst, b, count)
+                      : CombineLoop<T, MinOp>(dst, a, b, count);
+    case ReduceOp::kMax:
+      return in_place ? CombineIntoLoop<T, MaxOp>(dst, b, count)
+                      : CombineLoop<T, MaxOp>(dst, a, b, count);
+    case ReduceOp::kProduct:
+      return in_place ? CombineIntoLoop<T, ProductOp>(dst, b, count)
+                      : CombineLoop<T, ProductOp>(dst, a, b, count);
+  }
 }
 
 }  // namespace
 
-void SumInto(DataType dtype, void* dst, const void* src, size_t count) {
-  switch (dtype) {
-    case DataType::kFloat16:
-      SumHalf(static_cast<_Float16*>(dst), static_cast<const _Float16*>(src), count);
-      return;
-    case DataType::kBFloat16:
-      SumBFloat16(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), count);
-      return;
-    case DataType::kFloat32:
-      SumLoop(static_cast<float*>(dst), static_cast<const float*>(src), count);
-      return;
-    case DataType::kFloat64:
-      SumLoop(static_cast<double*>(dst), static_cast<const double*>(src), count);
-      return;
-    case DataType::kInt32:
-      SumLoop(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), count);
-      return;
-    case DataType::kInt64:
-      SumLoop(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), count);
-      return;
-  }
+bool CanReduce(DataType dtype) { return dtype != DataType::kBool; }
+
+void ReduceInto(ReduceOp op, DataType dtype, void* dst, const void* src, size_t count) {
+  ReduceOf(op, dtype, dst, dst, src, count);
 }
 
-void SumOf(DataType dtype, void* dst, const void* a, const void* b, size_t count) {
-  switch (dtype) {
-    case DataType::kFloat16:
-      SumOfHalf(static_cast<_Float16*>(dst), static_cast<const _Float16*>(a),
-                static_cast<const _Float16*>(b), count);
-      return;
-    case DataType::kBFloat16:
-      SumOfBFloat16(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a),
-                    static_cast<const uint16_t*>(b), count);
-      return;
-    case DataType::kFloat32:
-      SumOfLoop(static_cast<float*>(dst), static_cast<const float*>(a),
-                static_cast<const float*>(b), count);
-      return;
-    case DataType::kFloat64:
-      SumOfLoop(static_cast<double*>(dst), static_cast<const double*>(a),
-                static_cast<const double*>(b), count);
-      return;
-    case DataType::kInt32:
-      SumOfLoop(static_cast<int32_t*>(dst), static_cast<const int32_t*>(a),
-                static_cast<const int32_t*>(b), count);
-      return;
-    case DataType::kInt64:
-      SumOfLoop(static_cast<int64_t*>(dst), static_cast<const int64_t*>(a),
-                static_cast<const int64_t*>(b), count);
-      return;
-  }
+void ReduceOf(ReduceOp op, DataType dtype, void* dst, const void* a, const void* b,
+              size_t count) {
+  Dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    Combine<T>(op, static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b),
+               count);
+  });
 }
 
 void DivideInPlace(DataType dtype, void* buf, size_t count, int divisor) {
   if (divisor == 1) return;
-  switch (dtype) {
-    case DataType::kFloat16:
-      ScaleHalf(static_cast<_Float16*>(buf), count, 1.0f / static_cast<float>(divisor));
-      return;
-    case DataType::kBFloat16:
-      ScaleBFloat16(static_cast<uint16_t*>(buf), count, 1.0f / static_cast<float>(divisor));
-      return;
-    case DataType::kFloat32:
-      ScaleFloatLoop(static_cast<float*>(buf), count, 1.0f / static_cast<float>(divisor));
-      return;
-    case DataType::kFloat64:
-      ScaleFloatLoop(static_cast<double*>(buf), count, 1.0 / static_cast<double>(divisor));
-      return;
-    case DataType::kInt32:
-      DivideIntLoop(static_cast<int32_t*>(buf), count, static_cast<int32_t>(divisor));
-      return;
-    case DataType::kInt64:
-      DivideIntLoop(static_cast<int64_t*>(buf), count, static_cast<int64_t>(divisor));
-      return;
-  }
+  Dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_integral_v<T>) {
+      FloorDivideLoop(static_cast<T*>(buf), count, static_cast<T>(divisor));
+    } else {
+      ScaleLoop(static_cast<T*>(buf), count, 1.0 / divisor);
+    }
+  });
+}
+
+void ScaleInPlace(DataType dtype, void* buf, size_t count, double factor) {
+  if (factor == 1.0) return;
+  Dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    ScaleLoop(static_cast<T*>(buf), count, factor);
+  });
 }
 
 }  // namespace bps

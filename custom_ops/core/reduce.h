@@ -1,5 +1,5 @@
-// Element-wise arithmetic on raw buffers: the server sums pushes with it and the
-// worker averages pulled partitions with it. Vectorised per CPU at load time.
+// Element-wise arithmetic on raw buffers: servers reduce pushes with it and workers
+// scale results with it. Vectorised per CPU at load time.
 #ifndef TF_BPS_CORE_REDUCE_H_
 #define TF_BPS_CORE_REDUCE_H_
 
@@ -9,15 +9,21 @@
 
 namespace bps {
 
-// dst[i] += src[i] for `count` elements of `dtype`.
-void SumInto(DataType dtype, void* dst, const void* src, size_t count);
+// Whether `op` can combine elements of `dtype` (bool has no arithmetic).
+bool CanReduce(DataType dtype);
 
-// dst[i] = a[i] + b[i]: summing two shared-memory inputs reads each once.
-void SumOf(DataType dtype, void* dst, const void* a, const void* b, size_t count);
+// dst[i] = op(dst[i], src[i]) for `count` elements; Average combines as a sum.
+void ReduceInto(ReduceOp op, DataType dtype, void* dst, const void* src, size_t count);
+
+// dst[i] = op(a[i], b[i]): combining two shared-memory inputs reads each once.
+void ReduceOf(ReduceOp op, DataType dtype, void* dst, const void* a, const void* b, size_t count);
 
 // buf[i] /= divisor; floats multiply by the reciprocal, integer types use floor
 // division as numpy and TensorFlow do.
 void DivideInPlace(DataType dtype, void* buf, size_t count, int divisor);
+
+// buf[i] *= factor (prescale / postscale); integers round toward zero, as a cast does.
+void ScaleInPlace(DataType dtype, void* buf, size_t count, double factor);
 
 }  // namespace bps
 

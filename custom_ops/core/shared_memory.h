@@ -15,16 +15,9 @@
 #include <vector>
 
 #include "common.h"
+#include "protocol.h"
 
 namespace bps {
-
-// Where a partition's bytes lie in the sender's arenas (payload of kPushShm/kReplyShm).
-struct ShmLocation {
-  uint32_t arena = 0;
-  uint32_t reserved = 0;
-  uint64_t offset = 0;
-  uint64_t length = 0;
-};
 
 class SharedArena {
  public:

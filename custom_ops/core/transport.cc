@@ -210,43 +210,6 @@ Status ListenTcp(int port, int* fd_out, int* bound_port) {
   return Status::OK();
 }
 
-std::string EncodeDeclaration(const Declaration& declaration) {
-  std::string out;
-  uint32_t name_length = static_cast<uint32_t>(declaration.name.size());
-  uint32_t rank = static_cast<uint32_t>(declaration.shape.size());
-  out.append(reinterpret_cast<const char*>(&name_length), sizeof(name_length));
-  out.append(declaration.name);
-  out.push_back(static_cast<char>(declaration.dtype));
-  out.append(reinterpret_cast<const char*>(&rank), sizeof(rank));
-  out.append(reinterpret_cast<const char*>(declaration.shape.data()), rank * sizeof(int64_t));
-  return out;
-}
-
-bool DecodeDeclaration(const std::string& payload, Declaration* declaration) {
-  size_t pos = 0;
-  auto take = [&](void* dst, size_t bytes) {
-    if (pos + bytes > payload.size()) return false;
-    std::memcpy(dst, payload.data() + pos, bytes);
-    pos += bytes;
-    return true;
-  };
-  uint32_t name_length = 0, rank = 0;
-  uint8_t dtype = 0;
-  if (!take(&name_length, sizeof(name_length)) || pos + name_length > payload.size()) return false;
-  declaration->name.assign(payload.data() + pos, name_length);
-  pos += name_length;
-  if (!take(&dtype, 1) || !IsValidDataType(dtype) || !take(&rank, sizeof(rank))) return false;
-  declaration->dtype = static_cast<DataType>(dtype);
-  declaration->shape.resize(rank);
-  return take(declaration->shape.data(), rank * sizeof(int64_t)) && pos == payload.size();
-}
-
-uint64_t TensorSignature(DataType dtype, const std::vector<int64_t>& shape) {
-  uint8_t tag = static_cast<uint8_t>(dtype);
-  uint64_t hash = StableHash(&tag, 1);
-  return StableHash(shape.data(), shape.size() * sizeof(int64_t), hash ^ shape.size());
-}
-
 namespace {
 
 socklen_t LocalAddress(int tcp_port, sockaddr_un* addr) {
@@ -288,16 +251,6 @@ Status ConnectLocal(int tcp_port, int send_timeout_ms, int* fd_out) {
   ConfigureSocket(fd, send_timeout_ms);
   *fd_out = fd;
   return Status::OK();
-}
-
-uint64_t StableHash(const void* data, size_t bytes, uint64_t seed) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  uint64_t hash = seed;
-  for (size_t i = 0; i < bytes; ++i) {
-    hash ^= p[i];
-    hash *= 1099511628211ULL;
-  }
-  return hash;
 }
 
 }  // namespace bps

@@ -1,6 +1,7 @@
-// Framed messages over TCP. A frame is a fixed header followed by `length` payload
-// bytes. Payloads are written straight from the caller's memory (writev) and read
-// straight into the caller's buffer, so tensor data is never staged in between.
+// Framed messages over sockets (TCP, or a Unix socket to a same-host peer). A frame
+// is a FrameHeader (protocol.h) followed by `length` payload bytes. Payloads are
+// written straight from the caller's memory (sendmsg) and read straight into the
+// caller's buffer, so tensor data is never staged in between.
 #ifndef TF_BPS_CORE_TRANSPORT_H_
 #define TF_BPS_CORE_TRANSPORT_H_
 
@@ -11,45 +12,11 @@
 #include <vector>
 
 #include "common.h"
+#include "protocol.h"
 
 namespace bps {
 
-enum class FrameType : uint8_t {
-  kHello = 1,    // worker -> server, first frame: `rank` identifies the worker.
-  kDeclare = 2,  // worker -> server: payload describes a tensor (name, dtype, shape).
-  kPush = 3,     // worker -> server: one partition's data for summation.
-  kReply = 4,    // server -> worker: the summed partition.
-  kError = 5,    // server -> worker: payload is a message; the partition failed.
-  kBye = 6,      // worker -> server: clean shutdown, no more pushes from this rank.
-  // Same-host peers (Unix socket) only:
-  kArena = 7,      // either way: a shared-memory arena; payload ArenaAnnouncement, fd attached.
-  kPushShm = 8,    // like kPush, but the data lies in the worker's arena (payload ShmLocation).
-  kReplyShm = 9,   // like kReply, but the sum lies in the server's arena (payload ShmLocation).
-};
-
-struct ArenaAnnouncement {
-  uint32_t index = 0;
-  uint32_t reserved = 0;
-  uint64_t size = 0;
-};
-
-constexpr uint32_t kFrameMagic = 0x31535042;  // "BPS1"
-
-// Fixed-size header; both ends are the same build on little-endian hosts.
-struct FrameHeader {
-  uint32_t magic = kFrameMagic;
-  uint8_t type = 0;
-  uint8_t dtype = 0;
-  uint16_t reserved = 0;
-  uint32_t rank = 0;       // sending worker's rank (worker -> server frames).
-  uint32_t part = 0;       // partition index within the tensor.
-  uint64_t tensor_id = 0;  // stable hash of the tensor's name.
-  uint64_t signature = 0;  // hash of dtype and shape; equal across workers or an error.
-  uint64_t length = 0;     // payload bytes that follow.
-};
-static_assert(sizeof(FrameHeader) == 40, "frame header layout is part of the wire format");
-
-// One TCP connection. Reads and writes may happen on different threads; writes
+// One socket connection. Reads and writes may happen on different threads; writes
 // from several threads must hold `write_mutex()`.
 class Connection {
  public:
@@ -93,20 +60,6 @@ Status ConnectLocal(int tcp_port, int send_timeout_ms, int* fd_out);
 
 // Tunes an accepted or connected socket for small-message latency.
 void ConfigureSocket(int fd, int send_timeout_ms);
-
-// A tensor's description, the payload of a kDeclare frame.
-struct Declaration {
-  std::string name;
-  DataType dtype;
-  std::vector<int64_t> shape;
-};
-std::string EncodeDeclaration(const Declaration& declaration);
-bool DecodeDeclaration(const std::string& payload, Declaration* declaration);
-// Equal signatures mean equal dtype and shape.
-uint64_t TensorSignature(DataType dtype, const std::vector<int64_t>& shape);
-
-// 64-bit FNV-1a: stable across processes and builds, used for tensor ids.
-uint64_t StableHash(const void* data, size_t bytes, uint64_t seed = 1469598103934665603ULL);
 
 }  // namespace bps
 

@@ -1,5 +1,5 @@
-// The worker side of the core: turns push_pull calls into partition pushes to the
-// summation servers and pulls the sums straight back into the output tensor.
+// The worker side of the core: turns tasks (push_pull, broadcast, allgather) into
+// partition pushes to the servers and pulls the results straight into the output.
 //
 // Stages (each its own thread, so partitions of one tensor and of many tensors overlap):
 //   caller thread  declare (name -> id, once) and partition, enqueue per server
@@ -23,6 +23,7 @@
 
 #include "common.h"
 #include "shared_memory.h"
+#include "task.h"
 #include "transport.h"
 
 namespace bps {
@@ -41,52 +42,14 @@ struct WorkerOptions {
   int timeout_ms = 300000;
 };
 
-// One push_pull of one tensor while it is in flight.
-class PushPullOp {
- public:
-  PushPullOp(std::string name, uint64_t tensor_id, TensorView view, ReduceOp op, int divisor,
-             int partitions, int timeout_ms, DoneCallback done);
-
-  const std::string& name() const { return name_; }
-  uint64_t tensor_id() const { return tensor_id_; }
-  const TensorView& view() const { return view_; }
-  ReduceOp reduce_op() const { return op_; }
-  int divisor() const { return divisor_; }
-  bool expired(std::chrono::steady_clock::time_point now) const { return now >= deadline_; }
-  int timeout_seconds() const { return timeout_ms_ / 1000; }
-
-  // I/O on the tensor's memory is bracketed so that a failure never completes the
-  // op (and lets the framework free the memory) while a thread still touches it.
-  bool BeginIo();
-  void EndIo();
-  void PartitionDone();
-  void Fail(const Status& status);
-
- private:
-  void MaybeFinishLocked(std::unique_lock<std::mutex>& lock);
-
-  const std::string name_;
-  const uint64_t tensor_id_;
-  const TensorView view_;
-  const ReduceOp op_;
-  const int divisor_;
-  const int timeout_ms_;
-  const std::chrono::steady_clock::time_point deadline_;
-  std::mutex mutex_;
-  int remaining_;
-  int active_io_ = 0;
-  bool failed_ = false;
-  bool done_called_ = false;
-  Status error_ = Status::OK();
-  DoneCallback done_;
-};
-
-// The unit of work in the push stage: one partition of one op bound for one server.
+// The unit of work in the push stage: one partition of one task bound for one server.
 struct PartitionTask {
-  std::shared_ptr<PushPullOp> op;
+  std::shared_ptr<Task> task;
   uint32_t part;
-  size_t offset;
-  size_t length;
+  size_t offset;              // of the partition in the tensor (input and output alike).
+  const char* data;           // what to push: `push_length` bytes (none for broadcast receivers).
+  size_t push_length;
+  size_t reply_length;        // bytes the server returns; allgather: known only then.
   uint64_t priority;          // lower goes first: declaration order, then partition index.
   uint64_t signature;
   std::string declare_frame;  // non-empty: describe the tensor to the server first.
@@ -111,20 +74,23 @@ class ServerLink {
 
   void Start();
   void Enqueue(PartitionTask task);
+  // Forgets `task`'s partitions still waiting here and tells the server this worker
+  // gave up their round, so no other worker's contribution waits for it in vain.
+  void Abandon(uint64_t tensor_id, uint32_t round, OpKind kind);
   // Sends Bye and closes; pending partitions are failed by the caller.
   void Close(int rank);
   void Join();
   // Fails every partition still waiting for its sum here.
-  void FailPending(const std::string& reason);
+  void FailPending(const Status& reason);
   void FailExpired(std::chrono::steady_clock::time_point now);
   std::string description() const;
 
  private:
   struct Pending {
-    std::shared_ptr<PushPullOp> op;
+    std::shared_ptr<Task> task;
     uint32_t part;
     size_t offset;
-    size_t length;
+    size_t reply_length;
   };
 
   void SendLoop();
@@ -132,7 +98,12 @@ class ServerLink {
   void ReceiveLoop();
   Status HandleReply(const FrameHeader& header);
   Status HandleArena();
-  std::shared_ptr<PushPullOp> TakePending(const FrameHeader& header, Pending* pending);
+  // The pending partition this frame answers; false for a stale or unknown round.
+  bool TakePending(const FrameHeader& header, Pending* pending);
+  // Reads an allgather result's row table and sizes the output from it.
+  Status PrepareAllgather(Task& task, const char* table, uint64_t length, size_t* data_bytes);
+  // Average and postscale on one received partition.
+  void FinishPartition(const Task& task, void* data, size_t bytes);
 
   Worker* const worker_;
   const int index_;
@@ -163,8 +134,9 @@ class Worker {
   ~Worker();
 
   Status Start();
-  // Asynchronous: `done` runs on a core thread once the output holds the result.
-  void PushPull(const TensorView& view, const std::string& name, ReduceOp op, DoneCallback done);
+  // Asynchronous: `done` runs once, on a core thread once the output holds the
+  // result, or inline when the task is refused.
+  void Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done);
   // Fails every in-flight and future operation with `reason` (a peer died, say).
   void Abort(const std::string& reason);
   void Stop();
@@ -175,17 +147,22 @@ class Worker {
   bool stopping() const { return stopping_.load(); }
   // Called by a link whose server vanished.
   void OnLinkFailure(const std::string& reason);
-  void OnOpFinished(const std::string& name);
 
  private:
   struct TensorEntry {
     uint64_t id;
     uint64_t order;
     uint64_t signature = 0;
+    uint32_t round = 0;  // of the latest task on this tensor
     bool in_flight = false;
   };
 
   void WatchdogLoop();
+  void OnTaskFinished(const std::string& name, OpKind kind, uint64_t tensor_id, uint32_t round,
+                      const Status& status);
+  // Splits a task into per-server partitions (declared where needed, prioritised).
+  void Dispatch(const std::shared_ptr<Task>& task, const TensorEntry& entry, bool declare,
+                size_t partition_bytes);
 
   const WorkerOptions options_;
   std::vector<std::unique_ptr<ServerLink>> links_;
@@ -194,7 +171,7 @@ class Worker {
   std::unordered_map<std::string, TensorEntry> registry_;
 
   std::mutex fatal_mutex_;
-  std::string fatal_reason_;
+  Status fatal_ = Status::OK();
 
   std::atomic<bool> stopping_{false};
   std::mutex watchdog_mutex_;

@@ -20,6 +20,7 @@ namespace {
 // bounds server memory to the sum buffers plus this many blocks per worker.
 constexpr int kMaxOutstandingPerWorker = 16;
 constexpr size_t kMaxPooledBlocks = 64;
+constexpr uint64_t kMaxDeclarationBytes = 1 << 20;
 
 }  // namespace
 
@@ -164,6 +165,10 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
       return;
     }
     if (type == FrameType::kDeclare) {
+      if (header.length > kMaxDeclarationBytes) {
+        status = Status::Error("an oversized tensor declaration");
+        break;
+      }
       std::string payload(header.length, '\0');
       status = conn.ReceivePayload(payload.data(), payload.size());
       if (!status.ok()) break;
@@ -191,11 +196,23 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
       if (!status.ok()) break;
       continue;
     }
-    if ((type != FrameType::kPush && type != FrameType::kPushShm) ||
-        !IsValidDataType(header.dtype)) {
-      status = Status::Error("unexpected frame type " + std::to_string(header.type) +
-                             " from worker rank " + std::to_string(rank));
+    const bool push = type == FrameType::kPush || type == FrameType::kPushShm;
+    if ((!push && type != FrameType::kAbandon) || !IsValidOpKind(header.op_kind) ||
+        (push && (!IsValidDataType(header.dtype) || !IsValidReduceOp(header.reduce_op))) ||
+        (type == FrameType::kAbandon && header.length != 0)) {
+      status = Status::Error("unexpected frame (type " + std::to_string(header.type) +
+                             ") from worker rank " + std::to_string(rank));
       break;
+    }
+    if (type == FrameType::kAbandon) {
+      PushItem item;
+      item.abandon = true;
+      item.tensor_id = header.tensor_id;
+      item.part = header.part;
+      item.round = header.round;
+      item.rank = rank;
+      Enqueue(std::move(item));
+      continue;
     }
     {
       std::unique_lock<std::mutex> lock(worker->mutex);
@@ -206,13 +223,7 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
     status = ReceivePush(worker.get(), header, &item);
     if (!status.ok()) break;
     item.rank = rank;  // The connection's rank, whatever the frame claims.
-    const PartitionKey key{item.tensor_id, item.part};
-    Engine* engine = engines_[PartitionKeyHash()(key) % engines_.size()].get();
-    {
-      std::lock_guard<std::mutex> lock(engine->mutex);
-      engine->queue.push_back(std::move(item));
-    }
-    engine->cv.notify_one();
+    Enqueue(std::move(item));
   }
   if (!stopping_) {
     SetFailure("worker rank " + std::to_string(rank) + " (" + conn.peer() +
@@ -220,11 +231,26 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
   }
 }
 
+void Server::Enqueue(PushItem item) {
+  // A key always goes to the same engine, so its state needs no lock.
+  const PartitionKey key{item.tensor_id, item.part};
+  Engine* engine = engines_[PartitionKeyHash()(key) % engines_.size()].get();
+  {
+    std::lock_guard<std::mutex> lock(engine->mutex);
+    engine->queue.push_back(std::move(item));
+  }
+  engine->cv.notify_one();
+}
+
 Status Server::ReceivePush(WorkerConn* worker, const FrameHeader& header, PushItem* item) {
   item->tensor_id = header.tensor_id;
   item->part = header.part;
+  item->round = header.round;
+  item->kind = static_cast<OpKind>(header.op_kind);
   item->dtype = header.dtype;
+  item->reduce_op = static_cast<ReduceOp>(header.reduce_op);
   item->signature = header.signature;
+  item->rows = header.rows;
   if (static_cast<FrameType>(header.type) == FrameType::kPush) {
     item->length = header.length;
     item->block = pool_.Acquire(header.length);
@@ -255,6 +281,10 @@ void Server::EngineLoop(Engine* engine) {
       FailRounds(engine, failure());
       continue;
     }
+    if (item.abandon) {  // Not counted as outstanding: it carries no data.
+      Process(engine, std::move(item));
+      continue;
+    }
     const uint32_t rank = item.rank;
     Process(engine, std::move(item));
     std::shared_ptr<WorkerConn> worker;
@@ -271,134 +301,269 @@ void Server::EngineLoop(Engine* engine) {
 }
 
 void Server::Process(Engine* engine, PushItem item) {
+  const PartitionKey id{item.tensor_id, item.part};
   if (failed_.load()) {
-    const std::string fatal = failure();
-    SendError(item.rank, item.tensor_id, item.part,
-              "the job is failing: " + fatal + " (tensor " + Describe(item.tensor_id, item.rank) +
-                  ")");
+    SendError(item.rank, id, item.round, ErrorKind::kPeerGone,
+              "the job is failing: " + failure() + " (tensor " +
+                  Describe(item.tensor_id, item.rank) + ")");
     pool_.Release(std::move(item.block));
     return;
   }
-  const PartitionKey id{item.tensor_id, item.part};
   KeyState& key = engine->keys[id];
-  if (key.contributors.empty()) {
-    if (item.shared) {
-      key.shared.push_back(item.shared);
-    } else {
-      key.sum = std::move(item.block);
-    }
-    key.length = item.length;
-    key.signature = item.signature;
-    key.dtype = item.dtype;
-    key.error.clear();
-  } else {
-    const bool repeated = std::find(key.contributors.begin(), key.contributors.end(),
-                                    item.rank) != key.contributors.end();
-    if (key.error.empty() && repeated) {
-      key.error = "worker rank " + std::to_string(item.rank) + " pushed partition " +
-                  std::to_string(item.part) + " of tensor " + Describe(item.tensor_id, item.rank) +
-                  " twice in one round";
-    } else if (key.error.empty() &&
-               (item.signature != key.signature || item.length != key.length)) {
-      key.error = MismatchMessage(item.tensor_id, key.contributors.front(), item.rank);
-      for (uint32_t earlier : key.contributors)
-        SendError(earlier, item.tensor_id, item.part, key.error);
-    }
-    if (key.error.empty()) {
-      if (item.shared) {
-        key.shared.push_back(item.shared);
-      } else if (!key.sum.data) {
-        key.sum = std::move(item.block);
-      } else {
-        SumInto(static_cast<DataType>(key.dtype), key.sum.data.get(), item.block.data.get(),
-                key.length / DataTypeSize(static_cast<DataType>(key.dtype)));
-      }
-    }
-    pool_.Release(std::move(item.block));
+  if (item.abandon) {
+    Abandon(id, &key, item);
+    return;
   }
+  const std::string round_text = "round " + std::to_string(item.round);
+  if (item.round == key.last_closed && !key.closed_error.empty()) {
+    // A late contributor to a round that failed hears the same reason as the others.
+    SendError(item.rank, id, item.round, key.closed_kind, key.closed_error);
+    pool_.Release(std::move(item.block));
+    return;
+  }
+  if (item.round <= key.last_closed) {
+    SendError(item.rank, id, item.round, ErrorKind::kAborted,
+              "worker rank " + std::to_string(item.rank) + " sent " + round_text + " of tensor " +
+                  Describe(item.tensor_id, item.rank) + " after round " +
+                  std::to_string(key.last_closed) + " had ended" +
+                  (key.closed_error.empty() ? "" : " (" + key.closed_error + ")") +
+                  "; it is refused so that no stale value reaches another round");
+    pool_.Release(std::move(item.block));
+    return;
+  }
+  if (key.active && item.round != key.round) {
+    const uint32_t newest = std::max(item.round, key.round);
+    FailRound(id, &key, ErrorKind::kAborted,
+              "workers are out of step on tensor " + Describe(item.tensor_id, item.rank) +
+                  ": worker rank " + std::to_string(key.contributors.front()) + " sent round " +
+                  std::to_string(key.round) + ", worker rank " + std::to_string(item.rank) +
+                  " sent " + round_text + " (an earlier operation on it failed on some worker)",
+              static_cast<int>(item.rank));
+    key.last_closed = newest;
+    pool_.Release(std::move(item.block));
+    return;
+  }
+  if (!key.active) {
+    key.active = true;
+    key.round = item.round;
+    key.kind = item.kind;
+    key.dtype = item.dtype;
+    key.reduce_op = item.reduce_op;
+    key.signature = item.signature;
+    key.length = item.length;
+    key.by_rank.clear();
+    if (item.kind != OpKind::kPushPull) key.by_rank.resize(num_workers_);
+  }
+  const bool repeated = std::find(key.contributors.begin(), key.contributors.end(), item.rank) !=
+                        key.contributors.end();
+  if (repeated) {
+    FailRound(id, &key, ErrorKind::kInternal,
+              "worker rank " + std::to_string(item.rank) + " sent partition " +
+                  std::to_string(item.part) + " of tensor " + Describe(item.tensor_id, item.rank) +
+                  " twice in " + round_text);
+    pool_.Release(std::move(item.block));
+    return;
+  }
+  const bool same_length = item.kind != OpKind::kPushPull || item.length == key.length;
+  if (item.signature != key.signature || item.kind != key.kind || item.dtype != key.dtype ||
+      !same_length) {
+    FailRound(id, &key, ErrorKind::kMismatch,
+              MismatchMessage(item.tensor_id, key.contributors.front(), item.rank),
+              static_cast<int>(item.rank));
+    pool_.Release(std::move(item.block));
+    return;
+  }
+  Accumulate(&key, &item);
   key.contributors.push_back(item.rank);
-  if (!key.error.empty()) SendError(item.rank, item.tensor_id, item.part, key.error);
 
   // A rank that already said Bye can never complete this round.
-  std::vector<uint32_t> gone;
+  int gone = -1;
   if (finished_count_.load() > 0) {
     std::lock_guard<std::mutex> lock(conns_mutex_);
-    for (int r = 0; r < num_workers_; ++r) {
+    for (int r = 0; r < num_workers_ && gone < 0; ++r) {
       if (finished_[r] && std::find(key.contributors.begin(), key.contributors.end(),
                                     static_cast<uint32_t>(r)) == key.contributors.end())
-        gone.push_back(static_cast<uint32_t>(r));
+        gone = r;
     }
   }
-  if (!gone.empty() && key.error.empty()) {
-    key.error = "worker rank " + std::to_string(gone.front()) +
-                " has already shut down, so tensor " + Describe(item.tensor_id, item.rank) +
-                " cannot be summed";
-    for (uint32_t r : key.contributors) SendError(r, item.tensor_id, item.part, key.error);
-  }
-
-  if (key.contributors.size() + gone.size() < static_cast<size_t>(num_workers_) &&
-      gone.empty())
+  if (gone >= 0) {
+    FailRound(id, &key, ErrorKind::kPeerGone,
+              "worker rank " + std::to_string(gone) + " has already shut down, so tensor " +
+                  Describe(item.tensor_id, item.rank) + " cannot complete");
     return;
-  if (key.error.empty()) {
-    ShmLocation slot;
-    const char* sum = Complete(engine, id, &key, &slot);
-    if (!sum) {
-      for (uint32_t r : key.contributors)
-        SendError(r, id.tensor_id, id.part, "the server ran out of shared memory: " + failure());
-    }
-    for (uint32_t r : key.contributors)
-      if (sum) SendReply(r, id.tensor_id, id.part, sum, key.length, key.shared.empty() ? nullptr : &slot);
   }
-  pool_.Release(std::move(key.sum));
-  engine->keys.erase(id);
+  if (key.contributors.size() < static_cast<size_t>(num_workers_)) return;
+  ShmLocation slot;
+  size_t length = 0;
+  const char* result = Complete(engine, id, &key, &slot, &length);
+  if (!result) {
+    FailRound(id, &key, ErrorKind::kInternal, "the server ran out of shared memory: " + failure());
+    return;
+  }
+  Reply(id, key, result, length, slot.length ? &slot : nullptr);
+  key.closed_error.clear();
+  key.last_closed = key.round;
+  CloseRound(&key);
+}
+
+void Server::Abandon(const PartitionKey& id, KeyState* key, const PushItem& item) {
+  const std::string why = "worker rank " + std::to_string(item.rank) + " gave up round " +
+                          std::to_string(item.round) + " of tensor " +
+                          Describe(item.tensor_id, item.rank) +
+                          " (its operation failed or timed out there)";
+  if (key->active && item.round >= key->round) {
+    FailRound(id, key, ErrorKind::kAborted, why);
+    key->last_closed = item.round;
+  } else if (!key->active && item.round > key->last_closed) {
+    key->last_closed = item.round;
+    key->closed_error = why;
+    key->closed_kind = ErrorKind::kAborted;
+  }
+}
+
+void Server::Accumulate(KeyState* key, PushItem* item) {
+  if (key->kind != OpKind::kPushPull) {
+    Contribution& mine = key->by_rank[item->rank];
+    mine.block = std::move(item->block);
+    mine.shared = item->shared;
+    mine.length = item->length;
+    mine.rows = item->rows;
+    return;
+  }
+  const auto dtype = static_cast<DataType>(key->dtype);
+  if (item->shared) {
+    key->shared.push_back(item->shared);
+  } else if (!key->sum.data) {
+    key->sum = std::move(item->block);
+  } else {
+    ReduceInto(key->reduce_op, dtype, key->sum.data.get(), item->block.data.get(),
+               key->length / DataTypeSize(dtype));
+    pool_.Release(std::move(item->block));
+  }
+}
+
+char* Server::ResultSlot(Engine* engine, const PartitionKey& id, size_t length,
+                         ShmLocation* slot) {
+  auto found = engine->result_slots.find(id);
+  std::lock_guard<std::mutex> lock(results_mutex_);
+  if (found == engine->result_slots.end() || found->second.length != length) {
+    bool fresh_arena = false;
+    Status status = results_.Allocate(length, slot, &fresh_arena);
+    if (!status.ok()) {
+      SetFailure(status.message());
+      return nullptr;
+    }
+    found = engine->result_slots.insert_or_assign(id, *slot).first;
+  }
+  *slot = found->second;
+  return results_.Resolve(*slot);
 }
 
 const char* Server::Complete(Engine* engine, const PartitionKey& id, KeyState* key,
-                             ShmLocation* slot) {
-  if (key->shared.empty()) return key->sum.data.get();  // Summed as the pushes came in.
-  auto found = engine->result_slots.find(id);
-  char* out = nullptr;
+                             ShmLocation* slot, size_t* length) {
+  *slot = ShmLocation{};
+  bool any_local = false;
   {
-    std::lock_guard<std::mutex> lock(results_mutex_);
-    if (found == engine->result_slots.end() || found->second.length != key->length) {
-      bool fresh_arena = false;
-      Status status = results_.Allocate(key->length, slot, &fresh_arena);
-      if (!status.ok()) {
-        SetFailure(status.message());
-        return nullptr;
-      }
-      found = engine->result_slots.insert_or_assign(id, *slot).first;
-    }
-    *slot = found->second;
-    out = results_.Resolve(*slot);
+    std::lock_guard<std::mutex> lock(conns_mutex_);
+    for (uint32_t r : key->contributors) any_local = any_local || (conns_[r] && conns_[r]->local);
   }
   const auto dtype = static_cast<DataType>(key->dtype);
-  const size_t count = key->length / DataTypeSize(dtype);
-  // Shared inputs are read once each: the first pair lands in the result directly.
-  std::vector<const char*> inputs = key->shared;
-  if (key->sum.data) inputs.insert(inputs.begin(), key->sum.data.get());
-  if (inputs.size() == 1) {
-    std::memcpy(out, inputs[0], key->length);
-  } else {
-    SumOf(dtype, out, inputs[0], inputs[1], count);
-    for (size_t i = 2; i < inputs.size(); ++i) SumInto(dtype, out, inputs[i], count);
+  switch (key->kind) {
+    case OpKind::kPushPull: {
+      *length = key->length;
+      if (key->shared.empty()) return key->sum.data.get();  // Reduced as the pushes came in.
+      char* out = ResultSlot(engine, id, key->length, slot);
+      if (!out) return nullptr;
+      const size_t count = key->length / DataTypeSize(dtype);
+      // Shared inputs are read once each: the first pair lands in the result directly.
+      std::vector<const char*> inputs = key->shared;
+      if (key->sum.data) inputs.insert(inputs.begin(), key->sum.data.get());
+      if (inputs.size() == 1) {
+        std::memcpy(out, inputs[0], key->length);
+      } else {
+        ReduceOf(key->reduce_op, dtype, out, inputs[0], inputs[1], count);
+        for (size_t i = 2; i < inputs.size(); ++i)
+          ReduceInto(key->reduce_op, dtype, out, inputs[i], count);
+      }
+      return out;
+    }
+    case OpKind::kBroadcast: {
+      // The root's push is the result; same-host receivers need it in a slot of ours.
+      const Contribution* root = nullptr;
+      for (const Contribution& c : key->by_rank)
+        if (c.length) root = &c;
+      *length = root ? root->length : 0;
+      if (!root) return "";  // An empty tensor: nothing to send but the acknowledgements.
+      if (!any_local) return root->data();
+      char* out = ResultSlot(engine, id, root->length, slot);
+      if (out) std::memcpy(out, root->data(), root->length);
+      return out;
+    }
+    case OpKind::kAllgather: {
+      *length = AllgatherTableBytes(num_workers_);
+      for (const Contribution& c : key->by_rank) *length += c.length;
+      char* out = nullptr;
+      if (any_local) {
+        out = ResultSlot(engine, id, *length, slot);
+      } else {
+        key->sum = pool_.Acquire(*length);
+        out = key->sum.data.get();
+      }
+      if (!out) return nullptr;
+      char* cursor = out + AllgatherTableBytes(num_workers_);
+      for (int r = 0; r < num_workers_; ++r) {
+        const Contribution& c = key->by_rank[r];
+        std::memcpy(out + r * sizeof(int64_t), &c.rows, sizeof(int64_t));
+        if (c.length) std::memcpy(cursor, c.data(), c.length);
+        cursor += c.length;
+      }
+      return out;
+    }
   }
-  return out;
+  return nullptr;
 }
 
-void Server::SendToWorker(uint32_t rank, FrameType type, uint64_t tensor_id, uint32_t part,
-                          const void* payload, size_t length) {
+void Server::Reply(const PartitionKey& id, const KeyState& key, const char* result,
+                   size_t length, const ShmLocation* slot) {
+  if (key.kind != OpKind::kBroadcast) {
+    for (uint32_t r : key.contributors) SendReply(r, id, key.round, result, length, slot);
+    return;
+  }
+  // Receivers first: the root may overwrite its pushed data once it is answered.
+  for (uint32_t r : key.contributors)
+    if (key.by_rank[r].length == 0) SendReply(r, id, key.round, result, length, slot);
+  for (uint32_t r : key.contributors)
+    if (key.by_rank[r].length != 0) SendReply(r, id, key.round, nullptr, 0, nullptr);
+}
+
+void Server::FailRound(const PartitionKey& id, KeyState* key, ErrorKind kind,
+                       const std::string& message, int also) {
+  for (uint32_t r : key->contributors) SendError(r, id, key->round, kind, message);
+  if (also >= 0 && std::find(key->contributors.begin(), key->contributors.end(),
+                             static_cast<uint32_t>(also)) == key->contributors.end())
+    SendError(static_cast<uint32_t>(also), id, key->round, kind, message);
+  key->closed_error = message;
+  key->closed_kind = kind;
+  key->last_closed = std::max(key->last_closed, key->round);
+  CloseRound(key);
+}
+
+void Server::CloseRound(KeyState* key) {
+  key->active = false;
+  key->contributors.clear();
+  key->shared.clear();
+  pool_.Release(std::move(key->sum));
+  for (Contribution& c : key->by_rank) pool_.Release(std::move(c.block));
+  key->by_rank.clear();
+}
+
+void Server::SendToWorker(uint32_t rank, const FrameHeader& header, const void* payload) {
   std::shared_ptr<WorkerConn> worker;
   {
     std::lock_guard<std::mutex> lock(conns_mutex_);
     worker = conns_[rank];
   }
   if (!worker) return;
-  FrameHeader header;
-  header.type = static_cast<uint8_t>(type);
-  header.tensor_id = tensor_id;
-  header.part = part;
-  header.length = length;
   std::lock_guard<std::mutex> lock(worker->conn->write_mutex());
   // A failed send needs no handling here: that worker's reader sees the broken
   // connection and fails the job with the reason.
@@ -406,18 +571,24 @@ void Server::SendToWorker(uint32_t rank, FrameType type, uint64_t tensor_id, uin
   if (!status.ok()) BPS_LOG(kDebug) << status.message();
 }
 
-void Server::SendReply(uint32_t rank, uint64_t tensor_id, uint32_t part, const void* data,
+void Server::SendReply(uint32_t rank, const PartitionKey& id, uint32_t round, const void* data,
                        size_t length, const ShmLocation* slot) {
+  FrameHeader header;
+  header.tensor_id = id.tensor_id;
+  header.part = id.part;
+  header.round = round;
   std::shared_ptr<WorkerConn> worker;
   {
     std::lock_guard<std::mutex> lock(conns_mutex_);
     worker = conns_[rank];
   }
-  if (!worker || !slot || !worker->local) {
-    SendToWorker(rank, FrameType::kReply, tensor_id, part, data, length);
+  if (!worker || !slot || !worker->local || length == 0) {
+    header.type = static_cast<uint8_t>(FrameType::kReply);
+    header.length = length;
+    SendToWorker(rank, header, data);
     return;
   }
-  // A same-host worker reads the sum from the result slot; first it must have every
+  // A same-host worker reads the result from the slot; first it must have every
   // arena up to the slot's.
   std::lock_guard<std::mutex> lock(worker->conn->write_mutex());
   Status status = Status::OK();
@@ -430,24 +601,28 @@ void Server::SendReply(uint32_t rank, uint64_t tensor_id, uint32_t part, const v
       announcement = ArenaAnnouncement{worker->announced_results, 0, arena.size()};
       fd = arena.fd();
     }
-    FrameHeader header;
-    header.type = static_cast<uint8_t>(FrameType::kArena);
-    header.length = sizeof(announcement);
-    status = worker->conn->Send(header, &announcement, fd);
+    FrameHeader frame;
+    frame.type = static_cast<uint8_t>(FrameType::kArena);
+    frame.length = sizeof(announcement);
+    status = worker->conn->Send(frame, &announcement, fd);
     ++worker->announced_results;
   }
-  FrameHeader header;
   header.type = static_cast<uint8_t>(FrameType::kReplyShm);
-  header.tensor_id = tensor_id;
-  header.part = part;
   header.length = sizeof(*slot);
   if (status.ok()) status = worker->conn->Send(header, slot);
   if (!status.ok()) BPS_LOG(kDebug) << status.message();
 }
 
-void Server::SendError(uint32_t rank, uint64_t tensor_id, uint32_t part,
+void Server::SendError(uint32_t rank, const PartitionKey& id, uint32_t round, ErrorKind kind,
                        const std::string& message) {
-  SendToWorker(rank, FrameType::kError, tensor_id, part, message.data(), message.size());
+  FrameHeader header;
+  header.type = static_cast<uint8_t>(FrameType::kError);
+  header.error_kind = static_cast<uint8_t>(kind);
+  header.tensor_id = id.tensor_id;
+  header.part = id.part;
+  header.round = round;
+  header.length = message.size();
+  SendToWorker(rank, header, message.data());
 }
 
 std::string Server::Describe(uint64_t tensor_id, uint32_t rank) {
@@ -462,11 +637,10 @@ std::string Server::MismatchMessage(uint64_t tensor_id, uint32_t rank_a, uint32_
   auto a = declarations_.find({tensor_id, rank_a});
   auto b = declarations_.find({tensor_id, rank_b});
   if (a == declarations_.end() || b == declarations_.end())
-    return "workers pushed tensor id " + std::to_string(tensor_id) + " with different sizes";
-  return "tensor '" + a->second.name + "' has different shapes or dtypes across workers: rank " +
-         std::to_string(rank_a) + " has " + ShapeString(a->second.dtype, a->second.shape) +
-         ", rank " + std::to_string(rank_b) + " has " +
-         ShapeString(b->second.dtype, b->second.shape);
+    return "workers sent tensor id " + std::to_string(tensor_id) + " with different sizes";
+  return "tensor '" + a->second.name + "' does not match across workers: rank " +
+         std::to_string(rank_a) + " sent " + bps::Describe(a->second) + ", rank " +
+         std::to_string(rank_b) + " sent " + bps::Describe(b->second);
 }
 
 void Server::SetFailure(const std::string& reason) {
@@ -494,13 +668,11 @@ void Server::SetFailure(const std::string& reason) {
 
 void Server::FailRounds(Engine* engine, const std::string& reason) {
   for (auto& [id, key] : engine->keys) {
-    for (uint32_t rank : key.contributors) {
-      SendError(rank, id.tensor_id, id.part,
-                "the job is failing: " + reason + " (tensor " + Describe(id.tensor_id, rank) + ")");
-    }
-    pool_.Release(std::move(key.sum));
+    if (!key.active) continue;
+    FailRound(id, &key, ErrorKind::kPeerGone,
+              "the job is failing: " + reason + " (tensor " +
+                  Describe(id.tensor_id, key.contributors.front()) + ")");
   }
-  engine->keys.clear();
 }
 
 std::string Server::failure() {

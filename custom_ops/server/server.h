@@ -1,5 +1,7 @@
-// The summation server: receives partition pushes from every worker, sums them in
-// one buffer per partition key, and sends the sum back to every worker.
+// The server engine: receives partition pushes from every worker and ends each
+// round by its operation kind: a reduction (sum, min, max, product) into one buffer
+// per partition key, the root's data for a broadcast, every worker's rows for an
+// allgather. Rounds of one key never mix: a push for another round is refused.
 //
 // Threads: one acceptor, one reader per worker connection, and
 // BYTEPS_SERVER_ENGINE_THREAD engine threads. A key always maps to the same engine
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "../core/common.h"
+#include "../core/protocol.h"
 #include "../core/shared_memory.h"
 #include "../core/transport.h"
 
@@ -65,32 +68,54 @@ class Server {
   struct WorkerConn;
   struct PushItem {
     bool fail_rounds = false;  // Not a push: fail every unfinished round (a worker died).
+    bool abandon = false;      // Not a push: the worker gave up `round`.
     uint64_t tensor_id = 0;
     uint32_t part = 0;
     uint32_t rank = 0;
+    uint32_t round = 0;
+    OpKind kind = OpKind::kPushPull;
     uint8_t dtype = 0;
+    ReduceOp reduce_op = ReduceOp::kSum;
     uint64_t signature = 0;
+    int64_t rows = 0;          // allgather: the sender's first dimension
     size_t length = 0;
     BlockPool::Block block;    // data received over the socket, or
     const char* shared = nullptr;  // data in the worker's shared slot (same host).
+    const char* data() const { return shared ? shared : block.data.get(); }
   };
-  struct KeyState {
-    BlockPool::Block sum;  // running sum of the pushes that came over sockets
-    std::vector<const char*> shared;  // pushes in shared slots, summed when all are in
+  // One worker's data in a round whose result is not a reduction (broadcast, allgather).
+  struct Contribution {
+    BlockPool::Block block;
+    const char* shared = nullptr;
     size_t length = 0;
-    uint64_t signature = 0;
+    int64_t rows = 0;
+    const char* data() const { return shared ? shared : block.data.get(); }
+  };
+  // One partition key: the round in progress, and the last one that ended.
+  struct KeyState {
+    bool active = false;
+    uint32_t round = 0;        // in progress, while active
+    uint32_t last_closed = 0;  // rounds up to this one are over: their pushes are stale
+    std::string closed_error;  // why `last_closed` failed; empty if it completed
+    ErrorKind closed_kind = ErrorKind::kOk;
+    OpKind kind = OpKind::kPushPull;
     uint8_t dtype = 0;
+    ReduceOp reduce_op = ReduceOp::kSum;
+    uint64_t signature = 0;
+    size_t length = 0;                // push_pull: every push's length
+    BlockPool::Block sum;             // push_pull: running result of socket pushes
+    std::vector<const char*> shared;  // push_pull: shared-slot pushes, reduced at the end
+    std::vector<Contribution> by_rank;  // broadcast and allgather
     std::vector<uint32_t> contributors;
-    std::string error;
   };
   struct Engine {
     std::mutex mutex;
     std::condition_variable cv;
     std::deque<PushItem> queue;
     std::unordered_map<PartitionKey, KeyState, PartitionKeyHash> keys;
-    // Where each key's sum goes for same-host workers; kept across rounds, since a
-    // key is only summed again once every worker has pushed it again, and so has
-    // finished reading the last sum.
+    // Where each key's result goes for same-host workers; kept across rounds, since a
+    // key is only computed again once every worker has pushed it again, and so has
+    // finished reading the last result.
     std::unordered_map<PartitionKey, ShmLocation, PartitionKeyHash> result_slots;
     std::thread thread;
   };
@@ -98,16 +123,30 @@ class Server {
   void AcceptLoop();
   void ReadLoop(std::shared_ptr<WorkerConn> conn);
   void EngineLoop(Engine* engine);
+  void Enqueue(PushItem item);
   void Process(Engine* engine, PushItem item);
-  // Adds the round's pushes into one buffer; returns it (and its slot, when shared).
-  const char* Complete(Engine* engine, const PartitionKey& id, KeyState* key,
-                       ShmLocation* slot);
+  void Abandon(const PartitionKey& id, KeyState* key, const PushItem& item);
+  // Adds the item to its round (a reduction, or kept by rank).
+  void Accumulate(KeyState* key, PushItem* item);
+  // The round's result, in one buffer; in a shared slot (`slot` set) when a
+  // same-host worker takes part, so that it can read it without a copy over a socket.
+  const char* Complete(Engine* engine, const PartitionKey& id, KeyState* key, ShmLocation* slot,
+                       size_t* length);
+  // Sends the result to every contributor; broadcast receivers get the root's data.
+  void Reply(const PartitionKey& id, const KeyState& key, const char* result, size_t length,
+             const ShmLocation* slot);
+  // Ends the round in progress with an error for each contributor (and `also`, when
+  // it is a worker whose push is refused with the round).
+  void FailRound(const PartitionKey& id, KeyState* key, ErrorKind kind, const std::string& message,
+                 int also = -1);
+  void CloseRound(KeyState* key);
+  char* ResultSlot(Engine* engine, const PartitionKey& id, size_t length, ShmLocation* slot);
   Status ReceivePush(WorkerConn* worker, const FrameHeader& header, PushItem* item);
-  void SendToWorker(uint32_t rank, FrameType type, uint64_t tensor_id, uint32_t part,
-                    const void* payload, size_t length);
-  void SendError(uint32_t rank, uint64_t tensor_id, uint32_t part, const std::string& message);
-  void SendReply(uint32_t rank, uint64_t tensor_id, uint32_t part, const void* data, size_t length,
-                 const ShmLocation* slot);
+  void SendToWorker(uint32_t rank, const FrameHeader& header, const void* payload);
+  void SendError(uint32_t rank, const PartitionKey& id, uint32_t round, ErrorKind kind,
+                 const std::string& message);
+  void SendReply(uint32_t rank, const PartitionKey& id, uint32_t round, const void* data,
+                 size_t length, const ShmLocation* slot);
   std::string Describe(uint64_t tensor_id, uint32_t rank);
   std::string MismatchMessage(uint64_t tensor_id, uint32_t rank_a, uint32_t rank_b);
   void SetFailure(const std::string& reason);

@@ -30,7 +30,11 @@ from tf_bps import (
 )
 from tf_bps.keras import callbacks
 from tf_bps.ops import (
+    Adasum,
     Average,
+    Max,
+    Min,
+    Product,
     Sum,
     allgather,
     allreduce,
@@ -40,8 +44,8 @@ from tf_bps.ops import (
 )
 from tf_bps.training import DistributedGradientTape, DistributedOptimizer, load_model
 
-__all__ = ["Average", "Compression", "DistributedGradientTape", "DistributedOptimizer",
-           "ProcessSet", "Sum", "allgather", "allreduce", "broadcast", "broadcast_variables",
+__all__ = ["Adasum", "Average", "Compression", "DistributedGradientTape", "DistributedOptimizer",
+           "Max", "Min", "Product", "ProcessSet", "Sum", "allgather", "allreduce", "broadcast", "broadcast_variables",
            "callbacks", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
            "gloo_built", "gloo_enabled", "global_process_set", "init", "is_homogeneous",
            "is_initialized", "load_model", "local_rank", "local_size", "mpi_built",

@@ -91,7 +91,7 @@ def refusal(function, *args, **kwargs):
 
 report["refusals"] = {
     "allreduce process_set": refusal(bps.allreduce, value, process_set=bps.ProcessSet([0])),
-    "allreduce prescale int": refusal(bps.allreduce, tf.constant([1]), prescale_factor=2.0),
+    "allreduce op": refusal(bps.allreduce, value, op=bps.Adasum),
     "optimizer op": refusal(bps.DistributedOptimizer, keras.optimizers.SGD(), op=7),
     "optimizer num_groups": refusal(bps.DistributedOptimizer, keras.optimizers.SGD(),
                                     num_groups=-1),

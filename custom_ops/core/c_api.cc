@@ -1,4 +1,4 @@
-#include "operations.h"
+#include "c_api.h"
 
 #include <cstdio>
 #include <cstring>
@@ -7,8 +7,9 @@
 #include <sstream>
 
 #include "../server/server.h"
-#include "c_api.h"
 #include "logging.h"
+#include "reduce.h"
+#include "task.h"
 #include "worker.h"
 
 namespace bps {
@@ -59,25 +60,51 @@ Status ParseServers(const char* text, std::vector<ServerAddress>* servers) {
 
 }  // namespace
 
-void EnqueuePushPull(const TensorView& view, const std::string& name, ReduceOp op,
-                     DoneCallback done) {
-  std::shared_ptr<Worker> worker;
-  {
-    WorkerState& state = State();
-    std::lock_guard<std::mutex> lock(state.mutex);
-    if (!state.initialised) {
-      done(Status::Error("tf_bps is not initialised: call bps.init() before push_pull (tensor '" +
-                         name + "')"));
+// One worker and no servers: every collective is the tensor itself (scaled).
+void RunLocally(const TaskSpec& spec, const AllocateFn& allocate, const DoneFn& done) {
+  void* output = spec.output;
+  if (spec.op.kind == OpKind::kAllgather) {
+    Status status = Status::OK();
+    output = allocate(spec.op.shape, &status);
+    if (!output && spec.bytes) {
+      done(status.ok() ? Status::Error("cannot allocate the output of '" + spec.op.name + "'")
+                       : status);
       return;
     }
-    worker = state.worker;
   }
-  if (!worker) {  // One worker: the sum over workers is the tensor itself.
-    if (view.output != view.input) std::memcpy(view.output, view.input, view.bytes);
-    done(Status::OK());
-    return;
-  }
-  worker->PushPull(view, name, op, std::move(done));
+  if (output != spec.input && spec.bytes) std::memcpy(output, spec.input, spec.bytes);
+  if (spec.op.kind == OpKind::kPushPull)
+    ScaleInPlace(spec.op.dtype, output, spec.bytes / DataTypeSize(spec.op.dtype),
+                 spec.op.prescale * spec.op.postscale);
+  done(Status::OK());
+}
+
+Status ToTaskSpec(const bps_op* op, TaskSpec* spec) {
+  if (!op || !op->name || op->ndims < 0 || (op->ndims > 0 && !op->shape))
+    return Status::Error(ErrorKind::kInvalidArgument, "malformed operation request");
+  if (!IsValidOpKind(static_cast<uint8_t>(op->kind)) || op->kind > 255)
+    return Status::Error(ErrorKind::kInvalidArgument, "unknown operation kind " +
+                                                          std::to_string(op->kind) +
+                                                          " for tensor '" + op->name + "'");
+  if (op->dtype < 0 || op->dtype > 255 || !IsValidDataType(static_cast<uint8_t>(op->dtype)))
+    return Status::Error(ErrorKind::kInvalidArgument,
+                         "unsupported dtype for tensor '" + std::string(op->name) + "'");
+  if (op->reduce_op < 0 || !IsValidReduceOp(static_cast<uint8_t>(op->reduce_op)))
+    return Status::Error(ErrorKind::kInvalidArgument,
+                         "unknown reduce op for tensor '" + std::string(op->name) + "'");
+  Declaration& d = spec->op;
+  d.name = op->name;
+  d.kind = static_cast<OpKind>(op->kind);
+  d.dtype = static_cast<DataType>(op->dtype);
+  d.reduce_op = static_cast<ReduceOp>(op->reduce_op);
+  d.root_rank = op->root_rank;
+  d.prescale = op->prescale;
+  d.postscale = op->postscale;
+  d.shape.assign(op->shape, op->shape + op->ndims);
+  spec->input = op->input;
+  spec->output = op->output;
+  spec->bytes = static_cast<size_t>(op->bytes);
+  return Status::OK();
 }
 
 }  // namespace bps
@@ -139,6 +166,38 @@ int bps_worker_failure(char* buf, int capacity) {
     worker = state.worker;
   }
   return bps::CopyOut(worker ? worker->fatal_error().message() : "", buf, capacity);
+}
+
+void bps_enqueue(const bps_op* op, bps_allocate_fn allocate, bps_done_fn done, void* ctx) {
+  auto finish = [done, ctx](const Status& status) {
+    done(ctx, static_cast<int>(status.kind()), status.message().c_str());
+  };
+  bps::TaskSpec spec;
+  Status status = bps::ToTaskSpec(op, &spec);
+  if (!status.ok()) return finish(status);
+  bps::AllocateFn allocate_output = [allocate, ctx](const std::vector<int64_t>& shape,
+                                                    Status* status) -> void* {
+    std::vector<long long> dims(shape.begin(), shape.end());
+    void* out = allocate ? allocate(ctx, dims.data(), static_cast<int>(dims.size())) : nullptr;
+    if (!out) *status = Status::Error(bps::ErrorKind::kInternal, "the framework refused the output");
+    return out;
+  };
+  std::shared_ptr<bps::Worker> worker;
+  {
+    auto& state = bps::State();
+    std::lock_guard<std::mutex> lock(state.mutex);
+    if (!state.initialised)
+      return finish(Status::Error(bps::ErrorKind::kShutdown,
+                                  "tf_bps is not initialised: call bps.init() first (tensor '" +
+                                      spec.op.name + "')"));
+    worker = state.worker;
+  }
+  if (!worker) {
+    status = bps::CheckTaskSpec(spec, 1);
+    if (!status.ok()) return finish(status);
+    return bps::RunLocally(spec, allocate_output, finish);
+  }
+  worker->Enqueue(std::move(spec), std::move(allocate_output), std::move(finish));
 }
 
 void bps_worker_shutdown(void) {

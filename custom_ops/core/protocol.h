@@ -1,0 +1,109 @@
+// The wire format between workers and servers, in one place: frame kinds, the
+// fixed frame header (operation kind and round in every frame), the shared-memory
+// payloads and the tensor declaration a server uses to check and describe pushes.
+#ifndef TF_BPS_CORE_PROTOCOL_H_
+#define TF_BPS_CORE_PROTOCOL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common.h"
+
+namespace bps {
+
+enum class FrameType : uint8_t {
+  kHello = 1,    // worker -> server, first frame: `rank` identifies the worker.
+  kDeclare = 2,  // worker -> server: payload is a Declaration of the tensor.
+  kPush = 3,     // worker -> server: one partition's data for this round.
+  kReply = 4,    // server -> worker: the round's result for one partition.
+  kError = 5,    // server -> worker: the round failed; payload is the message.
+  kBye = 6,      // worker -> server: clean shutdown, no more pushes from this rank.
+  // Same-host peers (Unix socket) only:
+  kArena = 7,     // either way: a shared-memory arena; payload ArenaAnnouncement, fd attached.
+  kPushShm = 8,   // like kPush, but the data lies in the worker's arena (payload ShmLocation).
+  kReplyShm = 9,  // like kReply, but the result lies in the server's arena (ShmLocation).
+  kAbandon = 10,  // worker -> server: this worker gave up the round (its op failed).
+};
+
+// What a server does with a round's contributions. Wire values.
+enum class OpKind : uint8_t {
+  kPushPull = 1,   // reduce (sum, min, max, product) and return the result to everyone.
+  kBroadcast = 2,  // only the root sends data; every other worker receives it.
+  kAllgather = 3,  // each worker sends its rows; everyone receives all rows in rank order.
+};
+
+const char* OpKindName(OpKind kind);
+bool IsValidOpKind(uint8_t value);
+
+constexpr uint32_t kFrameMagic = 0x32535042;  // "BPS2"
+
+// Fixed-size header; both ends are the same build on little-endian hosts.
+struct FrameHeader {
+  uint32_t magic = kFrameMagic;
+  uint8_t type = 0;
+  uint8_t op_kind = 0;
+  uint8_t dtype = 0;
+  uint8_t error_kind = 0;  // kError frames: an ErrorKind.
+  uint32_t rank = 0;       // sending worker's rank (worker -> server frames).
+  uint32_t part = 0;       // partition index within the tensor.
+  // Each worker numbers its operations on one tensor 1, 2, 3, ...; a server never
+  // mixes contributions of different rounds, and replies carry the round they end.
+  uint32_t round = 0;
+  uint8_t reduce_op = 0;  // push_pull: how the server combines (a ReduceOp).
+  uint8_t reserved[3] = {};
+  uint64_t tensor_id = 0;  // stable hash of the tensor's name.
+  uint64_t signature = 0;  // hash of everything workers must agree on; see Signature().
+  // Allgather pushes: the sender's first dimension (its row count).
+  int64_t rows = 0;
+  uint64_t length = 0;  // payload bytes that follow.
+};
+static_assert(sizeof(FrameHeader) == 56, "frame header layout is part of the wire format");
+
+struct ArenaAnnouncement {
+  uint32_t index = 0;
+  uint32_t reserved = 0;
+  uint64_t size = 0;
+};
+
+// Where a partition's bytes lie in the sender's arenas (payload of kPushShm/kReplyShm).
+struct ShmLocation {
+  uint32_t arena = 0;
+  uint32_t reserved = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+// A tensor operation as one worker describes it (payload of kDeclare): what the
+// server checks across workers and quotes when they disagree.
+struct Declaration {
+  std::string name;
+  OpKind kind = OpKind::kPushPull;
+  DataType dtype = DataType::kFloat32;
+  std::vector<int64_t> shape;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  int32_t root_rank = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+};
+
+std::string EncodeDeclaration(const Declaration& declaration);
+bool DecodeDeclaration(const std::string& payload, Declaration* declaration);
+// Equal signatures mean the workers agree on the operation: kind, dtype, shape (an
+// allgather's first dimension may differ), reduce op, root and scale factors.
+uint64_t Signature(const Declaration& declaration);
+// For error messages: "allreduce(sum) of float32[2,3]", "broadcast from rank 1 of ...".
+std::string Describe(const Declaration& declaration);
+
+// Allgather replies start with every worker's row count (int64 each), then the rows.
+inline size_t AllgatherTableBytes(int num_workers) {
+  return static_cast<size_t>(num_workers) * sizeof(int64_t);
+}
+
+// 64-bit FNV-1a: stable across processes and builds, used for tensor ids.
+uint64_t StableHash(const void* data, size_t bytes, uint64_t seed = 1469598103934665603ULL);
+
+}  // namespace bps
+
+#endif  // TF_BPS_CORE_PROTOCOL_H_

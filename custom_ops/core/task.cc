@@ -1,0 +1,96 @@
+#include "task.h"
+
+#include "reduce.h"
+
+namespace bps {
+
+// The adapter's mistakes, caught before anything reaches the wire.
+Status CheckTaskSpec(const TaskSpec& spec, int size) {
+  const Declaration& op = spec.op;
+  auto invalid = [&](const std::string& why) {
+    return Status::Error(ErrorKind::kInvalidArgument,
+                         std::string(OpKindName(op.kind)) + " of tensor '" + op.name + "': " + why);
+  };
+  size_t bytes = DataTypeSize(op.dtype);
+  for (int64_t dim : op.shape) {
+    if (dim < 0) return invalid("negative dimension in " + ShapeString(op.dtype, op.shape));
+    bytes *= static_cast<size_t>(dim);
+  }
+  if (bytes != spec.bytes)
+    return invalid(std::to_string(spec.bytes) + " bytes do not make " +
+                   ShapeString(op.dtype, op.shape));
+  if (op.kind == OpKind::kPushPull && !CanReduce(op.dtype))
+    return invalid(std::string(DataTypeName(op.dtype)) + " tensors cannot be reduced");
+  if (op.kind != OpKind::kPushPull && (op.prescale != 1.0 || op.postscale != 1.0))
+    return invalid("scale factors apply to push_pull only");
+  if (op.kind == OpKind::kBroadcast && (op.root_rank < 0 || op.root_rank >= size))
+    return invalid("root rank " + std::to_string(op.root_rank) + " is not a rank of this job (size " +
+                   std::to_string(size) + ")");
+  if (op.kind == OpKind::kAllgather && op.shape.empty())
+    return invalid("a scalar has no first dimension to concatenate along");
+  const bool needs_output = op.kind != OpKind::kAllgather;
+  if (spec.bytes && (!spec.input || (needs_output && !spec.output)))
+    return invalid("no input or output memory");
+  return Status::OK();
+}
+
+Task::Task(TaskSpec spec, uint64_t tensor_id, uint32_t round, int partitions, int timeout_ms,
+           AllocateFn allocate, DoneFn done)
+    : spec_(std::move(spec)),
+      tensor_id_(tensor_id),
+      round_(round),
+      timeout_ms_(timeout_ms),
+      deadline_(std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms)),
+      allocate_(std::move(allocate)),
+      output_(spec_.output),
+      remaining_(partitions),
+      done_(std::move(done)) {}
+
+Status Task::AllocateOutput(const std::vector<int64_t>& shape) {
+  if (output_) return Status::OK();
+  if (!allocate_)
+    return Status::Error(ErrorKind::kInternal, "no output allocator for tensor '" + name() + "'");
+  Status status = Status::OK();
+  output_ = allocate_(shape, &status);
+  if (!output_ && status.ok())
+    status = Status::Error(ErrorKind::kInternal, "cannot allocate the output of '" + name() + "'");
+  return status;
+}
+
+bool Task::BeginIo() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (failed_ || done_called_) return false;
+  ++active_io_;
+  return true;
+}
+
+void Task::EndIo() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  --active_io_;
+  MaybeFinishLocked(lock);
+}
+
+void Task::PartitionDone() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  --remaining_;
+  MaybeFinishLocked(lock);
+}
+
+void Task::Fail(const Status& status) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (failed_ || done_called_) return;
+  failed_ = true;
+  error_ = status;
+  MaybeFinishLocked(lock);
+}
+
+void Task::MaybeFinishLocked(std::unique_lock<std::mutex>& lock) {
+  if (done_called_ || active_io_ > 0 || (!failed_ && remaining_ > 0)) return;
+  done_called_ = true;
+  Status result = failed_ ? error_ : Status::OK();
+  DoneFn done = std::move(done_);
+  lock.unlock();
+  done(result);
+}
+
+}  // namespace bps

@@ -1,0 +1,84 @@
+// One collective operation on one tensor, from the adapter's request until its
+// completion callback: the unit every stage of the worker passes along.
+#ifndef TF_BPS_CORE_TASK_H_
+#define TF_BPS_CORE_TASK_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "protocol.h"
+
+namespace bps {
+
+// What an adapter asks for. `input` must stay valid and unchanged, and `output`
+// writable, until the task completes; they may alias (the op then works in place).
+// An allgather's output size is only known once every worker has sent its rows:
+// its `output` is null and the task asks the adapter for it through AllocateFn.
+struct TaskSpec {
+  Declaration op;  // name, kind, dtype, shape, reduce op, root, scale factors
+  const void* input = nullptr;
+  void* output = nullptr;
+  size_t bytes = 0;  // of the input
+};
+
+// The adapter's mistakes (shape and bytes disagree, a root outside the job, ...),
+// caught before anything reaches the wire. `size`: the number of workers.
+Status CheckTaskSpec(const TaskSpec& spec, int size);
+
+// Returns the output buffer for `shape`, or null with `status` set.
+using AllocateFn = std::function<void*(const std::vector<int64_t>& shape, Status* status)>;
+using DoneFn = std::function<void(const Status&)>;
+
+class Task {
+ public:
+  Task(TaskSpec spec, uint64_t tensor_id, uint32_t round, int partitions, int timeout_ms,
+       AllocateFn allocate, DoneFn done);
+
+  const TaskSpec& spec() const { return spec_; }
+  const Declaration& op() const { return spec_.op; }
+  const std::string& name() const { return spec_.op.name; }
+  OpKind kind() const { return spec_.op.kind; }
+  DataType dtype() const { return spec_.op.dtype; }
+  uint64_t tensor_id() const { return tensor_id_; }
+  uint32_t round() const { return round_; }
+  int timeout_seconds() const { return timeout_ms_ / 1000; }
+  bool expired(std::chrono::steady_clock::time_point now) const { return now >= deadline_; }
+
+  // Where the output lives; for an allgather, only after AllocateOutput.
+  void* output() const { return output_; }
+  Status AllocateOutput(const std::vector<int64_t>& shape);
+
+  // I/O on the tensor's memory is bracketed so that a failure never completes the
+  // task (and lets the framework free the memory) while a thread still touches it.
+  bool BeginIo();
+  void EndIo();
+  void PartitionDone();
+  void Fail(const Status& status);
+
+ private:
+  void MaybeFinishLocked(std::unique_lock<std::mutex>& lock);
+
+  const TaskSpec spec_;
+  const uint64_t tensor_id_;
+  const uint32_t round_;
+  const int timeout_ms_;
+  const std::chrono::steady_clock::time_point deadline_;
+  AllocateFn allocate_;
+  void* output_;
+  std::mutex mutex_;
+  int remaining_;
+  int active_io_ = 0;
+  bool failed_ = false;
+  bool done_called_ = false;
+  Status error_ = Status::OK();
+  DoneFn done_;
+};
+
+}  // namespace bps
+
+#endif  // TF_BPS_CORE_TASK_H_

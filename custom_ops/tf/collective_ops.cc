@@ -1,0 +1,248 @@
+// TensorFlow adapter: the BytepsPushPull, BytepsBroadcast and BytepsAllgather ops.
+// Kernels only turn TensorFlow tensors into the core's plain-C request (c_api.h) and
+// the core's error kinds into TensorFlow's error classes; all communication lives
+// in the core.
+#include <string>
+#include <vector>
+
+#include "../core/c_api.h"
+#include "../core/common.h"
+#include "../core/protocol.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tf_bps {
+namespace {
+
+using ::tensorflow::AsyncOpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Tensor;
+
+bool ToCoreType(tensorflow::DataType dtype, bps::DataType* out) {
+  switch (dtype) {
+    case tensorflow::DT_HALF:
+      *out = bps::DataType::kFloat16;
+      return true;
+    case tensorflow::DT_BFLOAT16:
+      *out = bps::DataType::kBFloat16;
+      return true;
+    case tensorflow::DT_FLOAT:
+      *out = bps::DataType::kFloat32;
+      return true;
+    case tensorflow::DT_DOUBLE:
+      *out = bps::DataType::kFloat64;
+      return true;
+    case tensorflow::DT_INT32:
+      *out = bps::DataType::kInt32;
+      return true;
+    case tensorflow::DT_INT64:
+      *out = bps::DataType::kInt64;
+      return true;
+    case tensorflow::DT_UINT8:
+      *out = bps::DataType::kUint8;
+      return true;
+    case tensorflow::DT_INT8:
+      *out = bps::DataType::kInt8;
+      return true;
+    case tensorflow::DT_UINT16:
+      *out = bps::DataType::kUint16;
+      return true;
+    case tensorflow::DT_INT16:
+      *out = bps::DataType::kInt16;
+      return true;
+    case tensorflow::DT_BOOL:
+      *out = bps::DataType::kBool;
+      return true;
+    default:
+      return false;
+  }
+}
+
+// The error class a Python user catches for each way an operation can fail.
+absl::Status ToTensorFlowStatus(int kind, const char* message) {
+  switch (static_cast<bps::ErrorKind>(kind)) {
+    case bps::ErrorKind::kOk:
+      return absl::OkStatus();
+    case bps::ErrorKind::kInvalidArgument:
+      return absl::InvalidArgumentError(message);
+    case bps::ErrorKind::kMismatch:
+    case bps::ErrorKind::kShutdown:
+      return absl::FailedPreconditionError(message);
+    case bps::ErrorKind::kPeerGone:
+      return absl::UnavailableError(message);
+    case bps::ErrorKind::kAborted:
+      return absl::AbortedError(message);
+    case bps::ErrorKind::kTimeout:
+      return absl::DeadlineExceededError(message);
+    case bps::ErrorKind::kInternal:
+      break;
+  }
+  return absl::InternalError(message);
+}
+
+// Lives from ComputeAsync until the core's completion callback.
+struct InFlight {
+  OpKernelContext* context;
+  AsyncOpKernel::DoneCallback done;
+};
+
+void* AllocateOutput(void* ctx, const long long* shape, int ndims) {
+  auto* in_flight = static_cast<InFlight*>(ctx);
+  tensorflow::TensorShape tensor_shape;
+  for (int i = 0; i < ndims; ++i) {
+    absl::Status status = tensor_shape.AddDimWithStatus(shape[i]);
+    if (!status.ok()) {
+      in_flight->context->SetStatus(status);
+      return nullptr;
+    }
+  }
+  Tensor* output = nullptr;
+  absl::Status status = in_flight->context->allocate_output(0, tensor_shape, &output);
+  if (!status.ok()) {
+    in_flight->context->SetStatus(status);
+    return nullptr;
+  }
+  static char empty;  // An empty tensor has no buffer; the core only needs a non-null one.
+  return output->NumElements() ? const_cast<char*>(output->tensor_data().data()) : &empty;
+}
+
+void Finish(void* ctx, int error_kind, const char* message) {
+  auto* in_flight = static_cast<InFlight*>(ctx);
+  // An allocation failure has already set the more precise status.
+  if (error_kind != 0 && in_flight->context->status().ok())
+    in_flight->context->SetStatus(ToTensorFlowStatus(error_kind, message));
+  in_flight->done();
+  delete in_flight;
+}
+
+// One kernel class for every collective: only the kind and its attributes differ.
+class CollectiveOp : public AsyncOpKernel {
+ public:
+  CollectiveOp(OpKernelConstruction* context, bps::OpKind kind)
+      : AsyncOpKernel(context), kind_(kind) {
+    OP_REQUIRES_OK(context, context->GetAttr("tensor_name", &tensor_name_));
+    if (tensor_name_.empty()) tensor_name_ = name();
+  }
+
+  void ComputeAsync(OpKernelContext* context, DoneCallback done) override {
+    const Tensor& input = context->input(0);
+    bps::DataType dtype;
+    OP_REQUIRES_ASYNC(context, ToCoreType(input.dtype(), &dtype),
+                      absl::InvalidArgumentError(std::string(bps::OpKindName(kind_)) +
+                                                 " does not support " +
+                                                 tensorflow::DataTypeString(input.dtype()) +
+                                                 " (tensor '" + tensor_name_ + "')"),
+                      done);
+    std::vector<long long> shape;
+    for (int i = 0; i < input.dims(); ++i) shape.push_back(input.dim_size(i));
+    bps_op op{};
+    op.name = tensor_name_.c_str();
+    op.kind = static_cast<int>(kind_);
+    op.dtype = static_cast<int>(dtype);
+    op.reduce_op = reduce_op_;
+    op.root_rank = root_rank_;
+    op.prescale = prescale_;
+    op.postscale = postscale_;
+    op.ndims = static_cast<int>(shape.size());
+    op.shape = shape.data();
+    op.input = input.tensor_data().data();
+    op.bytes = input.TotalBytes();
+    if (kind_ != bps::OpKind::kAllgather) {
+      Tensor* output = nullptr;
+      // Reusing the input buffer is safe: a partition's result only arrives after
+      // this worker's push of that partition has left its memory.
+      OP_REQUIRES_OK_ASYNC(
+          context, context->forward_input_or_allocate_output({0}, 0, input.shape(), &output),
+          done);
+      op.output = const_cast<char*>(output->tensor_data().data());
+    }
+    bps_enqueue(&op, AllocateOutput, Finish, new InFlight{context, std::move(done)});
+  }
+
+ protected:
+  const bps::OpKind kind_;
+  std::string tensor_name_;
+  int reduce_op_ = 0;
+  int root_rank_ = 0;
+  float prescale_ = 1.0f;
+  float postscale_ = 1.0f;
+};
+
+class PushPullOp : public CollectiveOp {
+ public:
+  explicit PushPullOp(OpKernelConstruction* context)
+      : CollectiveOp(context, bps::OpKind::kPushPull) {
+    OP_REQUIRES_OK(context, context->GetAttr("reduce_op", &reduce_op_));
+    OP_REQUIRES_OK(context, context->GetAttr("prescale_factor", &prescale_));
+    OP_REQUIRES_OK(context, context->GetAttr("postscale_factor", &postscale_));
+  }
+};
+
+class BroadcastOp : public CollectiveOp {
+ public:
+  explicit BroadcastOp(OpKernelConstruction* context)
+      : CollectiveOp(context, bps::OpKind::kBroadcast) {
+    OP_REQUIRES_OK(context, context->GetAttr("root_rank", &root_rank_));
+  }
+};
+
+class AllgatherOp : public CollectiveOp {
+ public:
+  explicit AllgatherOp(OpKernelConstruction* context)
+      : CollectiveOp(context, bps::OpKind::kAllgather) {}
+};
+
+absl::Status SameShape(tensorflow::shape_inference::InferenceContext* c) {
+  c->set_output(0, c->input(0));
+  return absl::OkStatus();
+}
+
+// Every op is stateful: it talks to other processes, so TensorFlow must never fold
+// it (a constant input would otherwise be evaluated once, without pushing), prune
+// it or merge two identical calls into one.
+REGISTER_OP("BytepsPushPull")
+    .Attr("T: {uint8, int8, uint16, int16, int32, int64, half, bfloat16, float32, float64}")
+    .Attr("tensor_name: string = ''")
+    .Attr("reduce_op: int = 0")
+    .Attr("prescale_factor: float = 1.0")
+    .Attr("postscale_factor: float = 1.0")
+    .Input("tensor: T")
+    .Output("reduced: T")
+    .SetIsStateful()
+    .SetShapeFn(SameShape)
+    .Doc("Reduces a tensor across all tf_bps workers (reduce_op: 0 sum, 1 average, 2 min, "
+         "3 max, 4 product), scaled by prescale_factor before and postscale_factor after.");
+
+REGISTER_OP("BytepsBroadcast")
+    .Attr("T: {uint8, int8, uint16, int16, int32, int64, half, bfloat16, float32, float64, bool}")
+    .Attr("tensor_name: string = ''")
+    .Attr("root_rank: int")
+    .Input("tensor: T")
+    .Output("broadcast: T")
+    .SetIsStateful()
+    .SetShapeFn(SameShape)
+    .Doc("Every worker receives root_rank's value of the tensor.");
+
+REGISTER_OP("BytepsAllgather")
+    .Attr("T: {uint8, int8, uint16, int16, int32, int64, half, bfloat16, float32, float64, bool}")
+    .Attr("tensor_name: string = ''")
+    .Input("tensor: T")
+    .Output("gathered: T")
+    .SetIsStateful()
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      tensorflow::shape_inference::ShapeHandle input, output;
+      TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &input));
+      TF_RETURN_IF_ERROR(c->ReplaceDim(input, 0, c->UnknownDim(), &output));
+      c->set_output(0, output);
+      return absl::OkStatus();
+    })
+    .Doc("Concatenates every worker's tensor along the first axis, in rank order.");
+
+REGISTER_KERNEL_BUILDER(Name("BytepsPushPull").Device(tensorflow::DEVICE_CPU), PushPullOp);
+REGISTER_KERNEL_BUILDER(Name("BytepsBroadcast").Device(tensorflow::DEVICE_CPU), BroadcastOp);
+REGISTER_KERNEL_BUILDER(Name("BytepsAllgather").Device(tensorflow::DEVICE_CPU), AllgatherOp);
+
+}  // namespace
+}  // namespace tf_bps

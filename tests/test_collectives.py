@@ -1,0 +1,138 @@
+"""Every collective (Horovod's semantics) through real jobs, checked against numpy:
+each dtype and reduction, broadcast from a non-zero root, uneven allgather, scale
+factors, gradients, eagerly and in tf.function, with 2 and 3 workers."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+from collective_cases import (
+    NUMERIC,
+    REDUCTIONS,
+    SHAPE,
+    gather_rows,
+    reduced,
+    scaled_sum,
+    value,
+)
+
+
+def stored(dtype: str) -> str:
+    return "float32" if dtype == "bfloat16" else dtype  # npz has no bfloat16
+
+
+@pytest.mark.parametrize(
+    "num_workers,num_servers,partition_bytes,tcp_workers",
+    [(2, 1, 4096000, ""), (3, 2, 16, "1")],
+    ids=["2w-1s", "3w-2s-16b-partition-mixed-tcp"])
+def test_collectives_match_numpy(procs, tmp_path, num_workers, num_servers, partition_bytes,
+                                 tcp_workers):
+    status, output = procs.launch(num_workers, "collectives.py", num_servers=num_servers,
+                                  BYTEPS_PARTITION_BYTES=partition_bytes, TEST_OUT=tmp_path,
+                                  TEST_TCP_WORKERS=tcp_workers, timeout=240)
+    assert status == 0, output
+    size, root = num_workers, num_workers - 1
+    all_rows = np.concatenate
+    for rank in range(size):
+        got = np.load(tmp_path / f"rank{rank}.npz")
+        for mode in ("eager", "graph"):
+            for dtype in NUMERIC:
+                for reduction in REDUCTIONS:
+                    result = got[f"{mode}/{reduction}/{dtype}"]
+                    assert result.shape == SHAPE and result.dtype.name == stored(dtype)
+                    # Only a float average is inexact (a multiply by 1/size).
+                    inexact = reduction == "average" and dtype.startswith(("float", "bfloat"))
+                    tolerance = (1e-2 if "16" in dtype else 1e-6) if inexact else 0
+                    np.testing.assert_allclose(result.astype(np.float64),
+                                               reduced(dtype, reduction, size), rtol=tolerance,
+                                               err_msg=f"{mode} {reduction} {dtype}")
+                np.testing.assert_array_equal(got[f"{mode}/scaled/{dtype}"].astype(np.float64),
+                                              scaled_sum(dtype, size), err_msg=dtype)
+            for dtype in [*NUMERIC, "bool"]:
+                np.testing.assert_array_equal(got[f"{mode}/broadcast/{dtype}"],
+                                              value(dtype, root), err_msg=dtype)
+                want = all_rows([value(dtype, r, shape=(gather_rows(r), 2)) for r in range(size)])
+                result = got[f"{mode}/allgather/{dtype}"]
+                assert result.dtype.name == stored(dtype)
+                np.testing.assert_array_equal(result, want, err_msg=dtype)
+        np.testing.assert_array_equal(
+            got["allgather_named"],
+            all_rows([np.full((r % 2, 3), r, np.int32) for r in range(size)]))
+        assert got["broadcast_scalar"] == root * 1.5
+
+        offsets = np.cumsum([0] + [gather_rows(r) for r in range(size)])
+        weights = np.arange(offsets[-1] * 2, dtype=np.float32).reshape(-1, 2) + 1
+        for mode in ("eager", "graph"):
+            # Allgather: the summed gradient (size x each worker's), own rows only.
+            np.testing.assert_array_equal(got[f"grad/{mode}/allgather"],
+                                          size * weights[offsets[rank]:offsets[rank + 1]])
+            # Broadcast: the root gets the sum of every worker's gradient, others zeros.
+            want = sum(r + 1.0 for r in range(size)) if rank == root else 0.0
+            np.testing.assert_array_equal(got[f"grad/{mode}/broadcast"], np.full(2, want))
+            # Allreduce: the same reduction and factors applied to the gradients.
+            np.testing.assert_array_equal(got[f"grad/{mode}/scaled"],
+                                          np.full(3, 6.0 * sum(r + 1.0 for r in range(size))))
+        assert "Adasum" in str(got["adasum_error"])
+
+
+def _reports(output: str) -> dict[tuple[int, str], dict]:
+    found = {}
+    for line in output.splitlines():
+        if "REPORT " in line:
+            entry = json.loads(line.split("REPORT ", 1)[1])
+            found[entry["rank"], entry["case"]] = entry
+    return found
+
+
+# What each disagreement must quote: what the agreeing ranks and rank 1 sent.
+MISMATCH_QUOTES = {
+    "shape": ("push_pull(average) of float32[2,3]", "push_pull(average) of float32[3,2]"),
+    "dtype": ("float32[4]", "float64[4]"),
+    "root": ("broadcast from rank 0", "broadcast from rank 1"),
+    "op": ("push_pull(sum)", "push_pull(max)"),
+    "scale": ("push_pull(average) of float32[3]", "prescaled by 2"),
+    "kind": ("push_pull(average)", "broadcast from rank 0"),
+    "gather": ("allgather of float32[1,2]", "allgather of float32[1,3]"),
+    "unnamed": ("float32[2]", "float32[3]"),
+    "graph": ("float32[4]", "float32[5]"),
+}
+
+
+@pytest.mark.parametrize("num_workers,num_servers", [(2, 1), (3, 2)])
+def test_mismatches_fail_at_once_naming_tensor_ranks_and_both_sides(procs, num_workers,
+                                                                    num_servers):
+    # The default BYTEPS_OP_TIMEOUT (300 s): a mismatch must not wait for it.
+    status, output = procs.launch(num_workers, "collective_errors.py", "mismatch",
+                                  num_servers=num_servers, timeout=120)
+    assert status == 0, output
+    reports = _reports(output)
+    for case, (first, second) in MISMATCH_QUOTES.items():
+        for rank in range(num_workers):
+            entry = reports[rank, case]
+            assert entry.get("error") == "FailedPreconditionError", (case, entry)
+            message = entry["message"]
+            # The odd rank 1 and whichever agreeing rank the server heard from first.
+            assert "rank 1 sent" in message and re.search(r"rank [02] sent", message), message
+            assert first in message and second in message, (case, message)
+            assert entry["seconds"] < 1.0, (case, entry)
+            after = reports[rank, f"{case if case != 'unnamed' else 'PushPull.eager'}.after"]
+            assert after.get("value") == [num_workers] * 2, (case, after)
+        named = "PushPull.eager" if case == "unnamed" else case
+        assert f"'{named}'" in reports[0, case]["message"], reports[0, case]
+
+
+def test_a_round_that_timed_out_never_mixes_with_the_next(procs):
+    status, output = procs.launch(2, "collective_errors.py", "stale", num_servers=1,
+                                  BYTEPS_OP_TIMEOUT=3, timeout=60)
+    assert status == 0, output
+    reports = _reports(output)
+    timed_out, late = reports[0, "timed_out"], reports[1, "late"]
+    assert timed_out.get("error") == "DeadlineExceededError", timed_out
+    assert "'stale'" in timed_out["message"], timed_out
+    # Rank 1's first push_pull belongs to the round rank 0 gave up: refused, not summed.
+    assert late.get("error") == "AbortedError", late
+    assert "'stale'" in late["message"] and "round 1" in late["message"], late
+    assert "worker rank 0 gave up round 1" in late["message"], late
+    for rank in range(2):
+        assert reports[rank, "next"].get("value") == [2.0] * 4, reports[rank, "next"]

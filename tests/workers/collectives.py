@@ -1,0 +1,87 @@
+"""Every collective in every dtype, eagerly and in tf.function, plus their gradients;
+saves the results to $TEST_OUT/rank<r>.npz for the test to check against numpy."""
+
+import os
+
+import numpy as np
+import tensorflow as tf
+from collective_cases import NUMERIC, POSTSCALE, PRESCALE, REDUCTIONS, gather_rows, value
+
+import tf_bps as bps
+
+# Workers listed in TEST_TCP_WORKERS reach their servers over TCP, the others through
+# shared memory: every round policy must mix both.
+if os.environ["DMLC_WORKER_ID"] in os.environ.get("TEST_TCP_WORKERS", "").split(","):
+    os.environ["BYTEPS_ENABLE_IPC"] = "0"
+bps.init()
+rank, size = bps.rank(), bps.size()
+root = size - 1
+OPS = {"sum": bps.Sum, "average": bps.Average, "min": bps.Min, "max": bps.Max,
+       "product": bps.Product}
+results = {}
+
+
+def keep(tensor) -> np.ndarray:
+    """npz cannot store bfloat16: it is kept as float32, which holds it exactly."""
+    array = tensor.numpy()
+    return array.astype(np.float32) if array.dtype.name == "bfloat16" else array
+
+
+def both_modes(key, fn, *args):
+    """Runs fn eagerly and traced into a graph; both results are kept."""
+    results[f"eager/{key}"] = keep(fn(*args))
+    results[f"graph/{key}"] = keep(tf.function(fn)(*args))
+
+
+for dtype in NUMERIC:
+    x = tf.constant(value(dtype, rank))
+    for reduction in REDUCTIONS:
+        both_modes(f"{reduction}/{dtype}",
+                   lambda t, r=reduction: bps.allreduce(t, op=OPS[r]), x)
+    both_modes(f"scaled/{dtype}", lambda t: bps.allreduce(
+        t, op=bps.Sum, prescale_factor=PRESCALE, postscale_factor=POSTSCALE), x)
+for dtype in [*NUMERIC, "bool"]:
+    x = tf.constant(value(dtype, rank))
+    both_modes(f"broadcast/{dtype}", lambda t: bps.broadcast(t, root_rank=root), x)
+    rows = tf.constant(value(dtype, rank, shape=(gather_rows(rank), 2)))
+    both_modes(f"allgather/{dtype}", lambda t: bps.allgather(t), rows)
+# Named, with every worker's rows empty but one, and a scalar broadcast.
+results["allgather_named"] = bps.allgather(
+    tf.ones([rank % 2, 3], tf.int32) * rank, name="sparse_rows").numpy()
+results["broadcast_scalar"] = bps.broadcast(tf.constant(rank * 1.5), root, name="scalar").numpy()
+
+# Gradients, eagerly and in a graph (Horovod's definitions).
+rows = gather_rows(rank)
+gather_weights = tf.reshape(tf.range(sum(gather_rows(r) for r in range(size)) * 2,
+                                     dtype=tf.float32), [-1, 2]) + 1.0
+gathered_var = tf.Variable(tf.ones([rows, 2]))
+broadcast_var = tf.Variable([1.0, 2.0])
+scaled_var = tf.Variable([1.0, -1.0, 2.0])
+
+
+def gradients():
+    with tf.GradientTape(persistent=True) as tape:
+        gather_loss = tf.reduce_sum(bps.allgather(gathered_var, name="g.allgather") *
+                                    gather_weights)
+        broadcast_loss = tf.reduce_sum(bps.broadcast(broadcast_var, root, name="g.broadcast") *
+                                       float(rank + 1))
+        scaled_loss = tf.reduce_sum(bps.allreduce(
+            scaled_var, op=bps.Sum, prescale_factor=2.0, postscale_factor=3.0,
+            name="g.scaled") * float(rank + 1))
+    return (tape.gradient(gather_loss, gathered_var),
+            tape.gradient(broadcast_loss, broadcast_var),
+            tape.gradient(scaled_loss, scaled_var))
+
+
+for mode, fn in (("eager", gradients), ("graph", tf.function(gradients))):
+    for key, grad in zip(("allgather", "broadcast", "scaled"), fn(), strict=True):
+        results[f"grad/{mode}/{key}"] = grad.numpy()
+
+try:
+    bps.allreduce(tf.ones([2]), op=bps.Adasum)
+except ValueError as error:
+    results["adasum_error"] = np.array(str(error))
+
+np.savez(os.path.join(os.environ["TEST_OUT"], f"rank{rank}.npz"), **results)
+print("DONE", rank, flush=True)
+bps.shutdown()
