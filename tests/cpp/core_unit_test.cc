@@ -1,0 +1,313 @@
+// Unit tests of the core's pieces, in one process: reduce kernels, the wire
+// format, and the server's round policies driven through real sockets.
+// Built and run by tests/test_core_units.py.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../../custom_ops/core/protocol.h"
+#include "../../custom_ops/core/reduce.h"
+#include "../../custom_ops/core/transport.h"
+#include "../../custom_ops/server/server.h"
+
+namespace bps {
+namespace {
+
+int failures = 0;
+
+#define EXPECT(condition)                                                          \
+  do {                                                                             \
+    if (!(condition)) {                                                            \
+      ++failures;                                                                  \
+      std::cerr << __FILE__ << ":" << __LINE__ << ": expected " #condition "\n";   \
+    }                                                                              \
+  } while (0)
+
+// ---------------------------------------------------------------------------
+// Reduce kernels
+
+template <typename T>
+void CheckReductions(DataType dtype, const std::vector<T>& a, const std::vector<T>& b) {
+  const std::vector<std::pair<ReduceOp, std::function<double(double, double)>>> ops = {
+      {ReduceOp::kSum, [](double x, double y) { return x + y; }},
+      {ReduceOp::kAverage, [](double x, double y) { return x + y; }},
+      {ReduceOp::kMin, [](double x, double y) { return std::min(x, y); }},
+      {ReduceOp::kMax, [](double x, double y) { return std::max(x, y); }},
+      {ReduceOp::kProduct, [](double x, double y) { return x * y; }},
+  };
+  for (const auto& [op, reference] : ops) {
+    std::vector<T> out(a.size()), in_place = a;
+    ReduceOf(op, dtype, out.data(), a.data(), b.data(), a.size());
+    ReduceInto(op, dtype, in_place.data(), b.data(), a.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      const double want = reference(static_cast<double>(a[i]), static_cast<double>(b[i]));
+      EXPECT(static_cast<double>(out[i]) == want);
+      EXPECT(static_cast<double>(in_place[i]) == want);
+    }
+  }
+}
+
+void TestReduceKernels() {
+  // Long enough for the vectorised loops' main body and their tails.
+  std::vector<int> base(37), other(37);
+  for (int i = 0; i < 37; ++i) {
+    base[i] = (i * 7) % 7 - 3;
+    other[i] = (i * 5) % 7 - 3;
+  }
+  auto as = [](const std::vector<int>& v, auto tag, int shift = 0) {
+    std::vector<decltype(tag)> out;
+    for (int x : v) out.push_back(static_cast<decltype(tag)>(x + shift));
+    return out;
+  };
+  CheckReductions(DataType::kFloat32, as(base, float{}), as(other, float{}));
+  CheckReductions(DataType::kFloat64, as(base, double{}), as(other, double{}));
+  CheckReductions(DataType::kInt32, as(base, int32_t{}), as(other, int32_t{}));
+  CheckReductions(DataType::kInt64, as(base, int64_t{}), as(other, int64_t{}));
+  CheckReductions(DataType::kInt16, as(base, int16_t{}), as(other, int16_t{}));
+  CheckReductions(DataType::kInt8, as(base, int8_t{}), as(other, int8_t{}));
+  CheckReductions(DataType::kUint8, as(base, uint8_t{}, 3), as(other, uint8_t{}, 3));
+  CheckReductions(DataType::kUint16, as(base, uint16_t{}, 3), as(other, uint16_t{}, 3));
+  CheckReductions(DataType::kFloat16, as(base, _Float16{}), as(other, _Float16{}));
+
+  // bfloat16 rounds to nearest even: 1 + 2^-8 lies halfway between 1 and 1 + 2^-7.
+  const uint16_t one = 0x3f80, step = 0x3b80;  // 1.0 and 2^-8 as bfloat16
+  uint16_t sum = 0;
+  ReduceOf(ReduceOp::kSum, DataType::kBFloat16, &sum, &one, &step, 1);
+  EXPECT(sum == one);
+
+  // Integers divide by flooring (as numpy and TensorFlow), and scale by truncating.
+  std::vector<int32_t> ints = {-7, 7, -6, 0};
+  DivideInPlace(DataType::kInt32, ints.data(), ints.size(), 2);
+  EXPECT((ints == std::vector<int32_t>{-4, 3, -3, 0}));
+  ints = {-7, 7, 3, 1};
+  ScaleInPlace(DataType::kInt32, ints.data(), ints.size(), 0.5);
+  EXPECT((ints == std::vector<int32_t>{-3, 3, 1, 0}));
+  std::vector<float> floats = {1.0f, -3.0f};
+  ScaleInPlace(DataType::kFloat32, floats.data(), floats.size(), 0.25);
+  EXPECT((floats == std::vector<float>{0.25f, -0.75f}));
+  EXPECT(!CanReduce(DataType::kBool) && CanReduce(DataType::kUint8));
+}
+
+// ---------------------------------------------------------------------------
+// Wire format
+
+Declaration SampleDeclaration() {
+  Declaration d;
+  d.name = "layer/kernel:0";
+  d.kind = OpKind::kBroadcast;
+  d.dtype = DataType::kBFloat16;
+  d.shape = {3, 0, 5};
+  d.reduce_op = ReduceOp::kMax;
+  d.root_rank = 2;
+  d.prescale = 0.5;
+  d.postscale = 4.0;
+  return d;
+}
+
+void TestDeclarations() {
+  const Declaration d = SampleDeclaration();
+  const std::string bytes = EncodeDeclaration(d);
+  Declaration back;
+  EXPECT(DecodeDeclaration(bytes, &back));
+  EXPECT(back.name == d.name && back.kind == d.kind && back.dtype == d.dtype &&
+         back.shape == d.shape && back.reduce_op == d.reduce_op && back.root_rank == 2 &&
+         back.prescale == 0.5 && back.postscale == 4.0);
+  // Every truncation, and any trailing byte, is refused.
+  for (size_t n = 0; n < bytes.size(); ++n) EXPECT(!DecodeDeclaration(bytes.substr(0, n), &back));
+  EXPECT(!DecodeDeclaration(bytes + "x", &back));
+  // A claimed name of 4 GB is refused before anything is allocated.
+  std::string huge = bytes;
+  const uint32_t claim = 0xffffffffu;
+  std::memcpy(huge.data(), &claim, sizeof(claim));
+  EXPECT(!DecodeDeclaration(huge, &back));
+  // Unknown kinds, dtypes and reduce ops are refused.
+  std::string bad = bytes;
+  bad[4 + d.name.size()] = 9;
+  EXPECT(!DecodeDeclaration(bad, &back));
+}
+
+void TestSignatures() {
+  Declaration a = SampleDeclaration(), b = a;
+  b.name = "another name";
+  EXPECT(Signature(a) == Signature(b));  // Names are matched by id, not signature.
+  b.root_rank = 1;
+  EXPECT(Signature(a) != Signature(b));
+  a.kind = b.kind = OpKind::kPushPull;  // A root means nothing to a reduction.
+  EXPECT(Signature(a) == Signature(b));
+  b.prescale = 1.0;
+  EXPECT(Signature(a) != Signature(b));
+  Declaration g = SampleDeclaration(), h = g;
+  g.kind = h.kind = OpKind::kAllgather;
+  h.shape[0] = 7;  // The first dimension of an allgather may differ ...
+  EXPECT(Signature(g) == Signature(h));
+  h.shape[2] = 6;  // ... the others may not.
+  EXPECT(Signature(g) != Signature(h));
+  EXPECT(Describe(SampleDeclaration()) ==
+         "broadcast from rank 2 of bfloat16[3,0,5] prescaled by 0.5 postscaled by 4");
+}
+
+// ---------------------------------------------------------------------------
+// Server rounds, through real sockets
+
+class FakeWorker {
+ public:
+  FakeWorker(int port, uint32_t rank) : rank_(rank) {
+    int fd = -1;
+    Status status = ConnectTcp("127.0.0.1", port, 5000, 5000, &fd);
+    EXPECT(status.ok());
+    conn_ = std::make_unique<Connection>(fd, "test server");
+    FrameHeader hello;
+    hello.type = static_cast<uint8_t>(FrameType::kHello);
+    hello.rank = rank;
+    EXPECT(conn_->Send(hello, nullptr).ok());
+  }
+
+  void Push(uint64_t tensor, uint32_t round, OpKind kind, uint64_t signature,
+            const std::vector<float>& data, int64_t rows = 0) {
+    FrameHeader header = Header(FrameType::kPush, tensor, round, kind);
+    header.signature = signature;
+    header.dtype = static_cast<uint8_t>(DataType::kFloat32);
+    header.rows = rows;
+    header.length = data.size() * sizeof(float);
+    EXPECT(conn_->Send(header, data.data()).ok());
+  }
+
+  void Abandon(uint64_t tensor, uint32_t round) {
+    EXPECT(conn_->Send(Header(FrameType::kAbandon, tensor, round, OpKind::kPushPull), nullptr)
+               .ok());
+  }
+
+  // The next reply: its header, and its payload as bytes.
+  FrameHeader Receive(std::string* payload) {
+    FrameHeader header;
+    bool eof = false;
+    EXPECT(conn_->ReceiveHeader(&header, &eof).ok());
+    payload->resize(header.length);
+    EXPECT(conn_->ReceivePayload(payload->data(), payload->size()).ok());
+    return header;
+  }
+
+  std::vector<float> ReceiveFloats(uint32_t round) {
+    std::string payload;
+    FrameHeader header = Receive(&payload);
+    EXPECT(header.type == static_cast<uint8_t>(FrameType::kReply) && header.round == round);
+    std::vector<float> out(payload.size() / sizeof(float));
+    std::memcpy(out.data(), payload.data(), out.size() * sizeof(float));
+    return out;
+  }
+
+  // The next frame must be an error of `kind` whose message contains `text`.
+  void ExpectError(ErrorKind kind, const std::string& text) {
+    std::string message;
+    FrameHeader header = Receive(&message);
+    EXPECT(header.type == static_cast<uint8_t>(FrameType::kError));
+    EXPECT(header.error_kind == static_cast<uint8_t>(kind));
+    if (message.find(text) == std::string::npos) {
+      ++failures;
+      std::cerr << "error message '" << message << "' lacks '" << text << "'\n";
+    }
+  }
+
+  void Bye() { EXPECT(conn_->Send(Header(FrameType::kBye, 0, 0, OpKind::kPushPull), nullptr).ok()); }
+
+ private:
+  FrameHeader Header(FrameType type, uint64_t tensor, uint32_t round, OpKind kind) {
+    FrameHeader header;
+    header.type = static_cast<uint8_t>(type);
+    header.op_kind = static_cast<uint8_t>(kind);
+    header.rank = rank_;
+    header.tensor_id = tensor;
+    header.round = round;
+    return header;
+  }
+
+  uint32_t rank_;
+  std::unique_ptr<Connection> conn_;
+};
+
+void TestServerRounds() {
+  ServerOptions options;
+  options.engine_threads = 2;
+  options.timeout_ms = 5000;
+  Server server(options);
+  int port = 0;
+  EXPECT(server.Listen(&port).ok());
+  EXPECT(server.Serve(2).ok());
+  FakeWorker w0(port, 0), w1(port, 1);
+
+  // A reduction: both get the sum, tagged with the round.
+  w0.Push(1, 1, OpKind::kPushPull, 7, {1, 2});
+  w1.Push(1, 1, OpKind::kPushPull, 7, {10, 20});
+  EXPECT((w0.ReceiveFloats(1) == std::vector<float>{11, 22}));
+  EXPECT((w1.ReceiveFloats(1) == std::vector<float>{11, 22}));
+
+  // Rank 0 gave up round 2 before rank 1 pushed it: rank 1's push is refused and
+  // round 3 is clean.
+  w0.Abandon(1, 2);
+  w1.Push(1, 2, OpKind::kPushPull, 7, {100, 100});
+  w1.ExpectError(ErrorKind::kAborted, "worker rank 0 gave up round 2");
+  w0.Push(1, 3, OpKind::kPushPull, 7, {1, 1});
+  w1.Push(1, 3, OpKind::kPushPull, 7, {2, 2});
+  EXPECT((w0.ReceiveFloats(3) == std::vector<float>{3, 3}));
+  EXPECT((w1.ReceiveFloats(3) == std::vector<float>{3, 3}));
+
+  // Out of step: both hear it, and neither round completes.
+  w0.Push(1, 5, OpKind::kPushPull, 7, {1, 1});
+  w1.Push(1, 6, OpKind::kPushPull, 7, {1, 1});
+  w0.ExpectError(ErrorKind::kAborted, "out of step");
+  w1.ExpectError(ErrorKind::kAborted, "out of step");
+
+  // A mismatch fails the round for both at once.
+  w0.Push(2, 1, OpKind::kPushPull, 7, {1, 1});
+  w1.Push(2, 1, OpKind::kPushPull, 8, {1, 1});
+  w0.ExpectError(ErrorKind::kMismatch, "different sizes");
+  w1.ExpectError(ErrorKind::kMismatch, "different sizes");
+
+  // Broadcast from rank 1: rank 0 sends nothing and receives the root's data once;
+  // the root gets an empty acknowledgement.
+  w0.Push(3, 1, OpKind::kBroadcast, 9, {});
+  w1.Push(3, 1, OpKind::kBroadcast, 9, {4, 5, 6});
+  EXPECT((w0.ReceiveFloats(1) == std::vector<float>{4, 5, 6}));
+  EXPECT(w1.ReceiveFloats(1).empty());
+
+  // Allgather: a table of row counts, then the rows in rank order.
+  w1.Push(4, 1, OpKind::kAllgather, 10, {7, 8}, 2);
+  w0.Push(4, 1, OpKind::kAllgather, 10, {9}, 1);
+  for (FakeWorker* w : {&w0, &w1}) {
+    std::string payload;
+    FrameHeader header = w->Receive(&payload);
+    EXPECT(header.type == static_cast<uint8_t>(FrameType::kReply));
+    EXPECT(payload.size() == 2 * sizeof(int64_t) + 3 * sizeof(float));
+    int64_t rows[2];
+    float values[3];
+    std::memcpy(rows, payload.data(), sizeof(rows));
+    std::memcpy(values, payload.data() + sizeof(rows), sizeof(values));
+    EXPECT(rows[0] == 1 && rows[1] == 2);
+    EXPECT(values[0] == 9 && values[1] == 7 && values[2] == 8);
+  }
+  w0.Bye();
+  w1.Bye();
+  server.Stop();
+  EXPECT(server.failure().empty());
+}
+
+}  // namespace
+}  // namespace bps
+
+int main() {
+  bps::TestReduceKernels();
+  bps::TestDeclarations();
+  bps::TestSignatures();
+  bps::TestServerRounds();
+  if (bps::failures) {
+    std::cerr << bps::failures << " check(s) failed\n";
+    return 1;
+  }
+  std::cout << "core unit tests passed\n";
+  return 0;
+}
