@@ -94,7 +94,7 @@ def mwms_worker(out_path: str, nbytes: int) -> None:
     def broadcast(t):
         def replica_fn(value):
             # MWMS has no cross-worker broadcast for tensors: a sum with zeros is its way.
-            mine = value if rank == 0 else tf.zeros_like(value)
+            mine = tf.identity(value) if rank == 0 else tf.zeros_like(value)
             return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM,
                                                                   mine)
         return strategy.run(replica_fn, args=(t,))
