@@ -200,6 +200,13 @@ void bps_enqueue(const bps_op* op, bps_allocate_fn allocate, bps_done_fn done, v
   worker->Enqueue(std::move(spec), std::move(allocate_output), std::move(finish));
 }
 
+int bps_worker_rank(void) {
+  auto& state = bps::State();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  if (!state.initialised) return -1;
+  return state.worker ? state.worker->options().rank : 0;
+}
+
 void bps_worker_shutdown(void) {
   std::shared_ptr<bps::Worker> worker;
   {

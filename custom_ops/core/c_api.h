@@ -21,6 +21,8 @@ void bps_worker_abort(const char* reason);
 /* Copies why the worker failed (a server died, say; empty when healthy) into buf. */
 int bps_worker_failure(char* buf, int capacity);
 void bps_worker_shutdown(void);
+/* This worker's rank; -1 before init. */
+int bps_worker_rank(void);
 
 /* One collective on one tensor. Values of kind: 1 push_pull, 2 broadcast,
  * 3 allgather; dtype, reduce_op and error kinds: the core's enums (common.h). */

@@ -96,7 +96,11 @@ uint64_t Signature(const Declaration& declaration);
 // For error messages: "allreduce(sum) of float32[2,3]", "broadcast from rank 1 of ...".
 std::string Describe(const Declaration& declaration);
 
-// Allgather replies start with every worker's row count (int64 each), then the rows.
+// An allgather takes two steps under one round: partition 0 exchanges the row counts
+// (an empty push carrying `rows`), then partitions 1..P carry the rows, cut by their
+// place in the concatenated result so that each reply lands in the output directly.
+// Every allgather reply starts with every worker's row count (int64 each).
+constexpr uint32_t kAllgatherSizesPart = 0;
 inline size_t AllgatherTableBytes(int num_workers) {
   return static_cast<size_t>(num_workers) * sizeof(int64_t);
 }

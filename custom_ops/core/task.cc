@@ -34,10 +34,11 @@ Status CheckTaskSpec(const TaskSpec& spec, int size) {
   return Status::OK();
 }
 
-Task::Task(TaskSpec spec, uint64_t tensor_id, uint32_t round, int partitions, int timeout_ms,
-           AllocateFn allocate, DoneFn done)
+Task::Task(TaskSpec spec, uint64_t tensor_id, uint64_t order, uint32_t round, int partitions,
+           int timeout_ms, AllocateFn allocate, DoneFn done)
     : spec_(std::move(spec)),
       tensor_id_(tensor_id),
+      order_(order),
       round_(round),
       timeout_ms_(timeout_ms),
       deadline_(std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms)),
@@ -68,6 +69,11 @@ void Task::EndIo() {
   std::unique_lock<std::mutex> lock(mutex_);
   --active_io_;
   MaybeFinishLocked(lock);
+}
+
+void Task::AddPartitions(int count) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  remaining_ += count;
 }
 
 void Task::PartitionDone() {

@@ -36,8 +36,9 @@ using DoneFn = std::function<void(const Status&)>;
 
 class Task {
  public:
-  Task(TaskSpec spec, uint64_t tensor_id, uint32_t round, int partitions, int timeout_ms,
-       AllocateFn allocate, DoneFn done);
+  // `order`: the tensor's declaration order, its priority (earlier goes first).
+  Task(TaskSpec spec, uint64_t tensor_id, uint64_t order, uint32_t round, int partitions,
+       int timeout_ms, AllocateFn allocate, DoneFn done);
 
   const TaskSpec& spec() const { return spec_; }
   const Declaration& op() const { return spec_.op; }
@@ -45,6 +46,7 @@ class Task {
   OpKind kind() const { return spec_.op.kind; }
   DataType dtype() const { return spec_.op.dtype; }
   uint64_t tensor_id() const { return tensor_id_; }
+  uint64_t order() const { return order_; }
   uint32_t round() const { return round_; }
   int timeout_seconds() const { return timeout_ms_ / 1000; }
   bool expired(std::chrono::steady_clock::time_point now) const { return now >= deadline_; }
@@ -57,6 +59,8 @@ class Task {
   // task (and lets the framework free the memory) while a thread still touches it.
   bool BeginIo();
   void EndIo();
+  // More partitions to wait for (an allgather's rows, once their sizes are known).
+  void AddPartitions(int count);
   void PartitionDone();
   void Fail(const Status& status);
 
@@ -65,6 +69,7 @@ class Task {
 
   const TaskSpec spec_;
   const uint64_t tensor_id_;
+  const uint64_t order_;
   const uint32_t round_;
   const int timeout_ms_;
   const std::chrono::steady_clock::time_point deadline_;

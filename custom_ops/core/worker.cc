@@ -47,6 +47,18 @@ void ServerLink::Enqueue(PartitionTask task) {
   queue_cv_.notify_one();
 }
 
+void ServerLink::Declare(uint64_t tensor_id, const std::string& frame) {
+  FrameHeader header;
+  header.type = static_cast<uint8_t>(FrameType::kDeclare);
+  header.rank = static_cast<uint32_t>(worker_->options().rank);
+  header.tensor_id = tensor_id;
+  header.length = frame.size();
+  std::lock_guard<std::mutex> lock(conn_->write_mutex());
+  // A broken connection is reported by this link's own threads.
+  Status status = conn_->Send(header, frame.data());
+  if (!status.ok()) BPS_LOG(kDebug) << status.message();
+}
+
 void ServerLink::Abandon(uint64_t tensor_id, uint32_t round, OpKind kind) {
   std::vector<uint32_t> parts;
   {
@@ -158,30 +170,6 @@ bool ServerLink::TakePending(const FrameHeader& header, Pending* pending) {
   return true;
 }
 
-Status ServerLink::PrepareAllgather(Task& task, const char* table, uint64_t length,
-                                    size_t* data_bytes) {
-  const int size = worker_->options().size;
-  const std::vector<int64_t>& shape = task.op().shape;
-  size_t row_bytes = DataTypeSize(task.dtype());
-  for (size_t i = 1; i < shape.size(); ++i) row_bytes *= static_cast<size_t>(shape[i]);
-  int64_t rows = 0;
-  for (int r = 0; r < size; ++r) {
-    int64_t count;
-    std::memcpy(&count, table + r * sizeof(int64_t), sizeof(count));
-    if (count < 0) rows = -1;
-    if (rows >= 0) rows += count;
-  }
-  const size_t table_bytes = AllgatherTableBytes(size);
-  if (rows < 0 || length - table_bytes != static_cast<uint64_t>(rows) * row_bytes)
-    return Status::Error(ErrorKind::kInternal, description() +
-                                                   " returned a malformed allgather of tensor '" +
-                                                   task.name() + "'");
-  std::vector<int64_t> out_shape = shape;
-  out_shape[0] = rows;
-  *data_bytes = length - table_bytes;
-  return task.AllocateOutput(out_shape);
-}
-
 void ServerLink::FinishPartition(const Task& task, void* data, size_t bytes) {
   if (task.kind() != OpKind::kPushPull) return;
   const Declaration& op = task.op();
@@ -221,50 +209,44 @@ Status ServerLink::HandleReply(const FrameHeader& header) {
                             message));
     return Status::OK();
   }
-  if (!task.BeginIo()) return discard();
   const char* source = shared ? server_arenas_.Resolve(location) : nullptr;
-  Status status = Status::OK();
-  size_t data_bytes = length;
-  const char* table = nullptr;
-  std::vector<char> table_copy;
-  if (shared && !source) {
-    status = Status::Error(ErrorKind::kInternal, "points outside its shared memory");
-  } else if (task.kind() == OpKind::kAllgather) {
-    const size_t table_bytes = AllgatherTableBytes(worker_->options().size);
-    if (length < table_bytes) {
-      status = Status::Error(ErrorKind::kInternal, "sent a short allgather");
-    } else if (shared) {
-      table = source;
-      source += table_bytes;
-    } else {
-      table_copy.resize(table_bytes);
-      status = conn_->ReceivePayload(table_copy.data(), table_bytes);
-      if (!status.ok()) {
-        task.EndIo();
-        return status;  // The stream is broken.
-      }
-      table = table_copy.data();
-    }
-    if (status.ok()) status = PrepareAllgather(task, table, length, &data_bytes);
-    if (!status.ok() && !shared) {
-      task.EndIo();
-      task.Fail(status);
-      return conn_->DiscardPayload(length - table_bytes);
-    }
-  } else if (length != pending.reply_length) {
-    status = Status::Error(ErrorKind::kInternal,
-                           "returned " + std::to_string(length) + " bytes where " +
-                               std::to_string(pending.reply_length) + " were due");
-  }
-  if (!status.ok()) {
-    task.EndIo();
-    task.Fail(Status::Error(status.kind(), description() + " " + status.message() +
-                                               " (partition " + std::to_string(header.part) +
-                                               " of tensor '" + task.name() + "')"));
+  if (length != pending.reply_length || (shared && !source)) {
+    task.Fail(Status::Error(ErrorKind::kInternal,
+                            description() + " returned a malformed result (" +
+                                std::to_string(length) + " bytes where " +
+                                std::to_string(pending.reply_length) + " were due) for partition " +
+                                std::to_string(header.part) + " of tensor '" + task.name() + "'"));
     return discard();
   }
-  void* dst = static_cast<char*>(task.output()) + pending.offset;
+  if (!task.BeginIo()) return discard();
+  // An allgather's replies start with every worker's row count.
+  const size_t table_bytes =
+      task.kind() == OpKind::kAllgather ? AllgatherTableBytes(worker_->options().size) : 0;
+  std::vector<char> table(table_bytes);
+  Status status = Status::OK();
   if (shared) {
+    std::memcpy(table.data(), source, table_bytes);
+    source += table_bytes;
+  } else {
+    status = conn_->ReceivePayload(table.data(), table_bytes);
+  }
+  if (status.ok() && task.kind() == OpKind::kAllgather && header.part == kAllgatherSizesPart) {
+    // The first step of an allgather: now the output's size and this worker's place
+    // in it are known, and the rows can move.
+    Status sized = worker_->StartAllgatherData(pending.task, table.data());
+    task.EndIo();
+    if (!sized.ok()) {
+      task.Fail(sized);
+    } else {
+      task.PartitionDone();
+    }
+    return Status::OK();
+  }
+  const size_t data_bytes = length - table_bytes;
+  void* dst = static_cast<char*>(task.output()) + pending.offset;
+  if (!status.ok()) {
+    // The stream is broken; the link failure fails the task.
+  } else if (shared) {
     if (data_bytes) std::memcpy(dst, source, data_bytes);
   } else {
     status = conn_->ReceivePayload(dst, data_bytes);
@@ -452,13 +434,14 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
   const size_t element = DataTypeSize(spec.op.dtype);
   // Partitions hold whole elements so that servers and averaging never split one.
   const size_t partition = std::max(element, options_.partition_bytes / element * element);
-  // An allgather is one piece: its size differs by worker, so partitions would not line up.
+  // An allgather starts with one partition (the row counts) and adds the rest later.
   const int partitions = spec.op.kind == OpKind::kAllgather
                              ? 1
                              : static_cast<int>((spec.bytes + partition - 1) / partition);
   const OpKind kind = spec.op.kind;
   auto task = std::make_shared<Task>(
-      std::move(spec), entry.id, entry.round, partitions, options_.timeout_ms, std::move(allocate),
+      std::move(spec), entry.id, entry.order, entry.round, partitions, options_.timeout_ms,
+      std::move(allocate),
       [this, name, kind, id = entry.id, round = entry.round,
        done = std::move(done)](const Status& status) {
         OnTaskFinished(name, kind, id, round, status);
@@ -468,14 +451,17 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
     task->PartitionDone();  // Counts below zero: the task completes at once.
     return;
   }
-  Dispatch(task, entry, declare, partition);
+  Dispatch(task, declare, partition);
 }
 
-void Worker::Dispatch(const std::shared_ptr<Task>& task, const TensorEntry& entry, bool declare,
-                      size_t partition) {
+ServerLink& Worker::LinkFor(uint64_t tensor_id, uint32_t part) {
+  const size_t num_servers = links_.size();
+  return *links_[(tensor_id % num_servers + part) % num_servers];
+}
+
+void Worker::Dispatch(const std::shared_ptr<Task>& task, bool declare, size_t partition) {
   const TaskSpec& spec = task->spec();
   const Declaration& op = spec.op;
-  const int rank = options_.rank;
   const char* source = static_cast<const char*>(spec.input);
   if (op.kind == OpKind::kPushPull && op.prescale != 1.0) {
     // Scale a copy: the input belongs to the framework. The output is ours until
@@ -484,47 +470,104 @@ void Worker::Dispatch(const std::shared_ptr<Task>& task, const TensorEntry& entr
     ScaleInPlace(op.dtype, spec.output, spec.bytes / DataTypeSize(op.dtype), op.prescale);
     source = static_cast<const char*>(spec.output);
   }
-  const bool broadcast_root = op.kind == OpKind::kBroadcast && op.root_rank == rank;
+  const bool broadcast_root = op.kind == OpKind::kBroadcast && op.root_rank == options_.rank;
   if (broadcast_root && spec.output != spec.input) std::memcpy(spec.output, spec.input, spec.bytes);
 
-  std::string declare_frame;
-  if (declare) declare_frame = EncodeDeclaration(op);
-  const uint64_t signature = Signature(op);
-  const size_t num_servers = links_.size();
-  std::vector<bool> declared(num_servers, false);
-  const int partitions = op.kind == OpKind::kAllgather
-                             ? 1
-                             : static_cast<int>((spec.bytes + partition - 1) / partition);
+  PartitionTask item;
+  item.task = task;
+  item.signature = Signature(op);
+  if (declare) item.declare_frame = EncodeDeclaration(op);
+  if (op.kind == OpKind::kAllgather) {
+    // Every server that will see this allgather's rows learns what it is now.
+    item.part = kAllgatherSizesPart;
+    item.offset = 0;
+    item.data = nullptr;
+    item.push_length = 0;
+    item.reply_length = AllgatherTableBytes(options_.size);
+    item.priority = task->order() << 32;
+    if (declare) {
+      for (auto& link : links_) {
+        if (link.get() == &LinkFor(task->tensor_id(), item.part)) continue;
+        link->Declare(task->tensor_id(), item.declare_frame);
+      }
+    }
+    LinkFor(task->tensor_id(), item.part).Enqueue(std::move(item));
+    return;
+  }
+  std::vector<bool> declared(links_.size(), false);
+  const std::string declare_frame = std::move(item.declare_frame);
+  const int partitions = static_cast<int>((spec.bytes + partition - 1) / partition);
   for (int part = 0; part < partitions; ++part) {
-    const size_t server = (entry.id % num_servers + part) % num_servers;
-    PartitionTask item;
-    item.task = task;
     item.part = static_cast<uint32_t>(part);
     item.offset = static_cast<size_t>(part) * partition;
-    const size_t length =
-        op.kind == OpKind::kAllgather ? spec.bytes : std::min(partition, spec.bytes - item.offset);
+    const size_t length = std::min(partition, spec.bytes - item.offset);
     item.data = source + item.offset;
-    switch (op.kind) {
-      case OpKind::kPushPull:
-        item.push_length = item.reply_length = length;
-        break;
-      case OpKind::kBroadcast:  // The root's data crosses once; receivers send nothing.
-        item.push_length = broadcast_root ? length : 0;
-        item.reply_length = broadcast_root ? 0 : length;
-        break;
-      case OpKind::kAllgather:
-        item.push_length = length;
-        item.reply_length = 0;  // Unknown until the server has every worker's rows.
-        break;
+    if (op.kind == OpKind::kPushPull) {
+      item.push_length = item.reply_length = length;
+    } else {  // Broadcast: the root's data crosses once; receivers send nothing.
+      item.push_length = broadcast_root ? length : 0;
+      item.reply_length = broadcast_root ? 0 : length;
     }
-    item.priority = (entry.order << 32) | static_cast<uint64_t>(part);
-    item.signature = signature;
+    item.priority = (task->order() << 32) | static_cast<uint64_t>(part);
+    const size_t server = (task->tensor_id() % links_.size() + part) % links_.size();
+    item.declare_frame.clear();
     if (declare && !declared[server]) {
       item.declare_frame = declare_frame;
       declared[server] = true;
     }
-    links_[server]->Enqueue(std::move(item));
+    links_[server]->Enqueue(item);
   }
+}
+
+Status Worker::StartAllgatherData(const std::shared_ptr<Task>& task, const char* table) {
+  const TaskSpec& spec = task->spec();
+  const std::vector<int64_t>& shape = spec.op.shape;
+  size_t row_bytes = DataTypeSize(spec.op.dtype);
+  for (size_t i = 1; i < shape.size(); ++i) row_bytes *= static_cast<size_t>(shape[i]);
+  std::vector<int64_t> rows(options_.size);
+  std::memcpy(rows.data(), table, rows.size() * sizeof(int64_t));
+  int64_t total = 0, before = 0;
+  for (int r = 0; r < options_.size; ++r) {
+    // Bounded so that the sums below cannot overflow whatever a server sends.
+    if (rows[r] < 0 || rows[r] > (int64_t{1} << 40))
+      return Status::Error(ErrorKind::kInternal, "a server reported " + std::to_string(rows[r]) +
+                                                     " rows for worker rank " + std::to_string(r) +
+                                                     " in allgather of tensor '" + spec.op.name + "'");
+    if (r < options_.rank) before += rows[r];
+    total += rows[r];
+  }
+  if (rows[options_.rank] != shape[0])
+    return Status::Error(ErrorKind::kInternal, "a server misreported this worker's rows in "
+                                               "allgather of tensor '" + spec.op.name + "'");
+  std::vector<int64_t> out_shape = shape;
+  out_shape[0] = total;
+  Status status = task->AllocateOutput(out_shape);
+  if (!status.ok()) return status;
+
+  // Partitions cut the concatenated result; each worker sends the part of its rows
+  // that falls into each (often none), and each reply lands at its place in the output.
+  const size_t result_bytes = static_cast<size_t>(total) * row_bytes;
+  const size_t mine_begin = static_cast<size_t>(before) * row_bytes;
+  const size_t mine_end = mine_begin + spec.bytes;
+  const size_t partition = std::max<size_t>(1, options_.partition_bytes);
+  const int partitions = static_cast<int>((result_bytes + partition - 1) / partition);
+  task->AddPartitions(partitions);
+  const uint64_t signature = Signature(spec.op);
+  for (int p = 0; p < partitions; ++p) {
+    PartitionTask item;
+    item.task = task;
+    item.part = static_cast<uint32_t>(p) + 1;
+    item.offset = static_cast<size_t>(p) * partition;
+    const size_t end = std::min(item.offset + partition, result_bytes);
+    const size_t from = std::max(item.offset, mine_begin), to = std::min(end, mine_end);
+    item.push_length = from < to ? to - from : 0;
+    item.data = static_cast<const char*>(spec.input) + (from < to ? from - mine_begin : 0);
+    item.reply_length = AllgatherTableBytes(options_.size) + (end - item.offset);
+    item.priority = (task->order() << 32) | item.part;
+    item.signature = signature;
+    LinkFor(task->tensor_id(), item.part).Enqueue(std::move(item));
+  }
+  return Status::OK();
 }
 
 void Worker::OnTaskFinished(const std::string& name, OpKind kind, uint64_t tensor_id,

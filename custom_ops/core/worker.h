@@ -74,6 +74,8 @@ class ServerLink {
 
   void Start();
   void Enqueue(PartitionTask task);
+  // Describes a tensor to this server ahead of its pushes (`frame`: a Declaration).
+  void Declare(uint64_t tensor_id, const std::string& frame);
   // Forgets `task`'s partitions still waiting here and tells the server this worker
   // gave up their round, so no other worker's contribution waits for it in vain.
   void Abandon(uint64_t tensor_id, uint32_t round, OpKind kind);
@@ -100,8 +102,6 @@ class ServerLink {
   Status HandleArena();
   // The pending partition this frame answers; false for a stale or unknown round.
   bool TakePending(const FrameHeader& header, Pending* pending);
-  // Reads an allgather result's row table and sizes the output from it.
-  Status PrepareAllgather(Task& task, const char* table, uint64_t length, size_t* data_bytes);
   // Average and postscale on one received partition.
   void FinishPartition(const Task& task, void* data, size_t bytes);
 
@@ -147,6 +147,9 @@ class Worker {
   bool stopping() const { return stopping_.load(); }
   // Called by a link whose server vanished.
   void OnLinkFailure(const std::string& reason);
+  // An allgather's row counts arrived (`table`, one int64 per worker): allocates
+  // the output and sends this worker's rows, partitioned by their place in it.
+  Status StartAllgatherData(const std::shared_ptr<Task>& task, const char* table);
 
  private:
   struct TensorEntry {
@@ -161,8 +164,9 @@ class Worker {
   void OnTaskFinished(const std::string& name, OpKind kind, uint64_t tensor_id, uint32_t round,
                       const Status& status);
   // Splits a task into per-server partitions (declared where needed, prioritised).
-  void Dispatch(const std::shared_ptr<Task>& task, const TensorEntry& entry, bool declare,
-                size_t partition_bytes);
+  void Dispatch(const std::shared_ptr<Task>& task, bool declare, size_t partition_bytes);
+  // Partitions of a tensor are spread over the servers, starting at its id's.
+  ServerLink& LinkFor(uint64_t tensor_id, uint32_t part);
 
   const WorkerOptions options_;
   std::vector<std::unique_ptr<ServerLink>> links_;

@@ -149,7 +149,11 @@ class CollectiveOp : public AsyncOpKernel {
     op.shape = shape.data();
     op.input = input.tensor_data().data();
     op.bytes = input.TotalBytes();
-    if (kind_ != bps::OpKind::kAllgather) {
+    if (kind_ == bps::OpKind::kBroadcast && root_rank_ == bps_worker_rank()) {
+      // The root's result is its input: share the buffer instead of copying it.
+      context->set_output(0, input);
+      op.output = const_cast<char*>(input.tensor_data().data());
+    } else if (kind_ != bps::OpKind::kAllgather) {
       Tensor* output = nullptr;
       // Reusing the input buffer is safe: a partition's result only arrives after
       // this worker's push of that partition has left its memory.
