@@ -1,52 +1,77 @@
-"""Builds the two native libraries of tf_bps.
+"""Builds the native libraries of tf_bps.
 
-_bps_core: the framework-neutral core (worker engine, transport, server engine);
-    it needs no TensorFlow, so `bps-server` never loads TensorFlow.
+_bps_core: the framework-neutral worker engine behind its C API (c_api.h); the
+    TensorFlow kernels and the Python binding both call it through that API.
 _bps_tf_ops: the TensorFlow kernels, linked against _bps_core and compiled with the
     flags of the installed TensorFlow (tf.sysconfig).
+_bps_worker: the pybind11 module Python uses to start and stop the worker engine.
+_bps_server: the pybind11 module holding the server engine; it contains no worker code
+    and needs no TensorFlow, so `bps-server` loads nothing else.
 """
 
 import os
 import subprocess
+import sysconfig
 from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-# setuptools wants sources relative to the project root, where pip runs this file.
-CORE_SOURCES = sorted(str(p) for layer in ("core", "server")
-                      for p in Path("custom_ops", layer).glob("*.cc"))
+
+def sources(folder: str, *names: str) -> list[str]:
+    """Paths relative to the project root, where pip runs this file."""
+    return [str(Path("custom_ops", folder, f"{name}.cc")) for name in names]
+
+
+# What both engines share: types, the wire format, sockets, shared memory, kernels.
+SHARED = sources("core", "common", "logging", "protocol", "reduce", "shared_memory",
+                 "transport")
+CORE_SOURCES = [*SHARED, *sources("core", "task", "worker", "c_api")]
+SERVER_SOURCES = [*SHARED, *sources("server", "server"), *sources("python", "server_module")]
+WORKER_MODULE_SOURCES = sources("python", "worker_module")
 TF_SOURCES = sorted(str(p) for p in Path("custom_ops", "tf").glob("*.cc"))
 CXXFLAGS = ["-std=c++17", "-O3", "-fPIC", "-pthread", "-fvisibility-inlines-hidden"]
 
 
 class BuildNative(build_ext):
-    """Compiles with g++ directly: two shared libraries need no build system."""
+    """Compiles with g++ directly: a handful of shared libraries need no build system."""
 
     def build_extension(self, ext):
         target = Path(self.get_ext_fullpath(ext.name)).resolve()
         target.parent.mkdir(parents=True, exist_ok=True)
         cxx = os.environ.get("CXX", "g++")
-        if ext.name.endswith("_bps_core"):
+        core = Path(self.get_ext_fullpath("tf_bps._bps_core")).resolve()
+        link_core = [f"-L{core.parent}", f"-l:{core.name}", "-Wl,-rpath,$ORIGIN"]
+        name = ext.name.rsplit(".", 1)[1]
+        if name == "_bps_core":
             cmd = [cxx, *CXXFLAGS, "-Wall", "-Wextra", "-shared", *ext.sources, "-o",
                    str(target), f"-Wl,-soname,{target.name}"]
-        else:
+        elif name == "_bps_tf_ops":
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
             import tensorflow as tf  # Only the TensorFlow adapter needs it.
 
-            core = Path(self.get_ext_fullpath("tf_bps._bps_core")).resolve()
             cmd = [cxx, *CXXFLAGS, "-shared", "-Wno-deprecated-declarations",
                    "-Wno-interference-size", *tf.sysconfig.get_compile_flags(), *ext.sources,
-                   "-o", str(target), *tf.sysconfig.get_link_flags(),
-                   f"-L{core.parent}", f"-l:{core.name}", "-Wl,-rpath,$ORIGIN"]
+                   "-o", str(target), *tf.sysconfig.get_link_flags(), *link_core]
+        else:  # The pybind11 modules.
+            import pybind11
+
+            cmd = [cxx, *CXXFLAGS, "-Wall", "-Wextra", "-fvisibility=hidden", "-shared",
+                   f"-I{pybind11.get_include()}", f"-I{sysconfig.get_paths()['include']}",
+                   *ext.sources, "-o", str(target)]
+            if name == "_bps_worker":
+                cmd += link_core
         self.announce(" ".join(cmd), level=2)
         subprocess.check_call(cmd)
 
 
 setup(
+    # Built in this order: the others link against _bps_core.
     ext_modules=[
         Extension("tf_bps._bps_core", CORE_SOURCES),
         Extension("tf_bps._bps_tf_ops", TF_SOURCES),
+        Extension("tf_bps._bps_worker", WORKER_MODULE_SOURCES),
+        Extension("tf_bps._bps_server", SERVER_SOURCES),
     ],
     cmdclass={"build_ext": BuildNative},
 )

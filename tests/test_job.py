@@ -43,9 +43,10 @@ def test_force_distributed_single_worker_uses_servers(procs):
 
 def test_server_and_scheduler_import_no_tensorflow(procs):
     probe = ("import sys, tf_bps, tf_bps.server, tf_bps.scheduler, tf_bps.launcher; "
-             "tf_bps.core.library(); print('tensorflow' in sys.modules)")
+             "tf_bps.core.server_engine(); print('tensorflow' in sys.modules, "
+             "'tf_bps._bps_worker' in sys.modules)")
     status, output = procs.run([sys.executable, "-c", probe], base_env())
-    assert (status, output.strip()) == (0, "False")
+    assert (status, output.strip()) == (0, "False False")
 
 
 def test_bad_variables_are_named(procs):

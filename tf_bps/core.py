@@ -1,9 +1,14 @@
-"""ctypes binding to the framework-neutral core library (no TensorFlow involved)."""
+"""Python's view of the native engines (no TensorFlow involved).
+
+The worker engine is reached through the pybind11 module `_bps_worker` (which calls
+the core's C API, as the TensorFlow kernels do); the server engine lives in its own
+module, `_bps_server`, so a server process loads no worker code. Both raise
+`CoreError`, a RuntimeError whose `kind` names what failed ("mismatch", ...).
+"""
 
 from __future__ import annotations
 
-import ctypes
-import functools
+import importlib
 from pathlib import Path
 
 from tf_bps.config import Config, is_local_address
@@ -11,50 +16,42 @@ from tf_bps.config import Config, is_local_address
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
-class CoreError(RuntimeError):
-    """The core refused a call; the message says why."""
+class NotBuiltError(RuntimeError):
+    """A native library of tf_bps is missing: the package was not built."""
 
 
 def native_library(stem: str) -> Path:
     """Path of a built library of this package (stem: _bps_core or _bps_tf_ops)."""
     found = sorted(_PACKAGE_DIR.glob(f"{stem}*.so"))
     if not found:
-        raise CoreError(
+        raise NotBuiltError(
             f"{stem} is not built in {_PACKAGE_DIR}: install tf_bps with "
             "`pip install --no-build-isolation .` (see README.md)")
     return found[0]
 
 
-@functools.cache
-def library() -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(native_library("_bps_core")))
-    lib.bps_last_error.restype = ctypes.c_char_p
-    lib.bps_set_logging.argtypes = [ctypes.c_int, ctypes.c_char_p]
-    lib.bps_worker_init.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
-                                    ctypes.c_longlong, ctypes.c_int]
-    lib.bps_worker_abort.argtypes = [ctypes.c_char_p]
-    lib.bps_worker_failure.argtypes = [ctypes.c_char_p, ctypes.c_int]
-    lib.bps_server_listen.restype = ctypes.c_void_p
-    lib.bps_server_listen.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                      ctypes.POINTER(ctypes.c_int)]
-    lib.bps_server_serve.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    lib.bps_server_failure_fd.argtypes = [ctypes.c_void_p]
-    lib.bps_server_failure.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
-    lib.bps_server_stop.argtypes = [ctypes.c_void_p]
-    return lib
+def _module(name: str):
+    try:
+        return importlib.import_module(f"tf_bps.{name}")
+    except ImportError as error:
+        raise NotBuiltError(f"tf_bps.{name} cannot be loaded ({error}): install tf_bps with "
+                            "`pip install --no-build-isolation .` (see README.md)") from error
 
 
-def _check(result: int) -> None:
-    if result != 0:
-        raise CoreError(library().bps_last_error().decode())
+def worker_engine():
+    return _module("_bps_worker")
 
 
-def set_logging(config: Config, prefix: str) -> None:
-    library().bps_set_logging(config.core_log_level(), prefix.encode())
+def server_engine():
+    return _module("_bps_server")
+
+
+def set_logging(config: Config, prefix: str, engine=None) -> None:
+    (engine or worker_engine()).set_logging(config.core_log_level(), prefix)
 
 
 def worker_init_local() -> None:
-    _check(library().bps_worker_init_local())
+    worker_engine().init_local()
 
 
 def worker_init(rank: int, size: int, servers: list[str], config: Config) -> None:
@@ -63,53 +60,26 @@ def worker_init(rank: int, size: int, servers: list[str], config: Config) -> Non
         host = server.rsplit(":", 1)[0]
         return f"{server}+local" if config.enable_ipc and is_local_address(host) else server
 
-    listing = ",".join(entry(server) for server in servers)
-    _check(library().bps_worker_init(rank, size, listing.encode(), config.partition_bytes,
-                                     int(config.op_timeout * 1000)))
+    worker_engine().init(rank, size, ",".join(entry(server) for server in servers),
+                         config.partition_bytes, int(config.op_timeout * 1000))
 
 
 def worker_abort(reason: str) -> None:
-    library().bps_worker_abort(reason.encode())
-
-
-def _read_message(fill) -> str:
-    buf = ctypes.create_string_buffer(4096)
-    fill(buf, len(buf))
-    return buf.value.decode(errors="replace")
+    worker_engine().abort(reason)
 
 
 def worker_failure() -> str:
-    """Why the worker can no longer push_pull; empty while it is healthy."""
-    return _read_message(library().bps_worker_failure)
+    """Why the worker can no longer communicate; empty while it is healthy."""
+    return worker_engine().failure()
 
 
 def worker_shutdown() -> None:
-    library().bps_worker_shutdown()
+    worker_engine().shutdown()
 
 
-class ServerEngine:
-    """The C++ summation engine. It listens from construction (so its port can be
-    registered) and sums once `serve` says how many workers the job has."""
-
-    def __init__(self, engine_threads: int, timeout_s: float, port: int = 0):
-        bound = ctypes.c_int(0)
-        self._handle = library().bps_server_listen(port, engine_threads, int(timeout_s * 1000),
-                                                   ctypes.byref(bound))
-        if not self._handle:
-            raise CoreError(library().bps_last_error().decode())
-        self.port = bound.value
-
-    def serve(self, num_workers: int) -> None:
-        _check(library().bps_server_serve(self._handle, num_workers))
-
-    def failure_fd(self) -> int:
-        return library().bps_server_failure_fd(self._handle)
-
-    def failure(self) -> str:
-        return _read_message(lambda buf, size: library().bps_server_failure(
-            self._handle, buf, size))
-
-    def stop(self) -> None:
-        if self._handle:
-            library().bps_server_stop(self._handle)
-            self._handle = None
+def server_start(config: Config):
+    """A listening server engine (its `port` can be registered); `serve(num_workers)`
+    starts it once the job's size is known."""
+    engine = server_engine()
+    set_logging(config, "tf_bps server", engine)
+    return engine.ServerEngine(config.server_engine_threads, int(config.op_timeout * 1000))

@@ -15,8 +15,7 @@ log = logging.getLogger("tf_bps.server")
 
 def serve(config: Config) -> int:
     """Runs one server until the scheduler ends the job; returns the exit status."""
-    core.set_logging(config, "tf_bps server")
-    engine = core.ServerEngine(config.server_engine_threads, config.op_timeout)
+    engine = core.server_start(config)
     link = SchedulerLink(config)
     try:
         book = link.register("server", port=engine.port)

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check \
-  "tensorflow==2.21.0" "pyzmq>=25" numpy "setuptools>=68" wheel \
+  "tensorflow==2.21.0" "pyzmq>=25" numpy "setuptools>=68" wheel "pybind11>=2.12" \
   pytest pytest-timeout ruff
 # --no-build-isolation: the ops must be compiled against the TensorFlow just installed.
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation -e .

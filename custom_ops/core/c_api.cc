@@ -6,7 +6,6 @@
 #include <mutex>
 #include <sstream>
 
-#include "../server/server.h"
 #include "logging.h"
 #include "reduce.h"
 #include "task.h"
@@ -27,12 +26,14 @@ WorkerState& State() {
   return *state;
 }
 
-thread_local std::string t_last_error;
+thread_local Status t_last_error = Status::OK();
 
-int Fail(const std::string& message) {
-  t_last_error = message;
+int Fail(const Status& status) {
+  t_last_error = status;
   return -1;
 }
+
+int Fail(const std::string& message) { return Fail(Status::Error(ErrorKind::kInvalidArgument, message)); }
 
 int CopyOut(const std::string& text, char* buf, int capacity) {
   if (capacity > 0) std::snprintf(buf, static_cast<size_t>(capacity), "%s", text.c_str());
@@ -113,7 +114,9 @@ using bps::Status;
 
 extern "C" {
 
-const char* bps_last_error(void) { return bps::t_last_error.c_str(); }
+const char* bps_last_error(void) { return bps::t_last_error.message().c_str(); }
+
+int bps_last_error_kind(void) { return static_cast<int>(bps::t_last_error.kind()); }
 
 void bps_set_logging(int level, const char* prefix) {
   bps::SetLogLevel(static_cast<bps::LogLevel>(level));
@@ -136,13 +139,13 @@ int bps_worker_init(int rank, int size, const char* servers, long long partition
   options.partition_bytes = static_cast<size_t>(partition_bytes);
   options.timeout_ms = timeout_ms;
   Status status = bps::ParseServers(servers, &options.servers);
-  if (!status.ok()) return bps::Fail(status.message());
+  if (!status.ok()) return bps::Fail(status);
   auto& state = bps::State();
   std::lock_guard<std::mutex> lock(state.mutex);
   if (state.initialised) return bps::Fail("tf_bps is already initialised");
   auto worker = std::make_shared<bps::Worker>(options);
   status = worker->Start();
-  if (!status.ok()) return bps::Fail(status.message());
+  if (!status.ok()) return bps::Fail(status);
   state.worker = std::move(worker);
   state.initialised = true;
   return 0;
@@ -217,32 +220,5 @@ void bps_worker_shutdown(void) {
   }
   if (worker) worker->Stop();
 }
-
-void* bps_server_listen(int port, int engine_threads, int timeout_ms, int* bound_port) {
-  bps::ServerOptions options;
-  options.port = port;
-  options.engine_threads = engine_threads;
-  options.timeout_ms = timeout_ms;
-  auto server = std::make_unique<bps::Server>(options);
-  Status status = server->Listen(bound_port);
-  if (!status.ok()) {
-    bps::Fail(status.message());
-    return nullptr;
-  }
-  return server.release();
-}
-
-int bps_server_serve(void* server, int num_workers) {
-  Status status = static_cast<bps::Server*>(server)->Serve(num_workers);
-  return status.ok() ? 0 : bps::Fail(status.message());
-}
-
-int bps_server_failure_fd(void* server) { return static_cast<bps::Server*>(server)->failure_fd(); }
-
-int bps_server_failure(void* server, char* buf, int capacity) {
-  return bps::CopyOut(static_cast<bps::Server*>(server)->failure(), buf, capacity);
-}
-
-void bps_server_stop(void* server) { delete static_cast<bps::Server*>(server); }
 
 }  // extern "C"

@@ -10,6 +10,8 @@ extern "C" {
 #endif
 
 const char* bps_last_error(void);
+/* The error kind (common.h ErrorKind) of the last failure on this thread. */
+int bps_last_error_kind(void);
 /* 0 trace, 1 debug, 2 info, 3 warning, 4 error. */
 void bps_set_logging(int level, const char* prefix);
 
@@ -49,16 +51,6 @@ typedef void (*bps_done_fn)(void* ctx, int error_kind, const char* message);
 /* Asynchronous: `done` runs exactly once, on a core thread or before this returns.
  * input/output must stay valid until then. */
 void bps_enqueue(const bps_op* op, bps_allocate_fn allocate, bps_done_fn done, void* ctx);
-
-/* Server: an opaque handle; the failure descriptor turns readable on a fatal error. */
-/* Listens first (port 0: any free port) so the port can be registered with the
- * scheduler; serves once the scheduler has said how many workers there are. */
-void* bps_server_listen(int port, int engine_threads, int timeout_ms, int* bound_port);
-int bps_server_serve(void* server, int num_workers);
-int bps_server_failure_fd(void* server);
-/* Copies the failure message (empty when none) into buf; returns its length. */
-int bps_server_failure(void* server, char* buf, int capacity);
-void bps_server_stop(void* server);
 
 #ifdef __cplusplus
 }

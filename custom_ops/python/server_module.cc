@@ -1,0 +1,70 @@
+// tf_bps._bps_server: the server engine for Python's `bps-server`. It holds the
+// engine itself (no worker code, no TensorFlow), so a server process loads nothing else.
+#include <pybind11/pybind11.h>
+
+#include <memory>
+#include <string>
+
+#include "../core/logging.h"
+#include "../server/server.h"
+#include "errors.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// Listens from construction, so that its port can be registered with the scheduler,
+// and serves once the scheduler has said how many workers the job has.
+class ServerEngine {
+ public:
+  ServerEngine(int engine_threads, int timeout_ms, int port) {
+    bps::ServerOptions options;
+    options.port = port;
+    options.engine_threads = engine_threads;
+    options.timeout_ms = timeout_ms;
+    server_ = std::make_unique<bps::Server>(options);
+    bps::ThrowIfError(server_->Listen(&port_));
+  }
+
+  int port() const { return port_; }
+  void Serve(int num_workers) { bps::ThrowIfError(Get().Serve(num_workers)); }
+  int FailureFd() { return Get().failure_fd(); }
+  std::string Failure() { return Get().failure(); }
+  void Stop() {
+    py::gil_scoped_release unlocked;  // Joins the engine's threads.
+    server_.reset();
+  }
+
+ private:
+  bps::Server& Get() {
+    if (!server_)
+      throw bps::CoreError(bps::ErrorKind::kShutdown, "the server engine has been stopped");
+    return *server_;
+  }
+
+  std::unique_ptr<bps::Server> server_;
+  int port_ = 0;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_bps_server, m) {
+  m.doc() = "The tf_bps server engine (C++) for Python.";
+  bps::RegisterCoreError(m);
+  m.def(
+      "set_logging",
+      [](int level, const std::string& prefix) {
+        bps::SetLogLevel(static_cast<bps::LogLevel>(level));
+        bps::SetLogPrefix(prefix);
+      },
+      py::arg("level"), py::arg("prefix"));
+  py::class_<ServerEngine>(m, "ServerEngine")
+      .def(py::init<int, int, int>(), py::arg("engine_threads"), py::arg("timeout_ms"),
+           py::arg("port") = 0)
+      .def_property_readonly("port", &ServerEngine::port)
+      .def("serve", &ServerEngine::Serve, py::arg("num_workers"))
+      .def("failure_fd", &ServerEngine::FailureFd,
+           "A descriptor that turns readable when the server hits a fatal failure.")
+      .def("failure", &ServerEngine::Failure)
+      .def("stop", &ServerEngine::Stop);
+}

@@ -1,0 +1,64 @@
+// tf_bps._bps_worker: the worker side of the core for Python (init, abort, shutdown).
+// It calls the core only through its C API, like the TensorFlow kernels do, and
+// releases the GIL around every call that may block on the network.
+#include <pybind11/pybind11.h>
+
+#include <string>
+
+#include "../core/c_api.h"
+#include "errors.h"
+
+namespace py = pybind11;
+
+namespace {
+
+void Check(int result) {
+  if (result != 0)
+    throw bps::CoreError(static_cast<bps::ErrorKind>(bps_last_error_kind()), bps_last_error());
+}
+
+std::string Failure() {
+  char buffer[4096];
+  const int length = bps_worker_failure(buffer, sizeof(buffer));
+  return std::string(buffer, std::min<size_t>(length, sizeof(buffer) - 1));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_bps_worker, m) {
+  m.doc() = "The tf_bps worker engine (C++ core) for Python.";
+  bps::RegisterCoreError(m);
+  m.def(
+      "set_logging",
+      [](int level, const std::string& prefix) { bps_set_logging(level, prefix.c_str()); },
+      py::arg("level"), py::arg("prefix"),
+      "Log level of the core (0 trace .. 4 error) and the prefix of its lines.");
+  m.def(
+      "init_local", [] { Check(bps_worker_init_local()); },
+      "One worker and no servers: every collective is local.");
+  m.def(
+      "init",
+      [](int rank, int size, const std::string& servers, long long partition_bytes,
+         int timeout_ms) {
+        int result;
+        {
+          py::gil_scoped_release unlocked;  // Connecting may take up to the timeout.
+          result = bps_worker_init(rank, size, servers.c_str(), partition_bytes, timeout_ms);
+        }
+        Check(result);
+      },
+      py::arg("rank"), py::arg("size"), py::arg("servers"), py::arg("partition_bytes"),
+      py::arg("timeout_ms"),
+      "Connects to the servers ('host:port' list, '+local' for same-host ones).");
+  m.def(
+      "abort", [](const std::string& reason) { bps_worker_abort(reason.c_str()); },
+      py::arg("reason"), "Fails every operation in flight and to come with `reason`.");
+  m.def("failure", &Failure, "Why the worker can no longer communicate; empty while healthy.");
+  m.def(
+      "shutdown",
+      [] {
+        py::gil_scoped_release unlocked;  // Joins the core's threads.
+        bps_worker_shutdown();
+      },
+      "Says goodbye to the servers and stops the core's threads.");
+}
