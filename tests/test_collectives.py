@@ -11,9 +11,13 @@ from collective_cases import (
     NUMERIC,
     REDUCTIONS,
     SHAPE,
+    alltoall_rows,
+    alltoall_splits,
     gather_rows,
     reduced,
     scaled_sum,
+    scatter_shape,
+    scatter_slice,
     value,
 )
 
@@ -56,6 +60,36 @@ def test_collectives_match_numpy(procs, tmp_path, num_workers, num_servers, part
                 result = got[f"{mode}/allgather/{dtype}"]
                 assert result.dtype.name == stored(dtype)
                 np.testing.assert_array_equal(result, want, err_msg=dtype)
+            for dtype in NUMERIC:
+                values = [value(dtype, r, shape=scatter_shape(size)).astype(np.float64)
+                          for r in range(size)]
+                mine = scatter_slice(rank, size)
+                np.testing.assert_array_equal(got[f"{mode}/reducescatter/{dtype}"],
+                                              sum(values)[mine], err_msg=dtype)
+                average = got[f"{mode}/reducescatter_average/{dtype}"].astype(np.float64)
+                want = sum(values)[mine] / size
+                if dtype.startswith(("int", "uint")):
+                    want = np.floor(want)
+                np.testing.assert_allclose(average, want, rtol=1e-2 if "16" in dtype else 1e-6,
+                                           err_msg=dtype)
+            # Alltoall: what every rank sent here, in rank order, and how many rows each.
+            want = np.concatenate([
+                alltoall_rows(r, size)[sum(alltoall_splits(r, size)[:rank]):][
+                    :alltoall_splits(r, size)[rank]] for r in range(size)])
+            np.testing.assert_array_equal(got[f"{mode}/alltoall"], want)
+            np.testing.assert_array_equal(got[f"{mode}/alltoall_splits"],
+                                          [alltoall_splits(r, size)[rank] for r in range(size)])
+            want = np.concatenate([value("bool", r, shape=(2 * size, 3))[2 * rank:2 * rank + 2]
+                                   for r in range(size)])
+            np.testing.assert_array_equal(got[f"{mode}/alltoall_even_bool"], want)
+            total = sum(range(1, size + 1))
+            np.testing.assert_array_equal(got[f"{mode}/grouped"],
+                                          [total] * 3 + [2 * sum(range(size))] * 4)
+            np.testing.assert_array_equal(got[f"{mode}/grouped_reducescatter"],
+                                          np.full((2, 2), total))
+        root_object = {"from": root, "items": list(range(root + 3))}
+        assert str(got["broadcast_object"]) == repr(root_object)
+        assert str(got["allgather_object"]) == repr([("rank", r, "x" * r) for r in range(size)])
         np.testing.assert_array_equal(
             got["allgather_named"],
             all_rows([np.full((r % 2, 3), r, np.int32) for r in range(size)]))
@@ -73,6 +107,15 @@ def test_collectives_match_numpy(procs, tmp_path, num_workers, num_servers, part
             # Allreduce: the same reduction and factors applied to the gradients.
             np.testing.assert_array_equal(got[f"grad/{mode}/scaled"],
                                           np.full(3, 6.0 * sum(r + 1.0 for r in range(size))))
+            # Alltoall: each row's gradient comes back from the rank it went to.
+            want = np.concatenate([np.full((n, 2), j + 1.0) for j, n in
+                                   enumerate(alltoall_splits(rank, size))])
+            np.testing.assert_array_equal(got[f"grad/{mode}/alltoall"], want)
+            # Reducescatter: each row's gradient is its owner's (owner rank + 1).
+            want = np.concatenate([np.full((scatter_slice(r, size).stop -
+                                            scatter_slice(r, size).start, 3), r + 1.0)
+                                   for r in range(size)])
+            np.testing.assert_array_equal(got[f"grad/{mode}/reducescatter"], want)
         assert "Adasum" in str(got["adasum_error"])
 
 

@@ -44,8 +44,10 @@ __version__ = "0.1.0"
 
 # Names that need TensorFlow, imported on first use: module -> names.
 _LAZY = {
-    "tf_bps.ops": ("push_pull", "allreduce", "broadcast", "broadcast_variables", "allgather",
-                   "Average", "Sum", "Adasum", "Min", "Max", "Product", "ReduceOp"),
+    "tf_bps.ops": ("push_pull", "allreduce", "grouped_allreduce", "broadcast",
+                   "broadcast_variables", "broadcast_object", "allgather", "allgather_object",
+                   "alltoall", "reducescatter", "grouped_reducescatter", "Average", "Sum",
+                   "Adasum", "Min", "Max", "Product", "ReduceOp"),
     "tf_bps.training": ("DistributedOptimizer", "DistributedGradientTape", "load_model"),
     "tf_bps.strategies": ("ParameterServerStrategy",),
 }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import pickle
 
 import tensorflow as tf
 
@@ -215,6 +216,116 @@ def allgather(tensor, name: str | None = None) -> tf.Tensor:
     tensor = tf.convert_to_tensor(tensor)
     name = name or _default_name("Allgather", tensor)
     return _library.byteps_allgather(tensor, tensor_name=name)
+
+
+def alltoall(tensor, splits=None, name: str | None = None, ignore_name_scope=False,
+             process_set=global_process_set):
+    """Sends `splits[r]` rows of `tensor` to each rank r and concatenates the rows every
+    rank sent here, in rank order; returns (received rows, received splits).
+
+    Without `splits` the first dimension is divided evenly (it must divide by the size).
+    """
+    check_process_set(process_set)
+    tensor = tf.convert_to_tensor(tensor)
+    splits = tf.zeros([0], tf.int64) if splits is None else tf.cast(splits, tf.int64)
+    name = name or _default_name("Alltoall", tensor)
+    return tuple(_library.byteps_alltoall(tensor, splits, tensor_name=name))
+
+
+def reducescatter(tensor, op=Average, name: str | None = None, ignore_name_scope=False,
+                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """Reduces `tensor` across workers; each keeps its share of the first dimension
+    (an even split, the first ranks taking one more row when it is uneven)."""
+    check_process_set(process_set)
+    reduce_op = _resolve_op(None, op)
+    tensor = tf.convert_to_tensor(tensor)
+    name = name or _default_name("Reducescatter", tensor)
+    return _library.byteps_reducescatter(tensor, tensor_name=name,
+                                         reduce_op=_CORE_REDUCE_OP[reduce_op],
+                                         prescale_factor=float(prescale_factor),
+                                         postscale_factor=float(postscale_factor))
+
+
+def _group_names(name: str | None, prefix: str, tensors) -> list[str | None]:
+    if name is None and not tf.executing_eagerly():
+        return [None] * len(tensors)  # Graph names are unique and deterministic.
+    base = name or f"{prefix}.eager"
+    return [f"{base}.{index}" for index in range(len(tensors))]
+
+
+def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
+                      compression=Compression.none, op=None, prescale_factor=1.0,
+                      postscale_factor=1.0, process_set=global_process_set, name=None,
+                      ignore_name_scope=False):
+    """Horovod's grouped_allreduce: allreduce of every tensor of the list, all in flight
+    at once (inside a tf.function they are one graph); returns the list of results."""
+    names = _group_names(name, "GroupedAllreduce", tensors)
+    return [allreduce(t, average=average, device_dense=device_dense,
+                      device_sparse=device_sparse, compression=compression, op=op,
+                      prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                      name=n, process_set=process_set) for t, n in zip(tensors, names, strict=True)]
+
+
+def grouped_reducescatter(tensors, op=Average, process_set=global_process_set,
+                          prescale_factor=1.0, postscale_factor=1.0, name=None,
+                          ignore_name_scope=False):
+    """reducescatter of every tensor of the list, all in flight at once."""
+    names = _group_names(name, "GroupedReducescatter", tensors)
+    return [reducescatter(t, op=op, name=n, process_set=process_set,
+                          prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+            for t, n in zip(tensors, names, strict=True)]
+
+
+def broadcast_object(obj, root_rank: int = 0, session=None, name: str | None = None,
+                     process_set=global_process_set):
+    """Any picklable object of `root_rank`, on every worker (eagerly)."""
+    check_process_set(process_set)
+    name = name or f"BroadcastObject.{type(obj).__name__}"
+    payload = pickle.dumps(obj) if basics.rank() == root_rank else b""
+    length = broadcast(tf.constant([len(payload)], tf.int64), root_rank, name=f"{name}.length")
+    data = (tf.constant(list(payload), tf.uint8) if basics.rank() == root_rank
+            else tf.zeros([int(length[0])], tf.uint8))
+    received = broadcast(data, root_rank, name=f"{name}.data")
+    return obj if basics.rank() == root_rank else pickle.loads(received.numpy().tobytes())
+
+
+def allgather_object(obj, session=None, name: str | None = None,
+                     process_set=global_process_set):
+    """Every worker's picklable `obj`, as a list in rank order (eagerly)."""
+    check_process_set(process_set)
+    name = name or f"AllgatherObject.{type(obj).__name__}"
+    payload = pickle.dumps(obj)
+    lengths = allgather(tf.constant([len(payload)], tf.int64), name=f"{name}.lengths")
+    data = allgather(tf.constant(list(payload), tf.uint8, shape=[len(payload)]),
+                     name=f"{name}.data").numpy().tobytes()
+    objects, offset = [], 0
+    for length in lengths.numpy().tolist():
+        objects.append(pickle.loads(data[offset:offset + length]))
+        offset += length
+    return objects
+
+
+@tf.RegisterGradient("BytepsAlltoall")
+def _alltoall_gradient(op, grad, _received_splits_grad):
+    """Horovod's definition: the gradient rows go back where they came from."""
+    returned, _ = _library.byteps_alltoall(grad, op.outputs[1],
+                                           tensor_name=f"{_attr_name(op)}.grad")
+    return returned, None
+
+
+@tf.RegisterGradient("BytepsReducescatter")
+def _reducescatter_gradient(op, grad):
+    """Horovod's definition: every worker's share of the gradient, gathered, with the
+    reduction's scaling applied."""
+    reduce_op = _REDUCE_OP_OF_CORE[op.get_attr("reduce_op")]
+    if reduce_op not in (Sum, Average):
+        raise NotImplementedError(f"the gradient of a {reduce_op.name} reducescatter is not "
+                                  "defined (Horovod defines it for Sum and Average only)")
+    gathered = _library.byteps_allgather(grad, tensor_name=f"{_attr_name(op)}.grad")
+    scale = op.get_attr("prescale_factor") * op.get_attr("postscale_factor")
+    if reduce_op == Average:
+        scale /= basics.size()
+    return _scale(gathered, scale)
 
 
 def _variable_name(variable) -> str:

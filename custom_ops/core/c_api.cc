@@ -64,17 +64,16 @@ Status ParseServers(const char* text, std::vector<ServerAddress>* servers) {
 // One worker and no servers: every collective is the tensor itself (scaled).
 void RunLocally(const TaskSpec& spec, const AllocateFn& allocate, const DoneFn& done) {
   void* output = spec.output;
-  if (spec.op.kind == OpKind::kAllgather) {
-    Status status = Status::OK();
-    output = allocate(spec.op.shape, &status);
-    if (!output && spec.bytes) {
-      done(status.ok() ? Status::Error("cannot allocate the output of '" + spec.op.name + "'")
-                       : status);
-      return;
-    }
+  Status status = Status::OK();
+  if (!output) output = allocate(0, spec.op.shape, &status);
+  if (status.ok() && spec.op.kind == OpKind::kAlltoall) {
+    const int64_t received = spec.op.shape[0];
+    void* splits = allocate(1, {1}, &status);
+    if (splits) std::memcpy(splits, &received, sizeof(received));
   }
+  if (!status.ok()) return done(status);
   if (output != spec.input && spec.bytes) std::memcpy(output, spec.input, spec.bytes);
-  if (spec.op.kind == OpKind::kPushPull)
+  if (IsReduction(spec.op.kind))
     ScaleInPlace(spec.op.dtype, output, spec.bytes / DataTypeSize(spec.op.dtype),
                  spec.op.prescale * spec.op.postscale);
   done(Status::OK());
@@ -105,6 +104,9 @@ Status ToTaskSpec(const bps_op* op, TaskSpec* spec) {
   spec->input = op->input;
   spec->output = op->output;
   spec->bytes = static_cast<size_t>(op->bytes);
+  if (op->nsplits < 0 || (op->nsplits > 0 && !op->splits))
+    return Status::Error(ErrorKind::kInvalidArgument, "malformed splits for tensor '" + d.name + "'");
+  spec->splits.assign(op->splits, op->splits + op->nsplits);
   return Status::OK();
 }
 
@@ -178,10 +180,11 @@ void bps_enqueue(const bps_op* op, bps_allocate_fn allocate, bps_done_fn done, v
   bps::TaskSpec spec;
   Status status = bps::ToTaskSpec(op, &spec);
   if (!status.ok()) return finish(status);
-  bps::AllocateFn allocate_output = [allocate, ctx](const std::vector<int64_t>& shape,
+  bps::AllocateFn allocate_output = [allocate, ctx](int index, const std::vector<int64_t>& shape,
                                                     Status* status) -> void* {
     std::vector<long long> dims(shape.begin(), shape.end());
-    void* out = allocate ? allocate(ctx, dims.data(), static_cast<int>(dims.size())) : nullptr;
+    void* out =
+        allocate ? allocate(ctx, index, dims.data(), static_cast<int>(dims.size())) : nullptr;
     if (!out) *status = Status::Error(bps::ErrorKind::kInternal, "the framework refused the output");
     return out;
   };

@@ -27,24 +27,30 @@ void bps_worker_shutdown(void);
 int bps_worker_rank(void);
 
 /* One collective on one tensor. Values of kind: 1 push_pull, 2 broadcast,
- * 3 allgather; dtype, reduce_op and error kinds: the core's enums (common.h). */
+ * 3 allgather, 4 alltoall, 5 reducescatter; dtype, reduce_op and error kinds: the
+ * core's enums (common.h, protocol.h). */
 typedef struct bps_op {
   const char* name; /* stable across workers and steps; copied */
   int kind;
   int dtype;
-  int reduce_op; /* push_pull: 0 sum, 1 average, 2 min, 3 max, 4 product */
+  int reduce_op; /* reductions: 0 sum, 1 average, 2 min, 3 max, 4 product */
   int root_rank; /* broadcast */
   double prescale;
   double postscale;
   int ndims;
   const long long* shape; /* copied */
   const void* input;
-  void* output; /* allgather: NULL, the core asks for it through bps_allocate_fn */
+  /* NULL for allgather, alltoall and reducescatter: the core asks for it through
+   * bps_allocate_fn once its size is known. */
+  void* output;
   unsigned long long bytes; /* of the input */
+  const long long* splits; /* alltoall: rows for each rank (copied); NULL: even split */
+  int nsplits;
 } bps_op;
 
-/* Returns the output buffer for the shape (an allgather's), or NULL if it cannot. */
-typedef void* (*bps_allocate_fn)(void* ctx, const long long* shape, int ndims);
+/* Returns the buffer of output `index` (0 the result, 1 an alltoall's received
+ * splits, int64) for the shape, or NULL if it cannot. */
+typedef void* (*bps_allocate_fn)(void* ctx, int index, const long long* shape, int ndims);
 /* error_kind 0 is success; otherwise message says what failed (valid during the call). */
 typedef void (*bps_done_fn)(void* ctx, int error_kind, const char* message);
 

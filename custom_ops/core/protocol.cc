@@ -55,11 +55,15 @@ const char* OpKindName(OpKind kind) {
       return "broadcast";
     case OpKind::kAllgather:
       return "allgather";
+    case OpKind::kAlltoall:
+      return "alltoall";
+    case OpKind::kReduceScatter:
+      return "reducescatter";
   }
   return "unknown operation";
 }
 
-bool IsValidOpKind(uint8_t value) { return value >= 1 && value <= 3; }
+bool IsValidOpKind(uint8_t value) { return value >= 1 && value <= 5; }
 
 std::string EncodeDeclaration(const Declaration& d) {
   Writer out;
@@ -97,8 +101,8 @@ bool DecodeDeclaration(const std::string& payload, Declaration* d) {
 uint64_t Signature(const Declaration& d) {
   Declaration agreed = d;
   agreed.name.clear();
-  // Allgather concatenates along the first axis, whose length may differ by worker.
-  if (d.kind == OpKind::kAllgather && !agreed.shape.empty()) agreed.shape[0] = 0;
+  // Gathers concatenate along the first axis, whose length may differ by worker.
+  if (IsGather(d.kind) && !agreed.shape.empty()) agreed.shape[0] = 0;
   if (d.kind != OpKind::kBroadcast) agreed.root_rank = 0;
   const std::string bytes = EncodeDeclaration(agreed);
   return StableHash(bytes.data(), bytes.size());
@@ -107,7 +111,7 @@ uint64_t Signature(const Declaration& d) {
 std::string Describe(const Declaration& d) {
   std::ostringstream out;
   out << OpKindName(d.kind);
-  if (d.kind == OpKind::kPushPull) out << "(" << ReduceOpName(d.reduce_op) << ")";
+  if (IsReduction(d.kind)) out << "(" << ReduceOpName(d.reduce_op) << ")";
   if (d.kind == OpKind::kBroadcast) out << " from rank " << d.root_rank;
   out << " of " << ShapeString(d.dtype, d.shape);
   if (d.prescale != 1.0) out << " prescaled by " << d.prescale;

@@ -32,6 +32,8 @@ enum class OpKind : uint8_t {
   kPushPull = 1,   // reduce (sum, min, max, product) and return the result to everyone.
   kBroadcast = 2,  // only the root sends data; every other worker receives it.
   kAllgather = 3,  // each worker sends its rows; everyone receives all rows in rank order.
+  kAlltoall = 4,   // each worker sends rows to each worker; a gather per receiving rank.
+  kReduceScatter = 5,  // a reduction whose partitions each go back to one rank only.
 };
 
 const char* OpKindName(OpKind kind);
@@ -51,15 +53,19 @@ struct FrameHeader {
   // Each worker numbers its operations on one tensor 1, 2, 3, ...; a server never
   // mixes contributions of different rounds, and replies carry the round they end.
   uint32_t round = 0;
-  uint8_t reduce_op = 0;  // push_pull: how the server combines (a ReduceOp).
+  uint8_t reduce_op = 0;  // push_pull, reducescatter: how the server combines (a ReduceOp).
   uint8_t reserved[3] = {};
+  // The one rank that receives this partition's result (alltoall, reducescatter); the
+  // others get an empty acknowledgement. -1: every worker receives it.
+  int32_t owner = -1;
+  uint32_t reserved2 = 0;
   uint64_t tensor_id = 0;  // stable hash of the tensor's name.
   uint64_t signature = 0;  // hash of everything workers must agree on; see Signature().
   // Allgather pushes: the sender's first dimension (its row count).
   int64_t rows = 0;
   uint64_t length = 0;  // payload bytes that follow.
 };
-static_assert(sizeof(FrameHeader) == 56, "frame header layout is part of the wire format");
+static_assert(sizeof(FrameHeader) == 64, "frame header layout is part of the wire format");
 
 struct ArenaAnnouncement {
   uint32_t index = 0;
@@ -96,11 +102,19 @@ uint64_t Signature(const Declaration& declaration);
 // For error messages: "allreduce(sum) of float32[2,3]", "broadcast from rank 1 of ...".
 std::string Describe(const Declaration& declaration);
 
-// An allgather takes two steps under one round: partition 0 exchanges the row counts
-// (an empty push carrying `rows`), then partitions 1..P carry the rows, cut by their
-// place in the concatenated result so that each reply lands in the output directly.
-// Every allgather reply starts with every worker's row count (int64 each).
-constexpr uint32_t kAllgatherSizesPart = 0;
+// Gathers (allgather, alltoall) take two steps under one round. Partition 0 exchanges
+// sizes: an allgather's push is empty and carries its row count in `rows`; an
+// alltoall's push is its splits (one int64 per receiving rank). Partitions 1.. then
+// carry the rows: an allgather's cut by their place in the concatenated result, so
+// that each reply lands in the output directly; an alltoall's one per receiving rank
+// (partition 1 + r, owned by rank r). Every gather reply starts with every worker's
+// `rows` (int64 each).
+constexpr uint32_t kSizesPart = 0;
+
+inline bool IsGather(OpKind kind) { return kind == OpKind::kAllgather || kind == OpKind::kAlltoall; }
+inline bool IsReduction(OpKind kind) {
+  return kind == OpKind::kPushPull || kind == OpKind::kReduceScatter;
+}
 inline size_t AllgatherTableBytes(int num_workers) {
   return static_cast<size_t>(num_workers) * sizeof(int64_t);
 }

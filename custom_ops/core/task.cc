@@ -1,5 +1,8 @@
 #include "task.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "reduce.h"
 
 namespace bps {
@@ -19,32 +22,49 @@ Status CheckTaskSpec(const TaskSpec& spec, int size) {
   if (bytes != spec.bytes)
     return invalid(std::to_string(spec.bytes) + " bytes do not make " +
                    ShapeString(op.dtype, op.shape));
-  if (op.kind == OpKind::kPushPull && !CanReduce(op.dtype))
+  if (IsReduction(op.kind) && !CanReduce(op.dtype))
     return invalid(std::string(DataTypeName(op.dtype)) + " tensors cannot be reduced");
-  if (op.kind != OpKind::kPushPull && (op.prescale != 1.0 || op.postscale != 1.0))
-    return invalid("scale factors apply to push_pull only");
+  if (!IsReduction(op.kind) && (op.prescale != 1.0 || op.postscale != 1.0))
+    return invalid("scale factors apply to reductions only");
   if (op.kind == OpKind::kBroadcast && (op.root_rank < 0 || op.root_rank >= size))
     return invalid("root rank " + std::to_string(op.root_rank) + " is not a rank of this job (size " +
                    std::to_string(size) + ")");
-  if (op.kind == OpKind::kAllgather && op.shape.empty())
-    return invalid("a scalar has no first dimension to concatenate along");
-  const bool needs_output = op.kind != OpKind::kAllgather;
+  if ((IsGather(op.kind) || op.kind == OpKind::kReduceScatter) && op.shape.empty())
+    return invalid("a scalar has no first dimension to split or concatenate along");
+  if (op.kind == OpKind::kAlltoall && !spec.splits.empty()) {
+    if (spec.splits.size() != static_cast<size_t>(size))
+      return invalid(std::to_string(spec.splits.size()) + " splits for " + std::to_string(size) +
+                     " workers");
+    int64_t rows = 0;
+    for (int64_t split : spec.splits) {
+      if (split < 0) return invalid("a negative split");
+      rows += split;
+    }
+    if (rows != op.shape[0])
+      return invalid("the splits add up to " + std::to_string(rows) + " rows, the tensor has " +
+                     std::to_string(op.shape[0]));
+  }
+  if (op.kind == OpKind::kAlltoall && spec.splits.empty() && op.shape[0] % size != 0)
+    return invalid("without splits the first dimension (" + std::to_string(op.shape[0]) +
+                   ") must divide evenly among " + std::to_string(size) + " workers");
+  const bool needs_output = op.kind == OpKind::kPushPull || op.kind == OpKind::kBroadcast;
   if (spec.bytes && (!spec.input || (needs_output && !spec.output)))
     return invalid("no input or output memory");
   return Status::OK();
 }
 
-Task::Task(TaskSpec spec, uint64_t tensor_id, uint64_t order, uint32_t round, int partitions,
-           int timeout_ms, AllocateFn allocate, DoneFn done)
+Task::Task(TaskSpec spec, uint64_t tensor_id, uint64_t order, uint32_t round, int timeout_ms,
+           AllocateFn allocate, DoneFn done)
     : spec_(std::move(spec)),
       tensor_id_(tensor_id),
       order_(order),
       round_(round),
+      signature_(Signature(spec_.op)),
       timeout_ms_(timeout_ms),
       deadline_(std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms)),
       allocate_(std::move(allocate)),
       output_(spec_.output),
-      remaining_(partitions),
+      source_(static_cast<const char*>(spec_.input)),
       done_(std::move(done)) {}
 
 Status Task::AllocateOutput(const std::vector<int64_t>& shape) {
@@ -52,10 +72,29 @@ Status Task::AllocateOutput(const std::vector<int64_t>& shape) {
   if (!allocate_)
     return Status::Error(ErrorKind::kInternal, "no output allocator for tensor '" + name() + "'");
   Status status = Status::OK();
-  output_ = allocate_(shape, &status);
+  output_ = allocate_(0, shape, &status);
   if (!output_ && status.ok())
     status = Status::Error(ErrorKind::kInternal, "cannot allocate the output of '" + name() + "'");
   return status;
+}
+
+Status Task::SetReceivedSplits(const std::vector<int64_t>& splits) {
+  Status status = Status::OK();
+  void* out = allocate_ ? allocate_(1, {static_cast<int64_t>(splits.size())}, &status) : nullptr;
+  if (!out)
+    return status.ok() ? Status::Error(ErrorKind::kInternal,
+                                       "cannot allocate the received splits of '" + name() + "'")
+                       : status;
+  std::memcpy(out, splits.data(), splits.size() * sizeof(int64_t));
+  return Status::OK();
+}
+
+int64_t ScatterRows(int64_t rows, int rank, int size) {
+  return rows / size + (rank < rows % size ? 1 : 0);
+}
+
+int64_t ScatterFirstRow(int64_t rows, int rank, int size) {
+  return rank * (rows / size) + std::min<int64_t>(rank, rows % size);
 }
 
 bool Task::BeginIo() {
@@ -68,6 +107,13 @@ bool Task::BeginIo() {
 void Task::EndIo() {
   std::unique_lock<std::mutex> lock(mutex_);
   --active_io_;
+  MaybeFinishLocked(lock);
+}
+
+void Task::Launch(int partitions) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  remaining_ += partitions;
+  launched_ = true;
   MaybeFinishLocked(lock);
 }
 
@@ -91,7 +137,7 @@ void Task::Fail(const Status& status) {
 }
 
 void Task::MaybeFinishLocked(std::unique_lock<std::mutex>& lock) {
-  if (done_called_ || active_io_ > 0 || (!failed_ && remaining_ > 0)) return;
+  if (done_called_ || !launched_ || active_io_ > 0 || (!failed_ && remaining_ > 0)) return;
   done_called_ = true;
   Status result = failed_ ? error_ : Status::OK();
   DoneFn done = std::move(done_);

@@ -17,28 +17,38 @@ namespace bps {
 
 // What an adapter asks for. `input` must stay valid and unchanged, and `output`
 // writable, until the task completes; they may alias (the op then works in place).
-// An allgather's output size is only known once every worker has sent its rows:
-// its `output` is null and the task asks the adapter for it through AllocateFn.
+// Where the output's size depends on other workers (allgather, alltoall) or on the
+// rank (reducescatter), `output` is null and the task asks the adapter for it
+// through AllocateFn once the size is known.
 struct TaskSpec {
   Declaration op;  // name, kind, dtype, shape, reduce op, root, scale factors
   const void* input = nullptr;
   void* output = nullptr;
   size_t bytes = 0;  // of the input
+  // Alltoall: rows of the input for each receiving rank (empty: an even split).
+  std::vector<int64_t> splits;
 };
 
 // The adapter's mistakes (shape and bytes disagree, a root outside the job, ...),
 // caught before anything reaches the wire. `size`: the number of workers.
 Status CheckTaskSpec(const TaskSpec& spec, int size);
 
-// Returns the output buffer for `shape`, or null with `status` set.
-using AllocateFn = std::function<void*(const std::vector<int64_t>& shape, Status* status)>;
+// The rows of a `rows`-row tensor that rank `rank` of `size` keeps in a
+// reducescatter: an even split, the first ranks taking one more when it is uneven.
+int64_t ScatterRows(int64_t rows, int rank, int size);
+int64_t ScatterFirstRow(int64_t rows, int rank, int size);
+
+// Output 0 is the result; an alltoall's output 1 receives its splits (int64, one
+// per sending rank). Returns the buffer for `shape`, or null with `status` set.
+using AllocateFn =
+    std::function<void*(int index, const std::vector<int64_t>& shape, Status* status)>;
 using DoneFn = std::function<void(const Status&)>;
 
 class Task {
  public:
   // `order`: the tensor's declaration order, its priority (earlier goes first).
-  Task(TaskSpec spec, uint64_t tensor_id, uint64_t order, uint32_t round, int partitions,
-       int timeout_ms, AllocateFn allocate, DoneFn done);
+  Task(TaskSpec spec, uint64_t tensor_id, uint64_t order, uint32_t round, int timeout_ms,
+       AllocateFn allocate, DoneFn done);
 
   const TaskSpec& spec() const { return spec_; }
   const Declaration& op() const { return spec_.op; }
@@ -47,19 +57,30 @@ class Task {
   DataType dtype() const { return spec_.op.dtype; }
   uint64_t tensor_id() const { return tensor_id_; }
   uint64_t order() const { return order_; }
+  uint64_t signature() const { return signature_; }
+  const std::vector<int64_t>& splits() const { return spec_.splits; }
   uint32_t round() const { return round_; }
   int timeout_seconds() const { return timeout_ms_ / 1000; }
   bool expired(std::chrono::steady_clock::time_point now) const { return now >= deadline_; }
 
-  // Where the output lives; for an allgather, only after AllocateOutput.
+  // Where the output lives; null until AllocateOutput where the spec had none.
   void* output() const { return output_; }
   Status AllocateOutput(const std::vector<int64_t>& shape);
+  // An alltoall's second output: the rows each rank sent here.
+  Status SetReceivedSplits(const std::vector<int64_t>& splits);
+  // Where the pushes read from: the input, or a scaled copy of it.
+  const char* source() const { return source_; }
+  void set_source(const char* source) { source_ = source; }
+  // Working memory that lives as long as the task (a prescaled copy of the input).
+  std::vector<char>& scratch() { return scratch_; }
 
   // I/O on the tensor's memory is bracketed so that a failure never completes the
   // task (and lets the framework free the memory) while a thread still touches it.
   bool BeginIo();
   void EndIo();
-  // More partitions to wait for (an allgather's rows, once their sizes are known).
+  // The task is planned: it completes once `partitions` are done (at once if none).
+  void Launch(int partitions);
+  // More partitions to wait for (a gather's rows, once their sizes are known).
   void AddPartitions(int count);
   void PartitionDone();
   void Fail(const Status& status);
@@ -71,12 +92,16 @@ class Task {
   const uint64_t tensor_id_;
   const uint64_t order_;
   const uint32_t round_;
+  const uint64_t signature_;
   const int timeout_ms_;
   const std::chrono::steady_clock::time_point deadline_;
   AllocateFn allocate_;
   void* output_;
+  const char* source_;
+  std::vector<char> scratch_;
   std::mutex mutex_;
-  int remaining_;
+  int remaining_ = 0;
+  bool launched_ = false;
   int active_io_ = 0;
   bool failed_ = false;
   bool done_called_ = false;

@@ -109,7 +109,8 @@ void ServerLink::SendLoop() {
     header.signature = partition.signature;
     header.dtype = static_cast<uint8_t>(task.dtype());
     header.reduce_op = static_cast<uint8_t>(task.op().reduce_op);
-    if (task.kind() == OpKind::kAllgather) header.rows = task.op().shape[0];
+    header.owner = partition.owner;
+    if (IsGather(task.kind())) header.rows = task.op().shape[0];
     Status status = SendPartition(partition, &header);
     task.EndIo();
     BPS_LOG(kTrace) << "pushed " << task.name() << " part " << partition.part << " round "
@@ -171,7 +172,7 @@ bool ServerLink::TakePending(const FrameHeader& header, Pending* pending) {
 }
 
 void ServerLink::FinishPartition(const Task& task, void* data, size_t bytes) {
-  if (task.kind() != OpKind::kPushPull) return;
+  if (!IsReduction(task.kind())) return;
   const Declaration& op = task.op();
   const size_t count = bytes / DataTypeSize(op.dtype);
   if (op.reduce_op == ReduceOp::kAverage) DivideInPlace(op.dtype, data, count, worker_->options().size);
@@ -219,9 +220,10 @@ Status ServerLink::HandleReply(const FrameHeader& header) {
     return discard();
   }
   if (!task.BeginIo()) return discard();
-  // An allgather's replies start with every worker's row count.
-  const size_t table_bytes =
-      task.kind() == OpKind::kAllgather ? AllgatherTableBytes(worker_->options().size) : 0;
+  // A gather's replies start with every worker's row count (acknowledgements are empty).
+  const size_t table_bytes = IsGather(task.kind()) && pending.reply_length > 0
+                                 ? AllgatherTableBytes(worker_->options().size)
+                                 : 0;
   std::vector<char> table(table_bytes);
   Status status = Status::OK();
   if (shared) {
@@ -230,13 +232,21 @@ Status ServerLink::HandleReply(const FrameHeader& header) {
   } else {
     status = conn_->ReceivePayload(table.data(), table_bytes);
   }
-  if (status.ok() && task.kind() == OpKind::kAllgather && header.part == kAllgatherSizesPart) {
-    // The first step of an allgather: now the output's size and this worker's place
-    // in it are known, and the rows can move.
-    Status sized = worker_->StartAllgatherData(pending.task, table.data());
+  if (status.ok() && IsGather(task.kind()) && header.part == kSizesPart) {
+    // The first step of a gather: now the output's size and this worker's place in
+    // it are known, and the rows can move.
+    std::vector<char> sizes(length);
+    if (shared) {
+      std::memcpy(sizes.data(), source - table_bytes, length);
+    } else {
+      std::memcpy(sizes.data(), table.data(), table_bytes);
+      status = conn_->ReceivePayload(sizes.data() + table_bytes, length - table_bytes);
+    }
+    Status started = status.ok() ? worker_->StartGatherData(pending.task, sizes) : status;
     task.EndIo();
-    if (!sized.ok()) {
-      task.Fail(sized);
+    if (!status.ok()) return status;  // The stream is broken.
+    if (!started.ok()) {
+      task.Fail(started);
     } else {
       task.PartitionDone();
     }
@@ -407,6 +417,8 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
     done(status);
     return;
   }
+  if (spec.op.kind == OpKind::kAlltoall && spec.splits.empty())
+    spec.splits.assign(options_.size, spec.op.shape[0] / options_.size);
   const uint64_t signature = Signature(spec.op);
   TensorEntry entry;
   bool declare;
@@ -431,27 +443,25 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
     it->second.signature = signature;
     entry = it->second;
   }
-  const size_t element = DataTypeSize(spec.op.dtype);
-  // Partitions hold whole elements so that servers and averaging never split one.
-  const size_t partition = std::max(element, options_.partition_bytes / element * element);
-  // An allgather starts with one partition (the row counts) and adds the rest later.
-  const int partitions = spec.op.kind == OpKind::kAllgather
-                             ? 1
-                             : static_cast<int>((spec.bytes + partition - 1) / partition);
   const OpKind kind = spec.op.kind;
   auto task = std::make_shared<Task>(
-      std::move(spec), entry.id, entry.order, entry.round, partitions, options_.timeout_ms,
+      std::move(spec), entry.id, entry.order, entry.round, options_.timeout_ms,
       std::move(allocate),
       [this, name, kind, id = entry.id, round = entry.round,
        done = std::move(done)](const Status& status) {
         OnTaskFinished(name, kind, id, round, status);
         done(status);
       });
-  if (partitions == 0) {  // Nothing to move (the tensor is empty on every worker too).
-    task->PartitionDone();  // Counts below zero: the task completes at once.
+  std::vector<PartitionTask> plan;
+  status = Plan(task, &plan);
+  if (!status.ok()) {
+    task->Launch(0);
+    task->Fail(status);
     return;
   }
-  Dispatch(task, declare, partition);
+  if (declare) Declare(*task, &plan);
+  task->Launch(static_cast<int>(plan.size()));
+  for (PartitionTask& item : plan) LinkFor(task->tensor_id(), item.part).Enqueue(std::move(item));
 }
 
 ServerLink& Worker::LinkFor(uint64_t tensor_id, uint32_t part) {
@@ -459,114 +469,194 @@ ServerLink& Worker::LinkFor(uint64_t tensor_id, uint32_t part) {
   return *links_[(tensor_id % num_servers + part) % num_servers];
 }
 
-void Worker::Dispatch(const std::shared_ptr<Task>& task, bool declare, size_t partition) {
-  const TaskSpec& spec = task->spec();
-  const Declaration& op = spec.op;
-  const char* source = static_cast<const char*>(spec.input);
-  if (op.kind == OpKind::kPushPull && op.prescale != 1.0) {
-    // Scale a copy: the input belongs to the framework. The output is ours until
-    // the task completes, and each partition's result arrives only after its push.
-    if (spec.output != spec.input) std::memcpy(spec.output, spec.input, spec.bytes);
-    ScaleInPlace(op.dtype, spec.output, spec.bytes / DataTypeSize(op.dtype), op.prescale);
-    source = static_cast<const char*>(spec.output);
-  }
-  const bool broadcast_root = op.kind == OpKind::kBroadcast && op.root_rank == options_.rank;
-  if (broadcast_root && spec.output != spec.input) std::memcpy(spec.output, spec.input, spec.bytes);
-
-  PartitionTask item;
-  item.task = task;
-  item.signature = Signature(op);
-  if (declare) item.declare_frame = EncodeDeclaration(op);
-  if (op.kind == OpKind::kAllgather) {
-    // Every server that will see this allgather's rows learns what it is now.
-    item.part = kAllgatherSizesPart;
-    item.offset = 0;
-    item.data = nullptr;
-    item.push_length = 0;
-    item.reply_length = AllgatherTableBytes(options_.size);
-    item.priority = task->order() << 32;
-    if (declare) {
-      for (auto& link : links_) {
-        if (link.get() == &LinkFor(task->tensor_id(), item.part)) continue;
-        link->Declare(task->tensor_id(), item.declare_frame);
-      }
-    }
-    LinkFor(task->tensor_id(), item.part).Enqueue(std::move(item));
-    return;
-  }
-  std::vector<bool> declared(links_.size(), false);
-  const std::string declare_frame = std::move(item.declare_frame);
-  const int partitions = static_cast<int>((spec.bytes + partition - 1) / partition);
-  for (int part = 0; part < partitions; ++part) {
-    item.part = static_cast<uint32_t>(part);
-    item.offset = static_cast<size_t>(part) * partition;
-    const size_t length = std::min(partition, spec.bytes - item.offset);
-    item.data = source + item.offset;
-    if (op.kind == OpKind::kPushPull) {
-      item.push_length = item.reply_length = length;
-    } else {  // Broadcast: the root's data crosses once; receivers send nothing.
-      item.push_length = broadcast_root ? length : 0;
-      item.reply_length = broadcast_root ? 0 : length;
-    }
-    item.priority = (task->order() << 32) | static_cast<uint64_t>(part);
-    const size_t server = (task->tensor_id() % links_.size() + part) % links_.size();
-    item.declare_frame.clear();
-    if (declare && !declared[server]) {
-      item.declare_frame = declare_frame;
-      declared[server] = true;
-    }
-    links_[server]->Enqueue(item);
-  }
+size_t Worker::PartitionBytes(DataType dtype) const {
+  // Partitions hold whole elements so that servers and averaging never split one.
+  const size_t element = DataTypeSize(dtype);
+  return std::max(element, options_.partition_bytes / element * element);
 }
 
-Status Worker::StartAllgatherData(const std::shared_ptr<Task>& task, const char* table) {
+PartitionTask Worker::Partition(const std::shared_ptr<Task>& task, uint32_t part, size_t offset,
+                                const char* data, size_t push_length,
+                                size_t reply_length) const {
+  PartitionTask item;
+  item.task = task;
+  item.part = part;
+  item.offset = offset;
+  item.data = data;
+  item.push_length = push_length;
+  item.reply_length = reply_length;
+  item.priority = (task->order() << 32) | part;
+  item.signature = task->signature();
+  return item;
+}
+
+Status Worker::Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask>* plan) {
   const TaskSpec& spec = task->spec();
-  const std::vector<int64_t>& shape = spec.op.shape;
-  size_t row_bytes = DataTypeSize(spec.op.dtype);
-  for (size_t i = 1; i < shape.size(); ++i) row_bytes *= static_cast<size_t>(shape[i]);
-  std::vector<int64_t> rows(options_.size);
-  std::memcpy(rows.data(), table, rows.size() * sizeof(int64_t));
-  int64_t total = 0, before = 0;
-  for (int r = 0; r < options_.size; ++r) {
-    // Bounded so that the sums below cannot overflow whatever a server sends.
-    if (rows[r] < 0 || rows[r] > (int64_t{1} << 40))
-      return Status::Error(ErrorKind::kInternal, "a server reported " + std::to_string(rows[r]) +
-                                                     " rows for worker rank " + std::to_string(r) +
-                                                     " in allgather of tensor '" + spec.op.name + "'");
-    if (r < options_.rank) before += rows[r];
-    total += rows[r];
+  const Declaration& op = spec.op;
+  const int rank = options_.rank, size = options_.size;
+  const size_t partition = PartitionBytes(op.dtype);
+  if (IsReduction(op.kind) && op.prescale != 1.0) {
+    // Scale a copy: the input belongs to the framework. A push_pull's output is ours
+    // until the task completes, and each partition's result arrives after its push.
+    char* copy = static_cast<char*>(spec.output);
+    if (op.kind == OpKind::kReduceScatter) {
+      task->scratch().resize(spec.bytes);
+      copy = task->scratch().data();
+    }
+    if (copy != spec.input) std::memcpy(copy, spec.input, spec.bytes);
+    ScaleInPlace(op.dtype, copy, spec.bytes / DataTypeSize(op.dtype), op.prescale);
+    task->set_source(copy);
   }
-  if (rows[options_.rank] != shape[0])
-    return Status::Error(ErrorKind::kInternal, "a server misreported this worker's rows in "
-                                               "allgather of tensor '" + spec.op.name + "'");
-  std::vector<int64_t> out_shape = shape;
+  const char* source = task->source();
+  switch (op.kind) {
+    case OpKind::kPushPull:
+    case OpKind::kBroadcast: {
+      const bool root = op.kind == OpKind::kBroadcast && op.root_rank == rank;
+      if (root && spec.output != spec.input) std::memcpy(spec.output, spec.input, spec.bytes);
+      for (size_t offset = 0; offset < spec.bytes; offset += partition) {
+        const size_t length = std::min(partition, spec.bytes - offset);
+        const uint32_t part = static_cast<uint32_t>(plan->size());
+        if (op.kind == OpKind::kPushPull) {
+          plan->push_back(Partition(task, part, offset, source + offset, length, length));
+        } else {  // The root's data crosses once; receivers send nothing.
+          plan->push_back(Partition(task, part, offset, source + offset, root ? length : 0,
+                                    root ? 0 : length));
+        }
+      }
+      return Status::OK();
+    }
+    case OpKind::kReduceScatter: {
+      // Partitions never straddle two ranks' rows, so each result goes to one rank.
+      const size_t row_bytes = RowBytes(op);
+      std::vector<int64_t> mine = op.shape;
+      mine[0] = ScatterRows(op.shape[0], rank, size);
+      Status status = task->AllocateOutput(mine);
+      if (!status.ok()) return status;
+      for (int owner = 0; owner < size; ++owner) {
+        const size_t begin = ScatterFirstRow(op.shape[0], owner, size) * row_bytes;
+        const size_t end = begin + ScatterRows(op.shape[0], owner, size) * row_bytes;
+        for (size_t offset = begin; offset < end; offset += partition) {
+          const size_t length = std::min(partition, end - offset);
+          PartitionTask item =
+              Partition(task, static_cast<uint32_t>(plan->size()), offset - begin,
+                        source + offset, length, owner == rank ? length : 0);
+          item.owner = owner;
+          plan->push_back(std::move(item));
+        }
+      }
+      return Status::OK();
+    }
+    case OpKind::kAllgather:
+    case OpKind::kAlltoall: {
+      // First the sizes; the rows follow once every worker's are known.
+      const size_t sizes_bytes =
+          op.kind == OpKind::kAlltoall ? size * size * sizeof(int64_t) : 0;
+      const char* splits = reinterpret_cast<const char*>(task->splits().data());
+      plan->push_back(Partition(task, kSizesPart, 0, splits,
+                                op.kind == OpKind::kAlltoall ? size * sizeof(int64_t) : 0,
+                                AllgatherTableBytes(size) + sizes_bytes));
+      return Status::OK();
+    }
+  }
+  return Status::Error(ErrorKind::kInternal, "unknown operation kind");
+}
+
+void Worker::Declare(const Task& task, std::vector<PartitionTask>* plan) {
+  // Every server that will see the tensor learns what it is with its first push
+  // there; a gather's later partitions may go to any server, so all learn it now.
+  const std::string frame = EncodeDeclaration(task.op());
+  std::vector<bool> declared(links_.size(), false);
+  for (PartitionTask& item : *plan) {
+    const size_t server = (task.tensor_id() % links_.size() + item.part) % links_.size();
+    if (declared[server]) continue;
+    declared[server] = true;
+    item.declare_frame = frame;
+  }
+  if (!IsGather(task.kind())) return;
+  for (size_t server = 0; server < links_.size(); ++server)
+    if (!declared[server]) links_[server]->Declare(task.tensor_id(), frame);
+}
+
+size_t Worker::RowBytes(const Declaration& op) {
+  size_t row_bytes = DataTypeSize(op.dtype);
+  for (size_t i = 1; i < op.shape.size(); ++i) row_bytes *= static_cast<size_t>(op.shape[i]);
+  return row_bytes;
+}
+
+Status Worker::StartGatherData(const std::shared_ptr<Task>& task, const std::vector<char>& sizes) {
+  const TaskSpec& spec = task->spec();
+  const int size = options_.size, rank = options_.rank;
+  const size_t row_bytes = RowBytes(spec.op);
+  // The reply: each worker's `rows`, then (alltoall) each worker's splits.
+  std::vector<int64_t> table(sizes.size() / sizeof(int64_t));
+  std::memcpy(table.data(), sizes.data(), table.size() * sizeof(int64_t));
+  auto bad = [&](const std::string& what) {
+    return Status::Error(ErrorKind::kInternal, "a server sent " + what + " in " +
+                                                   OpKindName(spec.op.kind) + " of tensor '" +
+                                                   spec.op.name + "'");
+  };
+  for (int64_t count : table) {
+    // Bounded so that the sums below cannot overflow whatever a server sends.
+    if (count < 0 || count > (int64_t{1} << 40)) return bad("a row count of " + std::to_string(count));
+  }
+  if (table[rank] != spec.op.shape[0]) return bad("another row count for this worker");
+  std::vector<int64_t> out_shape = spec.op.shape;
+  if (spec.op.kind == OpKind::kAllgather) {
+    int64_t total = 0, before = 0;
+    for (int r = 0; r < size; ++r) {
+      if (r < rank) before += table[r];
+      total += table[r];
+    }
+    out_shape[0] = total;
+    Status status = task->AllocateOutput(out_shape);
+    if (!status.ok()) return status;
+    // Partitions cut the concatenated result; each worker sends the part of its rows
+    // that falls into each (often none), and each reply lands at its place in the output.
+    const size_t result_bytes = static_cast<size_t>(total) * row_bytes;
+    const size_t mine_begin = static_cast<size_t>(before) * row_bytes;
+    const size_t mine_end = mine_begin + spec.bytes;
+    const size_t partition = std::max<size_t>(1, options_.partition_bytes);
+    std::vector<PartitionTask> plan;
+    for (size_t offset = 0; offset < result_bytes; offset += partition) {
+      const size_t end = std::min(offset + partition, result_bytes);
+      const size_t from = std::max(offset, mine_begin), to = std::min(end, mine_end);
+      const char* data = task->source() + (from < to ? from - mine_begin : 0);
+      plan.push_back(Partition(task, static_cast<uint32_t>(plan.size()) + 1, offset, data,
+                               from < to ? to - from : 0,
+                               AllgatherTableBytes(size) + (end - offset)));
+    }
+    task->AddPartitions(static_cast<int>(plan.size()));
+    for (PartitionTask& item : plan) LinkFor(task->tensor_id(), item.part).Enqueue(std::move(item));
+    return Status::OK();
+  }
+  // Alltoall: row r of the matrix holds what rank r sends to each rank.
+  const int64_t* matrix = table.data() + size;
+  if (table.size() != static_cast<size_t>(size + size * size)) return bad("a malformed split table");
+  std::vector<int64_t> received(size);
+  int64_t total = 0;
+  for (int r = 0; r < size; ++r) {
+    received[r] = matrix[r * size + rank];
+    if (received[r] < 0 || received[r] > (int64_t{1} << 40)) return bad("a negative split");
+    total += received[r];
+  }
   out_shape[0] = total;
   Status status = task->AllocateOutput(out_shape);
+  if (status.ok()) status = task->SetReceivedSplits(received);
   if (!status.ok()) return status;
-
-  // Partitions cut the concatenated result; each worker sends the part of its rows
-  // that falls into each (often none), and each reply lands at its place in the output.
-  const size_t result_bytes = static_cast<size_t>(total) * row_bytes;
-  const size_t mine_begin = static_cast<size_t>(before) * row_bytes;
-  const size_t mine_end = mine_begin + spec.bytes;
-  const size_t partition = std::max<size_t>(1, options_.partition_bytes);
-  const int partitions = static_cast<int>((result_bytes + partition - 1) / partition);
-  task->AddPartitions(partitions);
-  const uint64_t signature = Signature(spec.op);
-  for (int p = 0; p < partitions; ++p) {
-    PartitionTask item;
-    item.task = task;
-    item.part = static_cast<uint32_t>(p) + 1;
-    item.offset = static_cast<size_t>(p) * partition;
-    const size_t end = std::min(item.offset + partition, result_bytes);
-    const size_t from = std::max(item.offset, mine_begin), to = std::min(end, mine_end);
-    item.push_length = from < to ? to - from : 0;
-    item.data = static_cast<const char*>(spec.input) + (from < to ? from - mine_begin : 0);
-    item.reply_length = AllgatherTableBytes(options_.size) + (end - item.offset);
-    item.priority = (task->order() << 32) | item.part;
-    item.signature = signature;
-    LinkFor(task->tensor_id(), item.part).Enqueue(std::move(item));
+  // One partition per receiving rank: it gathers every sender's rows for that rank.
+  std::vector<PartitionTask> plan;
+  size_t offset = 0;
+  for (int owner = 0; owner < size; ++owner) {
+    const size_t length = static_cast<size_t>(task->splits()[owner]) * row_bytes;
+    PartitionTask item = Partition(
+        task, static_cast<uint32_t>(owner) + 1, 0, task->source() + offset, length,
+        owner == rank ? AllgatherTableBytes(size) + static_cast<size_t>(total) * row_bytes : 0);
+    item.owner = owner;
+    plan.push_back(std::move(item));
+    offset += length;
   }
+  task->AddPartitions(static_cast<int>(plan.size()));
+  for (PartitionTask& item : plan) LinkFor(task->tensor_id(), item.part).Enqueue(std::move(item));
   return Status::OK();
 }
 

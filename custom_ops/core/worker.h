@@ -51,6 +51,7 @@ struct PartitionTask {
   size_t push_length;
   size_t reply_length;        // bytes the server returns; allgather: known only then.
   uint64_t priority;          // lower goes first: declaration order, then partition index.
+  int32_t owner = -1;         // the one rank receiving the result (alltoall, reducescatter)
   uint64_t signature;
   std::string declare_frame;  // non-empty: describe the tensor to the server first.
 };
@@ -147,9 +148,9 @@ class Worker {
   bool stopping() const { return stopping_.load(); }
   // Called by a link whose server vanished.
   void OnLinkFailure(const std::string& reason);
-  // An allgather's row counts arrived (`table`, one int64 per worker): allocates
-  // the output and sends this worker's rows, partitioned by their place in it.
-  Status StartAllgatherData(const std::shared_ptr<Task>& task, const char* table);
+  // A gather's sizes arrived (`sizes`: every worker's rows, then an alltoall's split
+  // matrix): allocates the output and sends this worker's rows.
+  Status StartGatherData(const std::shared_ptr<Task>& task, const std::vector<char>& sizes);
 
  private:
   struct TensorEntry {
@@ -163,8 +164,14 @@ class Worker {
   void WatchdogLoop();
   void OnTaskFinished(const std::string& name, OpKind kind, uint64_t tensor_id, uint32_t round,
                       const Status& status);
-  // Splits a task into per-server partitions (declared where needed, prioritised).
-  void Dispatch(const std::shared_ptr<Task>& task, bool declare, size_t partition_bytes);
+  // Cuts a task into partitions by its kind (a gather: its sizes step only).
+  Status Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask>* plan);
+  PartitionTask Partition(const std::shared_ptr<Task>& task, uint32_t part, size_t offset,
+                          const char* data, size_t push_length, size_t reply_length) const;
+  // Attaches the tensor's declaration to the first partition for each server.
+  void Declare(const Task& task, std::vector<PartitionTask>* plan);
+  size_t PartitionBytes(DataType dtype) const;
+  static size_t RowBytes(const Declaration& op);
   // Partitions of a tensor are spread over the servers, starting at its id's.
   ServerLink& LinkFor(uint64_t tensor_id, uint32_t part);
 

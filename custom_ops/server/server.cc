@@ -199,6 +199,7 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
     const bool push = type == FrameType::kPush || type == FrameType::kPushShm;
     if ((!push && type != FrameType::kAbandon) || !IsValidOpKind(header.op_kind) ||
         (push && (!IsValidDataType(header.dtype) || !IsValidReduceOp(header.reduce_op))) ||
+        header.owner < -1 || header.owner >= num_workers_ ||
         (type == FrameType::kAbandon && header.length != 0)) {
       status = Status::Error("unexpected frame (type " + std::to_string(header.type) +
                              ") from worker rank " + std::to_string(rank));
@@ -251,6 +252,7 @@ Status Server::ReceivePush(WorkerConn* worker, const FrameHeader& header, PushIt
   item->reduce_op = static_cast<ReduceOp>(header.reduce_op);
   item->signature = header.signature;
   item->rows = header.rows;
+  item->owner = header.owner;
   if (static_cast<FrameType>(header.type) == FrameType::kPush) {
     item->length = header.length;
     item->block = pool_.Acquire(header.length);
@@ -352,7 +354,8 @@ void Server::Process(Engine* engine, PushItem item) {
     key.signature = item.signature;
     key.length = item.length;
     key.by_rank.clear();
-    if (item.kind != OpKind::kPushPull) key.by_rank.resize(num_workers_);
+    key.owner = item.owner;
+    if (!IsReduction(item.kind)) key.by_rank.resize(num_workers_);
   }
   const bool repeated = std::find(key.contributors.begin(), key.contributors.end(), item.rank) !=
                         key.contributors.end();
@@ -364,9 +367,9 @@ void Server::Process(Engine* engine, PushItem item) {
     pool_.Release(std::move(item.block));
     return;
   }
-  const bool same_length = item.kind != OpKind::kPushPull || item.length == key.length;
+  const bool same_length = !IsReduction(item.kind) || item.length == key.length;
   if (item.signature != key.signature || item.kind != key.kind || item.dtype != key.dtype ||
-      !same_length) {
+      item.owner != key.owner || !same_length) {
     FailRound(id, &key, ErrorKind::kMismatch,
               MismatchMessage(item.tensor_id, key.contributors.front(), item.rank),
               static_cast<int>(item.rank));
@@ -422,7 +425,7 @@ void Server::Abandon(const PartitionKey& id, KeyState* key, const PushItem& item
 }
 
 void Server::Accumulate(KeyState* key, PushItem* item) {
-  if (key->kind != OpKind::kPushPull) {
+  if (!IsReduction(key->kind)) {
     Contribution& mine = key->by_rank[item->rank];
     mine.block = std::move(item->block);
     mine.shared = item->shared;
@@ -462,14 +465,19 @@ char* Server::ResultSlot(Engine* engine, const PartitionKey& id, size_t length,
 const char* Server::Complete(Engine* engine, const PartitionKey& id, KeyState* key,
                              ShmLocation* slot, size_t* length) {
   *slot = ShmLocation{};
+  // A shared slot only pays when a same-host worker reads the result.
   bool any_local = false;
   {
     std::lock_guard<std::mutex> lock(conns_mutex_);
-    for (uint32_t r : key->contributors) any_local = any_local || (conns_[r] && conns_[r]->local);
+    for (uint32_t r : key->contributors) {
+      const bool reader = key->owner < 0 || static_cast<int32_t>(r) == key->owner;
+      any_local = any_local || (reader && conns_[r] && conns_[r]->local);
+    }
   }
   const auto dtype = static_cast<DataType>(key->dtype);
   switch (key->kind) {
-    case OpKind::kPushPull: {
+    case OpKind::kPushPull:
+    case OpKind::kReduceScatter: {
       *length = key->length;
       if (key->shared.empty()) return key->sum.data.get();  // Reduced as the pushes came in.
       char* out = ResultSlot(engine, id, key->length, slot);
@@ -499,7 +507,8 @@ const char* Server::Complete(Engine* engine, const PartitionKey& id, KeyState* k
       if (out) std::memcpy(out, root->data(), root->length);
       return out;
     }
-    case OpKind::kAllgather: {
+    case OpKind::kAllgather:
+    case OpKind::kAlltoall: {
       *length = AllgatherTableBytes(num_workers_);
       for (const Contribution& c : key->by_rank) *length += c.length;
       char* out = nullptr;
@@ -525,15 +534,17 @@ const char* Server::Complete(Engine* engine, const PartitionKey& id, KeyState* k
 
 void Server::Reply(const PartitionKey& id, const KeyState& key, const char* result,
                    size_t length, const ShmLocation* slot) {
-  if (key.kind != OpKind::kBroadcast) {
-    for (uint32_t r : key.contributors) SendReply(r, id, key.round, result, length, slot);
-    return;
-  }
-  // Receivers first: the root may overwrite its pushed data once it is answered.
+  // Who receives the result: the owner, a broadcast's receivers, or everyone. The
+  // others get an empty acknowledgement, sent last: a broadcast root may overwrite its
+  // pushed data once it is answered.
+  auto receives = [&](uint32_t r) {
+    if (key.owner >= 0) return static_cast<int32_t>(r) == key.owner;
+    return key.kind != OpKind::kBroadcast || key.by_rank[r].length == 0;
+  };
   for (uint32_t r : key.contributors)
-    if (key.by_rank[r].length == 0) SendReply(r, id, key.round, result, length, slot);
+    if (receives(r)) SendReply(r, id, key.round, result, length, slot);
   for (uint32_t r : key.contributors)
-    if (key.by_rank[r].length != 0) SendReply(r, id, key.round, nullptr, 0, nullptr);
+    if (!receives(r)) SendReply(r, id, key.round, nullptr, 0, nullptr);
 }
 
 void Server::FailRound(const PartitionKey& id, KeyState* key, ErrorKind kind,

@@ -77,7 +77,8 @@ class Server {
     uint8_t dtype = 0;
     ReduceOp reduce_op = ReduceOp::kSum;
     uint64_t signature = 0;
-    int64_t rows = 0;          // allgather: the sender's first dimension
+    int64_t rows = 0;          // gathers: the sender's first dimension
+    int32_t owner = -1;        // the one rank the result goes to; -1: every worker
     size_t length = 0;
     BlockPool::Block block;    // data received over the socket, or
     const char* shared = nullptr;  // data in the worker's shared slot (same host).
@@ -102,7 +103,8 @@ class Server {
     uint8_t dtype = 0;
     ReduceOp reduce_op = ReduceOp::kSum;
     uint64_t signature = 0;
-    size_t length = 0;                // push_pull: every push's length
+    int32_t owner = -1;
+    size_t length = 0;                // reductions: every push's length
     BlockPool::Block sum;             // push_pull: running result of socket pushes
     std::vector<const char*> shared;  // push_pull: shared-slot pushes, reduced at the end
     std::vector<Contribution> by_rank;  // broadcast and allgather

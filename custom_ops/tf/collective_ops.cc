@@ -1,4 +1,5 @@
-// TensorFlow adapter: the BytepsPushPull, BytepsBroadcast and BytepsAllgather ops.
+// TensorFlow adapter: the BytepsPushPull, BytepsBroadcast, BytepsAllgather,
+// BytepsAlltoall and BytepsReducescatter ops.
 // Kernels only turn TensorFlow tensors into the core's plain-C request (c_api.h) and
 // the core's error kinds into TensorFlow's error classes; all communication lives
 // in the core.
@@ -88,7 +89,7 @@ struct InFlight {
   AsyncOpKernel::DoneCallback done;
 };
 
-void* AllocateOutput(void* ctx, const long long* shape, int ndims) {
+void* AllocateOutput(void* ctx, int index, const long long* shape, int ndims) {
   auto* in_flight = static_cast<InFlight*>(ctx);
   tensorflow::TensorShape tensor_shape;
   for (int i = 0; i < ndims; ++i) {
@@ -99,7 +100,7 @@ void* AllocateOutput(void* ctx, const long long* shape, int ndims) {
     }
   }
   Tensor* output = nullptr;
-  absl::Status status = in_flight->context->allocate_output(0, tensor_shape, &output);
+  absl::Status status = in_flight->context->allocate_output(index, tensor_shape, &output);
   if (!status.ok()) {
     in_flight->context->SetStatus(status);
     return nullptr;
@@ -149,11 +150,23 @@ class CollectiveOp : public AsyncOpKernel {
     op.shape = shape.data();
     op.input = input.tensor_data().data();
     op.bytes = input.TotalBytes();
+    std::vector<long long> splits;
+    if (kind_ == bps::OpKind::kAlltoall) {
+      const Tensor& given = context->input(1);
+      OP_REQUIRES_ASYNC(context, given.dims() == 1,
+                        absl::InvalidArgumentError("alltoall splits must be a vector (tensor '" +
+                                                   tensor_name_ + "')"),
+                        done);
+      auto values = given.vec<int64_t>();
+      for (int64_t i = 0; i < values.size(); ++i) splits.push_back(values(i));
+      op.splits = splits.data();
+      op.nsplits = static_cast<int>(splits.size());
+    }
     if (kind_ == bps::OpKind::kBroadcast && root_rank_ == bps_worker_rank()) {
       // The root's result is its input: share the buffer instead of copying it.
       context->set_output(0, input);
       op.output = const_cast<char*>(input.tensor_data().data());
-    } else if (kind_ != bps::OpKind::kAllgather) {
+    } else if (kind_ == bps::OpKind::kPushPull || kind_ == bps::OpKind::kBroadcast) {
       Tensor* output = nullptr;
       // Reusing the input buffer is safe: a partition's result only arrives after
       // this worker's push of that partition has left its memory.
@@ -198,8 +211,33 @@ class AllgatherOp : public CollectiveOp {
       : CollectiveOp(context, bps::OpKind::kAllgather) {}
 };
 
+class AlltoallOp : public CollectiveOp {
+ public:
+  explicit AlltoallOp(OpKernelConstruction* context)
+      : CollectiveOp(context, bps::OpKind::kAlltoall) {}
+};
+
+class ReducescatterOp : public CollectiveOp {
+ public:
+  explicit ReducescatterOp(OpKernelConstruction* context)
+      : CollectiveOp(context, bps::OpKind::kReduceScatter) {
+    OP_REQUIRES_OK(context, context->GetAttr("reduce_op", &reduce_op_));
+    OP_REQUIRES_OK(context, context->GetAttr("prescale_factor", &prescale_));
+    OP_REQUIRES_OK(context, context->GetAttr("postscale_factor", &postscale_));
+  }
+};
+
 absl::Status SameShape(tensorflow::shape_inference::InferenceContext* c) {
   c->set_output(0, c->input(0));
+  return absl::OkStatus();
+}
+
+// The input's shape with an unknown first dimension (it depends on other workers).
+absl::Status OtherFirstDimension(tensorflow::shape_inference::InferenceContext* c) {
+  tensorflow::shape_inference::ShapeHandle input, output;
+  TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &input));
+  TF_RETURN_IF_ERROR(c->ReplaceDim(input, 0, c->UnknownDim(), &output));
+  c->set_output(0, output);
   return absl::OkStatus();
 }
 
@@ -235,18 +273,43 @@ REGISTER_OP("BytepsAllgather")
     .Input("tensor: T")
     .Output("gathered: T")
     .SetIsStateful()
+    .SetShapeFn(OtherFirstDimension)
+    .Doc("Concatenates every worker's tensor along the first axis, in rank order.");
+
+REGISTER_OP("BytepsAlltoall")
+    .Attr("T: {uint8, int8, uint16, int16, int32, int64, half, bfloat16, float32, float64, bool}")
+    .Attr("tensor_name: string = ''")
+    .Input("tensor: T")
+    .Input("splits: int64")
+    .Output("received: T")
+    .Output("received_splits: int64")
+    .SetIsStateful()
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
-      tensorflow::shape_inference::ShapeHandle input, output;
-      TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &input));
-      TF_RETURN_IF_ERROR(c->ReplaceDim(input, 0, c->UnknownDim(), &output));
-      c->set_output(0, output);
+      TF_RETURN_IF_ERROR(OtherFirstDimension(c));
+      c->set_output(1, c->Vector(c->UnknownDim()));
       return absl::OkStatus();
     })
-    .Doc("Concatenates every worker's tensor along the first axis, in rank order.");
+    .Doc("Sends splits[r] rows of the tensor to each rank r (an even split when splits is "
+         "empty) and concatenates the rows received from every rank, in rank order.");
+
+REGISTER_OP("BytepsReducescatter")
+    .Attr("T: {uint8, int8, uint16, int16, int32, int64, half, bfloat16, float32, float64}")
+    .Attr("tensor_name: string = ''")
+    .Attr("reduce_op: int = 0")
+    .Attr("prescale_factor: float = 1.0")
+    .Attr("postscale_factor: float = 1.0")
+    .Input("tensor: T")
+    .Output("scattered: T")
+    .SetIsStateful()
+    .SetShapeFn(OtherFirstDimension)
+    .Doc("Reduces the tensor across workers; each keeps its share of the first dimension.");
 
 REGISTER_KERNEL_BUILDER(Name("BytepsPushPull").Device(tensorflow::DEVICE_CPU), PushPullOp);
 REGISTER_KERNEL_BUILDER(Name("BytepsBroadcast").Device(tensorflow::DEVICE_CPU), BroadcastOp);
 REGISTER_KERNEL_BUILDER(Name("BytepsAllgather").Device(tensorflow::DEVICE_CPU), AllgatherOp);
+REGISTER_KERNEL_BUILDER(Name("BytepsAlltoall").Device(tensorflow::DEVICE_CPU), AlltoallOp);
+REGISTER_KERNEL_BUILDER(Name("BytepsReducescatter").Device(tensorflow::DEVICE_CPU),
+                        ReducescatterOp);
 
 }  // namespace
 }  // namespace tf_bps

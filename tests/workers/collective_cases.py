@@ -53,3 +53,26 @@ def scaled_sum(dtype: str, size: int) -> np.ndarray:
         pre = [np.trunc(value(dtype, r).astype(np.float64) * PRESCALE) for r in range(size)]
         return np.trunc(sum(pre) * POSTSCALE)
     return sum(value(dtype, r).astype(np.float64) for r in range(size)) * PRESCALE * POSTSCALE
+
+
+def alltoall_splits(rank: int, size: int) -> list[int]:
+    """Rows rank `rank` sends to each rank: uneven, and different per pair."""
+    return [rank + j + 1 for j in range(size)]
+
+
+def alltoall_rows(rank: int, size: int) -> np.ndarray:
+    """Row k bound for rank j holds 100 * rank + 10 * j + k (two equal columns)."""
+    rows = [100 * rank + 10 * j + k for j in range(size)
+            for k in range(alltoall_splits(rank, size)[j])]
+    return np.repeat(np.array(rows, np.float32)[:, None], 2, axis=1)
+
+
+def scatter_shape(size: int) -> tuple[int, int]:
+    """An uneven first dimension: the first rank keeps one more row."""
+    return (2 * size + 1, 3)
+
+
+def scatter_slice(rank: int, size: int) -> slice:
+    rows = scatter_shape(size)[0]
+    counts = [rows // size + (1 if r < rows % size else 0) for r in range(size)]
+    return slice(sum(counts[:rank]), sum(counts[:rank + 1]))

@@ -5,7 +5,17 @@ import os
 
 import numpy as np
 import tensorflow as tf
-from collective_cases import NUMERIC, POSTSCALE, PRESCALE, REDUCTIONS, gather_rows, value
+from collective_cases import (
+    NUMERIC,
+    POSTSCALE,
+    PRESCALE,
+    REDUCTIONS,
+    alltoall_rows,
+    alltoall_splits,
+    gather_rows,
+    scatter_shape,
+    value,
+)
 
 import tf_bps as bps
 
@@ -45,6 +55,27 @@ for dtype in [*NUMERIC, "bool"]:
     both_modes(f"broadcast/{dtype}", lambda t: bps.broadcast(t, root_rank=root), x)
     rows = tf.constant(value(dtype, rank, shape=(gather_rows(rank), 2)))
     both_modes(f"allgather/{dtype}", lambda t: bps.allgather(t), rows)
+for dtype in NUMERIC:
+    x = tf.constant(value(dtype, rank, shape=scatter_shape(size)))
+    both_modes(f"reducescatter/{dtype}", lambda t: bps.reducescatter(t, op=bps.Sum), x)
+    both_modes(f"reducescatter_average/{dtype}", lambda t: bps.reducescatter(t), x)
+# Alltoall with uneven splits, an even split of a bool tensor, and grouped operations.
+splits = alltoall_splits(rank, size)
+for mode, fn in (("eager", bps.alltoall), ("graph", tf.function(bps.alltoall))):
+    received, received_splits = fn(tf.constant(alltoall_rows(rank, size)), splits)
+    results[f"{mode}/alltoall"] = received.numpy()
+    results[f"{mode}/alltoall_splits"] = received_splits.numpy()
+    received, _ = fn(tf.constant(value("bool", rank, shape=(2 * size, 3))))
+    results[f"{mode}/alltoall_even_bool"] = received.numpy()
+    grouped = tf.function(bps.grouped_allreduce) if mode == "graph" else bps.grouped_allreduce
+    first, second = grouped([tf.fill([3], rank + 1.0), tf.fill([2, 2], rank * 2)], op=bps.Sum)
+    results[f"{mode}/grouped"] = np.concatenate([first.numpy().ravel(),
+                                                 second.numpy().ravel().astype(np.float32)])
+    scattered = bps.grouped_reducescatter([tf.ones([size * 2, 2]) * (rank + 1)], op=bps.Sum)
+    results[f"{mode}/grouped_reducescatter"] = scattered[0].numpy()
+results["broadcast_object"] = np.array(repr(bps.broadcast_object(
+    {"from": rank, "items": list(range(rank + 3))}, root_rank=root)))
+results["allgather_object"] = np.array(repr(bps.allgather_object(("rank", rank, "x" * rank))))
 # Named, with every worker's rows empty but one, and a scalar broadcast.
 results["allgather_named"] = bps.allgather(
     tf.ones([rank % 2, 3], tf.int32) * rank, name="sparse_rows").numpy()
@@ -59,8 +90,16 @@ broadcast_var = tf.Variable([1.0, 2.0])
 scaled_var = tf.Variable([1.0, -1.0, 2.0])
 
 
+alltoall_var = tf.Variable(tf.ones([sum(splits), 2]))
+scatter_var = tf.Variable(tf.ones(scatter_shape(size)))
+
+
 def gradients():
     with tf.GradientTape(persistent=True) as tape:
+        alltoall_loss = tf.reduce_sum(bps.alltoall(alltoall_var, splits, name="g.alltoall")[0] *
+                                      float(rank + 1))
+        scatter_loss = tf.reduce_sum(bps.reducescatter(scatter_var, op=bps.Sum,
+                                                       name="g.reducescatter") * float(rank + 1))
         gather_loss = tf.reduce_sum(bps.allgather(gathered_var, name="g.allgather") *
                                     gather_weights)
         broadcast_loss = tf.reduce_sum(bps.broadcast(broadcast_var, root, name="g.broadcast") *
@@ -70,11 +109,14 @@ def gradients():
             name="g.scaled") * float(rank + 1))
     return (tape.gradient(gather_loss, gathered_var),
             tape.gradient(broadcast_loss, broadcast_var),
-            tape.gradient(scaled_loss, scaled_var))
+            tape.gradient(scaled_loss, scaled_var),
+            tape.gradient(alltoall_loss, alltoall_var),
+            tape.gradient(scatter_loss, scatter_var))
 
 
 for mode, fn in (("eager", gradients), ("graph", tf.function(gradients))):
-    for key, grad in zip(("allgather", "broadcast", "scaled"), fn(), strict=True):
+    for key, grad in zip(("allgather", "broadcast", "scaled", "alltoall", "reducescatter"), fn(),
+                         strict=True):
         results[f"grad/{mode}/{key}"] = grad.numpy()
 
 try:

@@ -37,17 +37,25 @@ from tf_bps.ops import (
     Product,
     Sum,
     allgather,
+    allgather_object,
     allreduce,
+    alltoall,
     broadcast,
+    broadcast_object,
     broadcast_variables,
+    grouped_allreduce,
+    grouped_reducescatter,
     push_pull,
+    reducescatter,
 )
 from tf_bps.training import DistributedGradientTape, DistributedOptimizer, load_model
 
 __all__ = ["Adasum", "Average", "Compression", "DistributedGradientTape", "DistributedOptimizer",
-           "Max", "Min", "Product", "ProcessSet", "Sum", "allgather", "allreduce", "broadcast",
-           "broadcast_variables", "callbacks", "ccl_built", "cross_rank", "cross_size",
-           "cuda_built", "ddl_built", "gloo_built", "gloo_enabled", "global_process_set", "init",
-           "is_homogeneous", "is_initialized", "load_model", "local_rank", "local_size",
-           "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "push_pull", "rank",
-           "rocm_built", "shutdown", "size", "sycl_built"]
+           "Max", "Min", "ProcessSet", "Product", "Sum", "allgather", "allgather_object",
+           "allreduce", "alltoall", "broadcast", "broadcast_object", "broadcast_variables",
+           "callbacks", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
+           "global_process_set", "gloo_built", "gloo_enabled", "grouped_allreduce",
+           "grouped_reducescatter", "init", "is_homogeneous", "is_initialized", "load_model",
+           "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
+           "nccl_built", "push_pull", "rank", "reducescatter", "rocm_built", "shutdown", "size",
+           "sycl_built"]
