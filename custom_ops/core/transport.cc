@@ -145,6 +145,8 @@ Status Connection::DiscardPayload(size_t bytes) {
 
 void Connection::Shutdown() { ::shutdown(fd_, SHUT_RDWR); }
 
+void Connection::ShutdownWrite() { ::shutdown(fd_, SHUT_WR); }
+
 void ConfigureSocket(int fd, int send_timeout_ms) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));  // Fails harmlessly on Unix sockets.

@@ -38,6 +38,8 @@ class Connection {
   Status DiscardPayload(size_t bytes);
   // Wakes a thread blocked in Receive*; the connection stays allocated.
   void Shutdown();
+  // No more writes; the peer reads EOF after what was sent, and reads still work.
+  void ShutdownWrite();
 
  private:
   int fd_;

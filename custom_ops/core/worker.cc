@@ -10,6 +10,13 @@
 #include "reduce.h"
 
 namespace bps {
+namespace {
+
+// How long a link whose sends failed waits for its receiver to read what the server
+// sent before it went away.
+constexpr std::chrono::seconds kDrainGrace{1};
+
+}  // namespace
 
 // ---------------------------------------------------------------------------
 // ServerLink
@@ -116,6 +123,13 @@ void ServerLink::SendLoop() {
     BPS_LOG(kTrace) << "pushed " << task.name() << " part " << partition.part << " round "
                     << task.round() << " to " << description();
     if (!status.ok()) {
+      // The server may have said why it is going away (a worker died, say) before the
+      // socket broke: let the receiver read that first, then fail what is left.
+      conn_->ShutdownWrite();
+      {
+        std::unique_lock<std::mutex> lock(receiver_mutex_);
+        receiver_cv_.wait_for(lock, kDrainGrace, [this] { return receiver_done_; });
+      }
       worker_->OnLinkFailure(status.message() + " while pushing tensor '" + task.name() +
                              "' to " + description());
       return;
@@ -299,6 +313,11 @@ void ServerLink::ReceiveLoop() {
     }
     if (!status.ok()) {
       if (!worker_->stopping()) worker_->OnLinkFailure(status.message());
+      {
+        std::lock_guard<std::mutex> lock(receiver_mutex_);
+        receiver_done_ = true;
+      }
+      receiver_cv_.notify_all();
       return;
     }
   }

@@ -127,6 +127,9 @@ class ServerLink {
 
   std::thread sender_;
   std::thread receiver_;
+  std::mutex receiver_mutex_;
+  std::condition_variable receiver_cv_;
+  bool receiver_done_ = false;
 };
 
 class Worker {
