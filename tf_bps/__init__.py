@@ -38,7 +38,12 @@ from tf_bps.basics import (
 )
 from tf_bps.compression import Compression
 from tf_bps.config import ConfigError
-from tf_bps.process_sets import ProcessSet, global_process_set
+from tf_bps.process_sets import (
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
 
 __version__ = "0.1.0"
 
@@ -72,4 +77,5 @@ __all__ = ["init", "shutdown", "is_initialized", "is_distributed", "rank", "size
            "local_size", "cross_rank", "cross_size", "is_homogeneous", "mpi_built",
            "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled", "nccl_built",
            "ddl_built", "ccl_built", "cuda_built", "rocm_built", "sycl_built", "Compression",
-           "ConfigError", "ProcessSet", "global_process_set", *sorted(_TENSORFLOW_NAMES)]
+           "ConfigError", "ProcessSet", "add_process_set", "global_process_set",
+           "remove_process_set", *sorted(_TENSORFLOW_NAMES)]

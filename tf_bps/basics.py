@@ -9,6 +9,7 @@ import threading
 from dataclasses import dataclass
 
 from tf_bps import core
+from tf_bps import process_sets as process_sets_module
 from tf_bps.config import Config, configure_logging
 from tf_bps.rendezvous import SchedulerLink
 
@@ -30,8 +31,21 @@ _lock = threading.Lock()
 _job: _Job | None = None
 
 
-def init() -> None:
-    """Joins the job described by the DMLC_*/BYTEPS_* variables; idempotent."""
+def init(comm=None, process_sets=None) -> None:
+    """Joins the job described by the DMLC_*/BYTEPS_* variables; idempotent.
+
+    `process_sets`: ProcessSets (or rank lists) to register at once, as Horovod's
+    init takes them. `comm` (an MPI communicator in Horovod) has no meaning here.
+    """
+    if comm is not None:
+        raise ValueError("comm= is not supported: tf_bps jobs are described by DMLC_* "
+                         "variables or started by bpslaunch, not by MPI")
+    _join()
+    for process_set in process_sets or ():
+        process_sets_module.add_process_set(process_set)
+
+
+def _join() -> None:
     global _job
     with _lock:
         if _job is not None:
@@ -59,6 +73,7 @@ def init() -> None:
                         worker_hosts=tuple(book["workers"]))
             log.info("worker rank %d of %d joined; servers %s", _job.rank, _job.size,
                      book["servers"])
+        process_sets_module._reset(_job.size)
     atexit.register(shutdown)
 
 

@@ -73,6 +73,11 @@ def worker_failure() -> str:
     return worker_engine().failure()
 
 
+def worker_set_process_set(set_id: int, ranks: list[int]) -> None:
+    """Registers (ranks) or removes (no ranks) a process set here and at every server."""
+    worker_engine().set_process_set(set_id, list(ranks))
+
+
 def worker_shutdown() -> None:
     worker_engine().shutdown()
 

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from tf_bps import basics, core
 from tf_bps.compression import Compression
-from tf_bps.process_sets import check_process_set, global_process_set
+from tf_bps.process_sets import global_process_set, process_set_id, ranks_of
 
 _library = tf.load_op_library(str(core.native_library("_bps_tf_ops")))
 
@@ -59,7 +59,7 @@ def _resolve_op(average: bool | None, op) -> ReduceOp:
     return op
 
 
-def _default_name(prefix: str, tensor: tf.Tensor) -> str:
+def _default_name(prefix: str, tensor: tf.Tensor, set_id: int = 0) -> str:
     """A name that is the same on every worker and in every step.
 
     In a graph (tf.function) it is the op's unique graph name, which tracing gives
@@ -70,21 +70,22 @@ def _default_name(prefix: str, tensor: tf.Tensor) -> str:
         # One name per kind: the core numbers the calls (rounds), so the k-th unnamed
         # call of every worker meets the others' k-th, and a shape or dtype that
         # differs between workers is reported at once instead of waiting forever.
-        return f"{prefix}.eager"
+        return f"{prefix}.eager" if set_id == 0 else f"{prefix}.eager.set{set_id}"
     return tf.compat.v1.get_default_graph().unique_name(prefix)
 
 
 def _push_pull(tensor: tf.Tensor, name: str, op: ReduceOp, prescale_factor=1.0,
-               postscale_factor=1.0) -> tf.Tensor:
+               postscale_factor=1.0, set_id: int = 0) -> tf.Tensor:
     return _library.byteps_push_pull(tensor, tensor_name=name,
                                      reduce_op=_CORE_REDUCE_OP[ReduceOp(op)],
                                      prescale_factor=prescale_factor,
-                                     postscale_factor=postscale_factor)
+                                     postscale_factor=postscale_factor, process_set=set_id)
 
 
 def push_pull(tensor, average: bool | None = None, name: str | None = None,
               compression=Compression.none, op: ReduceOp | None = None,
-              prescale_factor=1.0, postscale_factor=1.0) -> tf.Tensor:
+              prescale_factor=1.0, postscale_factor=1.0,
+              process_set=global_process_set) -> tf.Tensor:
     """Reduces `tensor` across all workers (default: average).
 
     `op` is bps.Average, Sum, Min, Max or Product. Workers match tensors by `name`;
@@ -92,6 +93,7 @@ def push_pull(tensor, average: bool | None = None, name: str | None = None,
     tensor before the reduction and `postscale_factor` the result.
     """
     reduce_op = _resolve_op(average, op)
+    set_id = process_set_id(process_set)
     tensor = tf.convert_to_tensor(tensor)
     for argument, factor in (("prescale_factor", prescale_factor),
                              ("postscale_factor", postscale_factor)):
@@ -101,11 +103,13 @@ def push_pull(tensor, average: bool | None = None, name: str | None = None,
         # Scale the full-precision values; the wire carries the compressed ones.
         tensor = _scale(tensor, prescale_factor)
         compressed, context = compression.compress(tensor)
-        name = name or _default_name("PushPull", compressed)
-        reduced = compression.decompress(_push_pull(compressed, name, reduce_op), context)
+        name = name or _default_name("PushPull", compressed, set_id)
+        reduced = compression.decompress(
+            _push_pull(compressed, name, reduce_op, set_id=set_id), context)
         return _scale(reduced, postscale_factor)
-    name = name or _default_name("PushPull", tensor)
-    return _push_pull(tensor, name, reduce_op, float(prescale_factor), float(postscale_factor))
+    name = name or _default_name("PushPull", tensor, set_id)
+    return _push_pull(tensor, name, reduce_op, float(prescale_factor), float(postscale_factor),
+                      set_id)
 
 
 def allreduce(tensor, average=None, device_dense="", device_sparse="",
@@ -118,9 +122,11 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
     indices are gathered from every worker (and divided by the size for an average).
     `device_dense` / `device_sparse` place the operation, as in Horovod.
     """
-    check_process_set(process_set)
     reduce_op = _resolve_op(average, op)
     if isinstance(tensor, tf.IndexedSlices):
+        if process_set_id(process_set) != 0:
+            raise ValueError("allreduce of tf.IndexedSlices runs over every worker: pass "
+                             "process_set=global_process_set or densify the gradient")
         for argument, factor in (("prescale_factor", prescale_factor),
                                  ("postscale_factor", postscale_factor)):
             if factor != 1.0:
@@ -130,7 +136,8 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
             return _allreduce_indexed_slices(tensor, name, reduce_op)
     with _placed(device_dense):
         return push_pull(tensor, name=name, compression=compression, op=reduce_op,
-                         prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+                         prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                         process_set=process_set)
 
 
 def _placed(device: str):
@@ -173,14 +180,15 @@ def _push_pull_gradient(op, grad):
         raise NotImplementedError(f"the gradient of a {reduce_op.name} push_pull is not "
                                   "defined (Horovod defines it for Sum and Average only)")
     return _push_pull(grad, f"{_attr_name(op)}.grad", reduce_op,
-                      op.get_attr("prescale_factor"), op.get_attr("postscale_factor"))
+                      op.get_attr("prescale_factor"), op.get_attr("postscale_factor"),
+                      op.get_attr("process_set"))
 
 
 @tf.RegisterGradient("BytepsBroadcast")
 def _broadcast_gradient(op, grad):
     """Horovod's definition: the root receives the sum of every worker's gradient,
     the other ranks zeros (their input did not affect the result)."""
-    summed = _push_pull(grad, f"{_attr_name(op)}.grad", Sum)
+    summed = _push_pull(grad, f"{_attr_name(op)}.grad", Sum, set_id=op.get_attr("process_set"))
     if basics.rank() != op.get_attr("root_rank"):
         return summed * 0
     return summed
@@ -190,32 +198,41 @@ def _broadcast_gradient(op, grad):
 def _allgather_gradient(op, grad):
     """Horovod's definition: sum the gradient over workers, then each worker takes
     the rows that its own input contributed."""
-    name = _attr_name(op)
-    summed = _push_pull(grad, f"{name}.grad", Sum)
+    name, set_id = _attr_name(op), op.get_attr("process_set")
+    summed = _push_pull(grad, f"{name}.grad", Sum, set_id=set_id)
     rows = tf.shape(op.inputs[0], out_type=tf.int64)[:1]
-    all_rows = _library.byteps_allgather(rows, tensor_name=f"{name}.grad.rows")
-    return tf.split(summed, all_rows, axis=0, num=basics.size())[basics.rank()]
+    all_rows = _library.byteps_allgather(rows, tensor_name=f"{name}.grad.rows",
+                                         process_set=set_id)
+    ranks = ranks_of(set_id)
+    return tf.split(summed, all_rows, axis=0, num=len(ranks))[ranks.index(basics.rank())]
 
 
-def broadcast(tensor, root_rank: int, name: str | None = None) -> tf.Tensor:
-    """Every worker gets `root_rank`'s value of `tensor`; only the root's data moves."""
-    size = basics.size()
-    if not 0 <= root_rank < size:
-        raise ValueError(f"root_rank={root_rank} is not a rank of this job (size {size})")
+def broadcast(tensor, root_rank: int, name: str | None = None, ignore_name_scope=False,
+              process_set=global_process_set) -> tf.Tensor:
+    """Every worker gets `root_rank`'s value of `tensor`; only the root's data moves.
+    `root_rank` is a global rank, also with a process set."""
+    set_id = process_set_id(process_set)
+    ranks = ranks_of(set_id)
+    if root_rank not in ranks:
+        where = f"process set {set_id}" if set_id else f"this job (size {basics.size()})"
+        raise ValueError(f"root_rank={root_rank} is not a rank of {where}")
     tensor = tf.convert_to_tensor(tensor)
-    name = name or _default_name("Broadcast", tensor)
-    return _library.byteps_broadcast(tensor, tensor_name=name, root_rank=root_rank)
+    name = name or _default_name("Broadcast", tensor, set_id)
+    return _library.byteps_broadcast(tensor, tensor_name=name, root_rank=root_rank,
+                                     process_set=set_id)
 
 
-def allgather(tensor, name: str | None = None) -> tf.Tensor:
+def allgather(tensor, name: str | None = None, ignore_name_scope=False,
+              process_set=global_process_set) -> tf.Tensor:
     """Concatenates every worker's `tensor` along the first axis, in rank order.
 
     The first dimension may differ between workers; each worker's rows cross the
     network once to a server and once back to every worker.
     """
+    set_id = process_set_id(process_set)
     tensor = tf.convert_to_tensor(tensor)
-    name = name or _default_name("Allgather", tensor)
-    return _library.byteps_allgather(tensor, tensor_name=name)
+    name = name or _default_name("Allgather", tensor, set_id)
+    return _library.byteps_allgather(tensor, tensor_name=name, process_set=set_id)
 
 
 def alltoall(tensor, splits=None, name: str | None = None, ignore_name_scope=False,
@@ -225,25 +242,26 @@ def alltoall(tensor, splits=None, name: str | None = None, ignore_name_scope=Fal
 
     Without `splits` the first dimension is divided evenly (it must divide by the size).
     """
-    check_process_set(process_set)
+    set_id = process_set_id(process_set)
     tensor = tf.convert_to_tensor(tensor)
     splits = tf.zeros([0], tf.int64) if splits is None else tf.cast(splits, tf.int64)
-    name = name or _default_name("Alltoall", tensor)
-    return tuple(_library.byteps_alltoall(tensor, splits, tensor_name=name))
+    name = name or _default_name("Alltoall", tensor, set_id)
+    return tuple(_library.byteps_alltoall(tensor, splits, tensor_name=name, process_set=set_id))
 
 
 def reducescatter(tensor, op=Average, name: str | None = None, ignore_name_scope=False,
                   process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """Reduces `tensor` across workers; each keeps its share of the first dimension
     (an even split, the first ranks taking one more row when it is uneven)."""
-    check_process_set(process_set)
+    set_id = process_set_id(process_set)
     reduce_op = _resolve_op(None, op)
     tensor = tf.convert_to_tensor(tensor)
-    name = name or _default_name("Reducescatter", tensor)
+    name = name or _default_name("Reducescatter", tensor, set_id)
     return _library.byteps_reducescatter(tensor, tensor_name=name,
                                          reduce_op=_CORE_REDUCE_OP[reduce_op],
                                          prescale_factor=float(prescale_factor),
-                                         postscale_factor=float(postscale_factor))
+                                         postscale_factor=float(postscale_factor),
+                                         process_set=set_id)
 
 
 def _group_names(name: str | None, prefix: str, tensors) -> list[str | None]:
@@ -279,25 +297,25 @@ def grouped_reducescatter(tensors, op=Average, process_set=global_process_set,
 def broadcast_object(obj, root_rank: int = 0, session=None, name: str | None = None,
                      process_set=global_process_set):
     """Any picklable object of `root_rank`, on every worker (eagerly)."""
-    check_process_set(process_set)
     name = name or f"BroadcastObject.{type(obj).__name__}"
     payload = pickle.dumps(obj) if basics.rank() == root_rank else b""
-    length = broadcast(tf.constant([len(payload)], tf.int64), root_rank, name=f"{name}.length")
-    data = (tf.constant(list(payload), tf.uint8) if basics.rank() == root_rank
-            else tf.zeros([int(length[0])], tf.uint8))
-    received = broadcast(data, root_rank, name=f"{name}.data")
+    length = broadcast(tf.constant([len(payload)], tf.int64), root_rank, name=f"{name}.length",
+                       process_set=process_set)
+    data = (tf.constant(list(payload), tf.uint8, shape=[len(payload)])
+            if basics.rank() == root_rank else tf.zeros([int(length[0])], tf.uint8))
+    received = broadcast(data, root_rank, name=f"{name}.data", process_set=process_set)
     return obj if basics.rank() == root_rank else pickle.loads(received.numpy().tobytes())
 
 
 def allgather_object(obj, session=None, name: str | None = None,
                      process_set=global_process_set):
     """Every worker's picklable `obj`, as a list in rank order (eagerly)."""
-    check_process_set(process_set)
     name = name or f"AllgatherObject.{type(obj).__name__}"
     payload = pickle.dumps(obj)
-    lengths = allgather(tf.constant([len(payload)], tf.int64), name=f"{name}.lengths")
+    lengths = allgather(tf.constant([len(payload)], tf.int64), name=f"{name}.lengths",
+                        process_set=process_set)
     data = allgather(tf.constant(list(payload), tf.uint8, shape=[len(payload)]),
-                     name=f"{name}.data").numpy().tobytes()
+                     name=f"{name}.data", process_set=process_set).numpy().tobytes()
     objects, offset = [], 0
     for length in lengths.numpy().tolist():
         objects.append(pickle.loads(data[offset:offset + length]))
@@ -309,7 +327,8 @@ def allgather_object(obj, session=None, name: str | None = None,
 def _alltoall_gradient(op, grad, _received_splits_grad):
     """Horovod's definition: the gradient rows go back where they came from."""
     returned, _ = _library.byteps_alltoall(grad, op.outputs[1],
-                                           tensor_name=f"{_attr_name(op)}.grad")
+                                           tensor_name=f"{_attr_name(op)}.grad",
+                                           process_set=op.get_attr("process_set"))
     return returned, None
 
 
@@ -321,10 +340,12 @@ def _reducescatter_gradient(op, grad):
     if reduce_op not in (Sum, Average):
         raise NotImplementedError(f"the gradient of a {reduce_op.name} reducescatter is not "
                                   "defined (Horovod defines it for Sum and Average only)")
-    gathered = _library.byteps_allgather(grad, tensor_name=f"{_attr_name(op)}.grad")
+    set_id = op.get_attr("process_set")
+    gathered = _library.byteps_allgather(grad, tensor_name=f"{_attr_name(op)}.grad",
+                                         process_set=set_id)
     scale = op.get_attr("prescale_factor") * op.get_attr("postscale_factor")
     if reduce_op == Average:
-        scale /= basics.size()
+        scale /= len(ranks_of(set_id))
     return _scale(gathered, scale)
 
 
@@ -332,15 +353,17 @@ def _variable_name(variable) -> str:
     return getattr(variable, "path", None) or variable.name
 
 
-def broadcast_variables(variables, root_rank: int):
-    """Assigns `root_rank`'s values to `variables` on every worker.
+def broadcast_variables(variables, root_rank: int, process_set=global_process_set,
+                        inplace=False):
+    """Assigns `root_rank`'s values to `variables` on every worker (of the set).
 
     The variables must be listed in the same order on every worker.
     """
     assigns = []
     for index, variable in enumerate(variables):
         value = broadcast(tf.convert_to_tensor(variable), root_rank,
-                          name=f"Variable.{index}.{_variable_name(variable)}")
+                          name=f"Variable.{index}.{_variable_name(variable)}",
+                          process_set=process_set)
         assigns.append(variable.assign(value))
     if tf.executing_eagerly():
         return None

@@ -24,7 +24,7 @@ from tf_bps.ops import (
     _push_pull,
     _scale,
 )
-from tf_bps.process_sets import check_process_set, global_process_set
+from tf_bps.process_sets import global_process_set, process_set_id, ranks_of
 from tf_bps.strategies import ParameterServerStrategy
 
 
@@ -42,6 +42,7 @@ class SyncOptions:
     gradient_predivide_factor: float = 1.0
     device_dense: str = ""
     device_sparse: str = ""
+    process_set_id: int = 0  # 0: every worker
 
     @classmethod
     def from_arguments(cls, compression=Compression.none, op=Average, sparse_as_dense=False,
@@ -63,13 +64,22 @@ class SyncOptions:
                                        or isinstance(groups, (list, tuple))):
             raise ValueError(f"groups={groups!r} must be a positive integer or a list of "
                              "lists of variables")
-        check_process_set(process_set)
+        set_id = process_set_id(process_set)
         for argument, device in (("device_dense", device_dense),
                                  ("device_sparse", device_sparse)):
             if not isinstance(device, str):
                 raise ValueError(f"{argument}={device!r} must be a device string")
         return cls(compression, ReduceOp(op), bool(sparse_as_dense),
-                   float(gradient_predivide_factor), device_dense, device_sparse)
+                   float(gradient_predivide_factor), device_dense, device_sparse, set_id)
+
+    def group_size(self) -> int:
+        return len(ranks_of(self.process_set_id))
+
+    def synchronises_here(self) -> bool:
+        """Whether this worker's gradients are reduced at all: Horovod leaves them
+        local outside the process set, or when the set (or job) is one worker."""
+        return (basics.is_distributed() and basics.rank() in ranks_of(self.process_set_id)
+                and self.group_size() > 1)
 
     def plan(self) -> tuple[ReduceOp, float, float]:
         """(op on the wire, prescale, postscale). A predivide factor f splits an average
@@ -77,20 +87,22 @@ class SyncOptions:
         if self.gradient_predivide_factor == 1.0:
             return self.op, 1.0, 1.0
         factor = self.gradient_predivide_factor
-        return Sum, 1.0 / factor, factor / basics.size()
+        return Sum, 1.0 / factor, factor / self.group_size()
 
 
 @tf.function
-def _push_pull_group(tensors, names, op):
+def _push_pull_group(tensors, names, op, set_id):
     """All push_pulls of one step in one graph, so they are in flight together."""
-    return [_push_pull(t, n, ReduceOp(op)) for t, n in zip(tensors, names, strict=True)]
+    return [_push_pull(t, n, ReduceOp(op), set_id=set_id)
+            for t, n in zip(tensors, names, strict=True)]
 
 
 def synchronise_gradients(grads, names, options: SyncOptions = SyncOptions()):
     """push_pulls every gradient (None stays None); `names` must be stable per step."""
     grads = list(grads)
-    if not basics.is_distributed():
-        return grads  # One worker: its gradients are the average already.
+    if not options.synchronises_here():
+        return grads  # One worker (in the set), or not in it: gradients stay local.
+    set_id = options.process_set_id
     op, prescale, postscale = options.plan()
     results = [None] * len(grads)
     dense_index, dense_tensors, dense_names, contexts = [], [], [], []
@@ -98,7 +110,7 @@ def synchronise_gradients(grads, names, options: SyncOptions = SyncOptions()):
         if grad is None:
             continue
         if isinstance(grad, tf.IndexedSlices):
-            if not options.sparse_as_dense:
+            if not options.sparse_as_dense and set_id == 0:
                 with _placed(options.device_sparse):
                     results[index] = _allreduce_indexed_slices(grad, name, options.op)
                 continue
@@ -111,10 +123,10 @@ def synchronise_gradients(grads, names, options: SyncOptions = SyncOptions()):
     if dense_tensors:
         with _placed(options.device_dense):
             if tf.executing_eagerly():
-                summed = _push_pull_group(dense_tensors, tuple(dense_names), int(op))
+                summed = _push_pull_group(dense_tensors, tuple(dense_names), int(op), set_id)
             else:
-                summed = [_push_pull(t, n, op) for t, n in zip(dense_tensors, dense_names,
-                                                                strict=True)]
+                summed = [_push_pull(t, n, op, set_id=set_id)
+                          for t, n in zip(dense_tensors, dense_names, strict=True)]
         for index, tensor, context in zip(dense_index, summed, contexts, strict=True):
             results[index] = _scale(options.compression.decompress(tensor, context), postscale)
     return results
@@ -145,10 +157,11 @@ class _LocalVariables:
         results = list(grads)
         for i, grad in zip(shared, synced, strict=True):
             results[i] = grad
-        if self._bps_scale_local and len(shared) < len(results) and basics.size() > 1:
+        size = options.group_size()
+        if self._bps_scale_local and len(shared) < len(results) and size > 1:
             for i, variable in enumerate(variables):
                 if self._bps_is_local(variable) and results[i] is not None:
-                    results[i] = results[i] / basics.size()
+                    results[i] = results[i] / size
         return results
 
 

@@ -107,6 +107,10 @@ Status ToTaskSpec(const bps_op* op, TaskSpec* spec) {
   if (op->nsplits < 0 || (op->nsplits > 0 && !op->splits))
     return Status::Error(ErrorKind::kInvalidArgument, "malformed splits for tensor '" + d.name + "'");
   spec->splits.assign(op->splits, op->splits + op->nsplits);
+  if (op->process_set < 0)
+    return Status::Error(ErrorKind::kInvalidArgument, "a negative process set id for tensor '" +
+                                                          d.name + "'");
+  d.process_set = static_cast<uint32_t>(op->process_set);
   return Status::OK();
 }
 
@@ -199,11 +203,30 @@ void bps_enqueue(const bps_op* op, bps_allocate_fn allocate, bps_done_fn done, v
     worker = state.worker;
   }
   if (!worker) {
-    status = bps::CheckTaskSpec(spec, 1);
+    bps::Group alone;  // One worker: every process set is {0}.
+    alone.ranks = {0};
+    status = bps::CheckTaskSpec(spec, alone);
     if (!status.ok()) return finish(status);
     return bps::RunLocally(spec, allocate_output, finish);
   }
   worker->Enqueue(std::move(spec), std::move(allocate_output), std::move(finish));
+}
+
+int bps_worker_set_process_set(int id, const int* ranks, int count) {
+  if (id <= 0 || count < 0 || (count > 0 && !ranks))
+    return bps::Fail("malformed process set registration");
+  std::shared_ptr<bps::Worker> worker;
+  {
+    auto& state = bps::State();
+    std::lock_guard<std::mutex> lock(state.mutex);
+    if (!state.initialised) return bps::Fail(Status::Error(bps::ErrorKind::kShutdown,
+                                                           "tf_bps is not initialised"));
+    worker = state.worker;
+  }
+  if (!worker) return 0;  // One worker: nothing to tell anyone.
+  Status status = worker->SetProcessSet(static_cast<uint32_t>(id),
+                                        std::vector<int32_t>(ranks, ranks + count));
+  return status.ok() ? 0 : bps::Fail(status);
 }
 
 int bps_worker_rank(void) {

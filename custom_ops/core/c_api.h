@@ -25,6 +25,9 @@ int bps_worker_failure(char* buf, int capacity);
 void bps_worker_shutdown(void);
 /* This worker's rank; -1 before init. */
 int bps_worker_rank(void);
+/* Registers process set `id` (> 0) with `count` ranks of this job here and at every
+ * server; count 0 removes it. Every worker registers the same sets in the same order. */
+int bps_worker_set_process_set(int id, const int* ranks, int count);
 
 /* One collective on one tensor. Values of kind: 1 push_pull, 2 broadcast,
  * 3 allgather, 4 alltoall, 5 reducescatter; dtype, reduce_op and error kinds: the
@@ -46,6 +49,7 @@ typedef struct bps_op {
   unsigned long long bytes; /* of the input */
   const long long* splits; /* alltoall: rows for each rank (copied); NULL: even split */
   int nsplits;
+  int process_set; /* 0: every worker */
 } bps_op;
 
 /* Returns the buffer of output `index` (0 the result, 1 an alltoall's received

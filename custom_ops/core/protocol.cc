@@ -75,6 +75,7 @@ std::string EncodeDeclaration(const Declaration& d) {
   out.Put(d.root_rank);
   out.Put(d.prescale);
   out.Put(d.postscale);
+  out.Put(d.process_set);
   out.Put(static_cast<uint32_t>(d.shape.size()));
   out.PutBytes(d.shape.data(), d.shape.size() * sizeof(int64_t));
   return out.Take();
@@ -89,7 +90,7 @@ bool DecodeDeclaration(const std::string& payload, Declaration* d) {
   if (!in.GetBytes(d->name.data(), name_bytes) || !in.Get(&kind) || !IsValidOpKind(kind) ||
       !in.Get(&dtype) || !IsValidDataType(dtype) || !in.Get(&reduce_op) ||
       !IsValidReduceOp(reduce_op) || !in.Get(&d->root_rank) || !in.Get(&d->prescale) ||
-      !in.Get(&d->postscale) || !in.Get(&dims) || dims > kMaxDims)
+      !in.Get(&d->postscale) || !in.Get(&d->process_set) || !in.Get(&dims) || dims > kMaxDims)
     return false;
   d->kind = static_cast<OpKind>(kind);
   d->dtype = static_cast<DataType>(dtype);
@@ -116,6 +117,7 @@ std::string Describe(const Declaration& d) {
   out << " of " << ShapeString(d.dtype, d.shape);
   if (d.prescale != 1.0) out << " prescaled by " << d.prescale;
   if (d.postscale != 1.0) out << " postscaled by " << d.postscale;
+  if (d.process_set != 0) out << " in process set " << d.process_set;
   return out.str();
 }
 

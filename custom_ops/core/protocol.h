@@ -25,6 +25,9 @@ enum class FrameType : uint8_t {
   kPushShm = 8,   // like kPush, but the data lies in the worker's arena (payload ShmLocation).
   kReplyShm = 9,  // like kReply, but the result lies in the server's arena (ShmLocation).
   kAbandon = 10,  // worker -> server: this worker gave up the round (its op failed).
+  // worker -> server: process set `process_set` has the payload's ranks (int32 each,
+  // ascending); an empty payload removes it. Every worker registers every set.
+  kProcessSet = 11,
 };
 
 // What a server does with a round's contributions. Wire values.
@@ -58,7 +61,7 @@ struct FrameHeader {
   // The one rank that receives this partition's result (alltoall, reducescatter); the
   // others get an empty acknowledgement. -1: every worker receives it.
   int32_t owner = -1;
-  uint32_t reserved2 = 0;
+  uint32_t process_set = 0;  // the workers taking part; 0: all of them
   uint64_t tensor_id = 0;  // stable hash of the tensor's name.
   uint64_t signature = 0;  // hash of everything workers must agree on; see Signature().
   // Allgather pushes: the sender's first dimension (its row count).
@@ -92,6 +95,7 @@ struct Declaration {
   int32_t root_rank = 0;
   double prescale = 1.0;
   double postscale = 1.0;
+  uint32_t process_set = 0;
 };
 
 std::string EncodeDeclaration(const Declaration& declaration);

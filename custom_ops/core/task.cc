@@ -8,7 +8,12 @@
 namespace bps {
 
 // The adapter's mistakes, caught before anything reaches the wire.
-Status CheckTaskSpec(const TaskSpec& spec, int size) {
+bool Group::Contains(int rank) const {
+  return std::binary_search(ranks.begin(), ranks.end(), rank);
+}
+
+Status CheckTaskSpec(const TaskSpec& spec, const Group& group) {
+  const int size = group.size();
   const Declaration& op = spec.op;
   auto invalid = [&](const std::string& why) {
     return Status::Error(ErrorKind::kInvalidArgument,
@@ -26,9 +31,10 @@ Status CheckTaskSpec(const TaskSpec& spec, int size) {
     return invalid(std::string(DataTypeName(op.dtype)) + " tensors cannot be reduced");
   if (!IsReduction(op.kind) && (op.prescale != 1.0 || op.postscale != 1.0))
     return invalid("scale factors apply to reductions only");
-  if (op.kind == OpKind::kBroadcast && (op.root_rank < 0 || op.root_rank >= size))
-    return invalid("root rank " + std::to_string(op.root_rank) + " is not a rank of this job (size " +
-                   std::to_string(size) + ")");
+  if (op.kind == OpKind::kBroadcast && !group.Contains(op.root_rank))
+    return invalid("root rank " + std::to_string(op.root_rank) + " is not " +
+                   (op.process_set ? "in process set " + std::to_string(op.process_set)
+                                   : "a rank of this job (size " + std::to_string(size) + ")"));
   if ((IsGather(op.kind) || op.kind == OpKind::kReduceScatter) && op.shape.empty())
     return invalid("a scalar has no first dimension to split or concatenate along");
   if (op.kind == OpKind::kAlltoall && !spec.splits.empty()) {
@@ -53,9 +59,10 @@ Status CheckTaskSpec(const TaskSpec& spec, int size) {
   return Status::OK();
 }
 
-Task::Task(TaskSpec spec, uint64_t tensor_id, uint64_t order, uint32_t round, int timeout_ms,
-           AllocateFn allocate, DoneFn done)
+Task::Task(TaskSpec spec, Group group, uint64_t tensor_id, uint64_t order, uint32_t round,
+           int timeout_ms, AllocateFn allocate, DoneFn done)
     : spec_(std::move(spec)),
+      group_(std::move(group)),
       tensor_id_(tensor_id),
       order_(order),
       round_(round),

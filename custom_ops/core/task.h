@@ -29,9 +29,17 @@ struct TaskSpec {
   std::vector<int64_t> splits;
 };
 
-// The adapter's mistakes (shape and bytes disagree, a root outside the job, ...),
-// caught before anything reaches the wire. `size`: the number of workers.
-Status CheckTaskSpec(const TaskSpec& spec, int size);
+// The workers taking part in a task (a process set), and this worker's place among them.
+struct Group {
+  std::vector<int32_t> ranks;  // ascending
+  int index = 0;               // of this worker in `ranks`
+  int size() const { return static_cast<int>(ranks.size()); }
+  bool Contains(int rank) const;
+};
+
+// The adapter's mistakes (shape and bytes disagree, a root outside the group, ...),
+// caught before anything reaches the wire.
+Status CheckTaskSpec(const TaskSpec& spec, const Group& group);
 
 // The rows of a `rows`-row tensor that rank `rank` of `size` keeps in a
 // reducescatter: an even split, the first ranks taking one more when it is uneven.
@@ -47,11 +55,12 @@ using DoneFn = std::function<void(const Status&)>;
 class Task {
  public:
   // `order`: the tensor's declaration order, its priority (earlier goes first).
-  Task(TaskSpec spec, uint64_t tensor_id, uint64_t order, uint32_t round, int timeout_ms,
-       AllocateFn allocate, DoneFn done);
+  Task(TaskSpec spec, Group group, uint64_t tensor_id, uint64_t order, uint32_t round,
+       int timeout_ms, AllocateFn allocate, DoneFn done);
 
   const TaskSpec& spec() const { return spec_; }
   const Declaration& op() const { return spec_.op; }
+  const Group& group() const { return group_; }
   const std::string& name() const { return spec_.op.name; }
   OpKind kind() const { return spec_.op.kind; }
   DataType dtype() const { return spec_.op.dtype; }
@@ -89,6 +98,7 @@ class Task {
   void MaybeFinishLocked(std::unique_lock<std::mutex>& lock);
 
   const TaskSpec spec_;
+  const Group group_;
   const uint64_t tensor_id_;
   const uint64_t order_;
   const uint32_t round_;

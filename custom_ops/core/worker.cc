@@ -66,6 +66,17 @@ void ServerLink::Declare(uint64_t tensor_id, const std::string& frame) {
   if (!status.ok()) BPS_LOG(kDebug) << status.message();
 }
 
+void ServerLink::SendProcessSet(uint32_t id, const std::vector<int32_t>& ranks) {
+  FrameHeader header;
+  header.type = static_cast<uint8_t>(FrameType::kProcessSet);
+  header.rank = static_cast<uint32_t>(worker_->options().rank);
+  header.process_set = id;
+  header.length = ranks.size() * sizeof(int32_t);
+  std::lock_guard<std::mutex> lock(conn_->write_mutex());
+  Status status = conn_->Send(header, ranks.data());
+  if (!status.ok()) BPS_LOG(kDebug) << status.message();  // Reported by the link's threads.
+}
+
 void ServerLink::Abandon(uint64_t tensor_id, uint32_t round, OpKind kind) {
   std::vector<uint32_t> parts;
   {
@@ -117,6 +128,7 @@ void ServerLink::SendLoop() {
     header.dtype = static_cast<uint8_t>(task.dtype());
     header.reduce_op = static_cast<uint8_t>(task.op().reduce_op);
     header.owner = partition.owner;
+    header.process_set = task.op().process_set;
     if (IsGather(task.kind())) header.rows = task.op().shape[0];
     Status status = SendPartition(partition, &header);
     task.EndIo();
@@ -189,7 +201,7 @@ void ServerLink::FinishPartition(const Task& task, void* data, size_t bytes) {
   if (!IsReduction(task.kind())) return;
   const Declaration& op = task.op();
   const size_t count = bytes / DataTypeSize(op.dtype);
-  if (op.reduce_op == ReduceOp::kAverage) DivideInPlace(op.dtype, data, count, worker_->options().size);
+  if (op.reduce_op == ReduceOp::kAverage) DivideInPlace(op.dtype, data, count, task.group().size());
   ScaleInPlace(op.dtype, data, count, op.postscale);
 }
 
@@ -236,7 +248,7 @@ Status ServerLink::HandleReply(const FrameHeader& header) {
   if (!task.BeginIo()) return discard();
   // A gather's replies start with every worker's row count (acknowledgements are empty).
   const size_t table_bytes = IsGather(task.kind()) && pending.reply_length > 0
-                                 ? AllgatherTableBytes(worker_->options().size)
+                                 ? AllgatherTableBytes(task.group().size())
                                  : 0;
   std::vector<char> table(table_bytes);
   Status status = Status::OK();
@@ -431,13 +443,15 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
                        "tf_bps is shut down; cannot run tensor '" + name + "'"));
     return;
   }
-  status = CheckTaskSpec(spec, options_.size);
+  Group group;
+  status = GroupOf(spec.op, &group);
+  if (status.ok()) status = CheckTaskSpec(spec, group);
   if (!status.ok()) {
     done(status);
     return;
   }
   if (spec.op.kind == OpKind::kAlltoall && spec.splits.empty())
-    spec.splits.assign(options_.size, spec.op.shape[0] / options_.size);
+    spec.splits.assign(group.size(), spec.op.shape[0] / group.size());
   const uint64_t signature = Signature(spec.op);
   TensorEntry entry;
   bool declare;
@@ -464,7 +478,7 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
   }
   const OpKind kind = spec.op.kind;
   auto task = std::make_shared<Task>(
-      std::move(spec), entry.id, entry.order, entry.round, options_.timeout_ms,
+      std::move(spec), std::move(group), entry.id, entry.order, entry.round, options_.timeout_ms,
       std::move(allocate),
       [this, name, kind, id = entry.id, round = entry.round,
        done = std::move(done)](const Status& status) {
@@ -481,6 +495,51 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
   if (declare) Declare(*task, &plan);
   task->Launch(static_cast<int>(plan.size()));
   for (PartitionTask& item : plan) LinkFor(task->tensor_id(), item.part).Enqueue(std::move(item));
+}
+
+Status Worker::GroupOf(const Declaration& op, Group* group) {
+  if (op.process_set == 0) {
+    group->ranks.resize(options_.size);
+    for (int r = 0; r < options_.size; ++r) group->ranks[r] = r;
+  } else {
+    std::lock_guard<std::mutex> lock(process_sets_mutex_);
+    auto found = process_sets_.find(op.process_set);
+    if (found == process_sets_.end())
+      return Status::Error(ErrorKind::kInvalidArgument,
+                           "process set " + std::to_string(op.process_set) +
+                               " is not registered (tensor '" + op.name + "')");
+    group->ranks = found->second;
+  }
+  auto mine = std::find(group->ranks.begin(), group->ranks.end(), options_.rank);
+  if (mine == group->ranks.end())
+    return Status::Error(ErrorKind::kInvalidArgument,
+                         "rank " + std::to_string(options_.rank) +
+                             " is not a member of process set " +
+                             std::to_string(op.process_set) + " (tensor '" + op.name + "')");
+  group->index = static_cast<int>(mine - group->ranks.begin());
+  return Status::OK();
+}
+
+Status Worker::SetProcessSet(uint32_t id, std::vector<int32_t> ranks) {
+  if (id == 0) return Status::Error(ErrorKind::kInvalidArgument, "process set 0 is the global one");
+  std::sort(ranks.begin(), ranks.end());
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= options_.size || (i > 0 && ranks[i] == ranks[i - 1]))
+      return Status::Error(ErrorKind::kInvalidArgument,
+                           "process set " + std::to_string(id) + " has an invalid or repeated rank " +
+                               std::to_string(ranks[i]));
+  }
+  {
+    std::lock_guard<std::mutex> lock(process_sets_mutex_);
+    if (ranks.empty()) {
+      process_sets_.erase(id);
+    } else {
+      process_sets_[id] = ranks;
+    }
+  }
+  // Every server learns it before any push that names it (same connection, in order).
+  for (auto& link : links_) link->SendProcessSet(id, ranks);
+  return Status::OK();
 }
 
 ServerLink& Worker::LinkFor(uint64_t tensor_id, uint32_t part) {
@@ -512,7 +571,8 @@ PartitionTask Worker::Partition(const std::shared_ptr<Task>& task, uint32_t part
 Status Worker::Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask>* plan) {
   const TaskSpec& spec = task->spec();
   const Declaration& op = spec.op;
-  const int rank = options_.rank, size = options_.size;
+  const Group& group = task->group();
+  const int size = group.size();
   const size_t partition = PartitionBytes(op.dtype);
   if (IsReduction(op.kind) && op.prescale != 1.0) {
     // Scale a copy: the input belongs to the framework. A push_pull's output is ours
@@ -530,7 +590,7 @@ Status Worker::Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask
   switch (op.kind) {
     case OpKind::kPushPull:
     case OpKind::kBroadcast: {
-      const bool root = op.kind == OpKind::kBroadcast && op.root_rank == rank;
+      const bool root = op.kind == OpKind::kBroadcast && op.root_rank == options_.rank;
       if (root && spec.output != spec.input) std::memcpy(spec.output, spec.input, spec.bytes);
       for (size_t offset = 0; offset < spec.bytes; offset += partition) {
         const size_t length = std::min(partition, spec.bytes - offset);
@@ -548,7 +608,7 @@ Status Worker::Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask
       // Partitions never straddle two ranks' rows, so each result goes to one rank.
       const size_t row_bytes = RowBytes(op);
       std::vector<int64_t> mine = op.shape;
-      mine[0] = ScatterRows(op.shape[0], rank, size);
+      mine[0] = ScatterRows(op.shape[0], group.index, size);
       Status status = task->AllocateOutput(mine);
       if (!status.ok()) return status;
       for (int owner = 0; owner < size; ++owner) {
@@ -558,8 +618,8 @@ Status Worker::Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask
           const size_t length = std::min(partition, end - offset);
           PartitionTask item =
               Partition(task, static_cast<uint32_t>(plan->size()), offset - begin,
-                        source + offset, length, owner == rank ? length : 0);
-          item.owner = owner;
+                        source + offset, length, owner == group.index ? length : 0);
+          item.owner = group.ranks[owner];
           plan->push_back(std::move(item));
         }
       }
@@ -604,7 +664,9 @@ size_t Worker::RowBytes(const Declaration& op) {
 
 Status Worker::StartGatherData(const std::shared_ptr<Task>& task, const std::vector<char>& sizes) {
   const TaskSpec& spec = task->spec();
-  const int size = options_.size, rank = options_.rank;
+  const Group& group = task->group();
+  // Positions in the group (a process set), not global ranks.
+  const int size = group.size(), rank = group.index;
   const size_t row_bytes = RowBytes(spec.op);
   // The reply: each worker's `rows`, then (alltoall) each worker's splits.
   std::vector<int64_t> table(sizes.size() / sizeof(int64_t));
@@ -670,7 +732,7 @@ Status Worker::StartGatherData(const std::shared_ptr<Task>& task, const std::vec
     PartitionTask item = Partition(
         task, static_cast<uint32_t>(owner) + 1, 0, task->source() + offset, length,
         owner == rank ? AllgatherTableBytes(size) + static_cast<size_t>(total) * row_bytes : 0);
-    item.owner = owner;
+    item.owner = group.ranks[owner];
     plan.push_back(std::move(item));
     offset += length;
   }

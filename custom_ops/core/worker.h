@@ -77,6 +77,8 @@ class ServerLink {
   void Enqueue(PartitionTask task);
   // Describes a tensor to this server ahead of its pushes (`frame`: a Declaration).
   void Declare(uint64_t tensor_id, const std::string& frame);
+  // Registers (or, with no ranks, removes) a process set at this server.
+  void SendProcessSet(uint32_t id, const std::vector<int32_t>& ranks);
   // Forgets `task`'s partitions still waiting here and tells the server this worker
   // gave up their round, so no other worker's contribution waits for it in vain.
   void Abandon(uint64_t tensor_id, uint32_t round, OpKind kind);
@@ -141,6 +143,9 @@ class Worker {
   // Asynchronous: `done` runs once, on a core thread once the output holds the
   // result, or inline when the task is refused.
   void Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done);
+  // Registers process set `id` (ranks of this job) here and at every server; every
+  // worker registers the same sets. No ranks: removes it.
+  Status SetProcessSet(uint32_t id, std::vector<int32_t> ranks);
   // Fails every in-flight and future operation with `reason` (a peer died, say).
   void Abort(const std::string& reason);
   void Stop();
@@ -167,6 +172,9 @@ class Worker {
   void WatchdogLoop();
   void OnTaskFinished(const std::string& name, OpKind kind, uint64_t tensor_id, uint32_t round,
                       const Status& status);
+  // The workers an operation involves: all, or its process set's (which must hold
+  // this worker).
+  Status GroupOf(const Declaration& op, Group* group);
   // Cuts a task into partitions by its kind (a gather: its sizes step only).
   Status Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask>* plan);
   PartitionTask Partition(const std::shared_ptr<Task>& task, uint32_t part, size_t offset,
@@ -180,6 +188,9 @@ class Worker {
 
   const WorkerOptions options_;
   std::vector<std::unique_ptr<ServerLink>> links_;
+
+  std::mutex process_sets_mutex_;
+  std::unordered_map<uint32_t, std::vector<int32_t>> process_sets_;
 
   std::mutex registry_mutex_;
   std::unordered_map<std::string, TensorEntry> registry_;

@@ -2,8 +2,10 @@
 // It calls the core only through its C API, like the TensorFlow kernels do, and
 // releases the GIL around every call that may block on the network.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <string>
+#include <vector>
 
 #include "../core/c_api.h"
 #include "errors.h"
@@ -53,6 +55,13 @@ PYBIND11_MODULE(_bps_worker, m) {
   m.def(
       "abort", [](const std::string& reason) { bps_worker_abort(reason.c_str()); },
       py::arg("reason"), "Fails every operation in flight and to come with `reason`.");
+  m.def(
+      "set_process_set",
+      [](int id, const std::vector<int>& ranks) {
+        Check(bps_worker_set_process_set(id, ranks.data(), static_cast<int>(ranks.size())));
+      },
+      py::arg("id"), py::arg("ranks"),
+      "Registers process set `id` here and at every server; no ranks removes it.");
   m.def("failure", &Failure, "Why the worker can no longer communicate; empty while healthy.");
   m.def(
       "shutdown",

@@ -182,6 +182,11 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
       declarations_[{header.tensor_id, rank}] = std::move(declaration);
       continue;
     }
+    if (type == FrameType::kProcessSet) {
+      status = ReceiveProcessSet(conn, header);
+      if (!status.ok()) break;
+      continue;
+    }
     if (type == FrameType::kArena && worker->local &&
         header.length == sizeof(ArenaAnnouncement)) {
       ArenaAnnouncement announcement;
@@ -232,6 +237,41 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
   }
 }
 
+Status Server::ReceiveProcessSet(Connection& conn, const FrameHeader& header) {
+  const size_t count = header.length / sizeof(int32_t);
+  if (header.process_set == 0 || header.length % sizeof(int32_t) != 0 ||
+      count > static_cast<size_t>(num_workers_))
+    return Status::Error("a malformed process set");
+  std::vector<int32_t> ranks(count);
+  Status status = conn.ReceivePayload(ranks.data(), header.length);
+  if (!status.ok()) return status;
+  std::vector<uint32_t> members;
+  for (int32_t r : ranks) {
+    if (r < 0 || r >= num_workers_ || (!members.empty() && static_cast<uint32_t>(r) <= members.back()))
+      return Status::Error("a process set with invalid or unordered ranks");
+    members.push_back(static_cast<uint32_t>(r));
+  }
+  // A removal (no ranks) changes nothing here: a set is only used by the pushes that
+  // name it, and an id is registered again before it is reused.
+  if (members.empty()) return Status::OK();
+  std::lock_guard<std::mutex> lock(process_sets_mutex_);
+  process_sets_[header.process_set] = std::move(members);
+  return Status::OK();
+}
+
+bool Server::MembersOf(uint32_t process_set, std::vector<uint32_t>* members) {
+  if (process_set == 0) {
+    members->resize(num_workers_);
+    for (int r = 0; r < num_workers_; ++r) (*members)[r] = static_cast<uint32_t>(r);
+    return true;
+  }
+  std::lock_guard<std::mutex> lock(process_sets_mutex_);
+  auto found = process_sets_.find(process_set);
+  if (found == process_sets_.end()) return false;
+  *members = found->second;
+  return true;
+}
+
 void Server::Enqueue(PushItem item) {
   // A key always goes to the same engine, so its state needs no lock.
   const PartitionKey key{item.tensor_id, item.part};
@@ -253,6 +293,7 @@ Status Server::ReceivePush(WorkerConn* worker, const FrameHeader& header, PushIt
   item->signature = header.signature;
   item->rows = header.rows;
   item->owner = header.owner;
+  item->process_set = header.process_set;
   if (static_cast<FrameType>(header.type) == FrameType::kPush) {
     item->length = header.length;
     item->block = pool_.Acquire(header.length);
@@ -346,7 +387,21 @@ void Server::Process(Engine* engine, PushItem item) {
     return;
   }
   if (!key.active) {
+    std::string refusal;
+    if (!MembersOf(item.process_set, &key.members)) {
+      refusal = "process set " + std::to_string(item.process_set) + " is not registered here";
+    } else if (!std::binary_search(key.members.begin(), key.members.end(), item.rank)) {
+      refusal = "worker rank " + std::to_string(item.rank) + " is not a member of process set " +
+                std::to_string(item.process_set);
+    }
+    if (!refusal.empty()) {
+      SendError(item.rank, id, item.round, ErrorKind::kInvalidArgument,
+                refusal + " (tensor " + Describe(item.tensor_id, item.rank) + ")");
+      pool_.Release(std::move(item.block));
+      return;
+    }
     key.active = true;
+    key.process_set = item.process_set;
     key.round = item.round;
     key.kind = item.kind;
     key.dtype = item.dtype;
@@ -369,7 +424,8 @@ void Server::Process(Engine* engine, PushItem item) {
   }
   const bool same_length = !IsReduction(item.kind) || item.length == key.length;
   if (item.signature != key.signature || item.kind != key.kind || item.dtype != key.dtype ||
-      item.owner != key.owner || !same_length) {
+      item.owner != key.owner || item.process_set != key.process_set || !same_length ||
+      !std::binary_search(key.members.begin(), key.members.end(), item.rank)) {
     FailRound(id, &key, ErrorKind::kMismatch,
               MismatchMessage(item.tensor_id, key.contributors.front(), item.rank),
               static_cast<int>(item.rank));
@@ -383,10 +439,12 @@ void Server::Process(Engine* engine, PushItem item) {
   int gone = -1;
   if (finished_count_.load() > 0) {
     std::lock_guard<std::mutex> lock(conns_mutex_);
-    for (int r = 0; r < num_workers_ && gone < 0; ++r) {
-      if (finished_[r] && std::find(key.contributors.begin(), key.contributors.end(),
-                                    static_cast<uint32_t>(r)) == key.contributors.end())
-        gone = r;
+    for (uint32_t r : key.members) {
+      if (finished_[r] && std::find(key.contributors.begin(), key.contributors.end(), r) ==
+                              key.contributors.end()) {
+        gone = static_cast<int>(r);
+        break;
+      }
     }
   }
   if (gone >= 0) {
@@ -395,7 +453,7 @@ void Server::Process(Engine* engine, PushItem item) {
                   Describe(item.tensor_id, item.rank) + " cannot complete");
     return;
   }
-  if (key.contributors.size() < static_cast<size_t>(num_workers_)) return;
+  if (key.contributors.size() < key.members.size()) return;
   ShmLocation slot;
   size_t length = 0;
   const char* result = Complete(engine, id, &key, &slot, &length);
@@ -509,7 +567,8 @@ const char* Server::Complete(Engine* engine, const PartitionKey& id, KeyState* k
     }
     case OpKind::kAllgather:
     case OpKind::kAlltoall: {
-      *length = AllgatherTableBytes(num_workers_);
+      const int size = static_cast<int>(key->members.size());
+      *length = AllgatherTableBytes(size);
       for (const Contribution& c : key->by_rank) *length += c.length;
       char* out = nullptr;
       if (any_local) {
@@ -519,10 +578,11 @@ const char* Server::Complete(Engine* engine, const PartitionKey& id, KeyState* k
         out = key->sum.data.get();
       }
       if (!out) return nullptr;
-      char* cursor = out + AllgatherTableBytes(num_workers_);
-      for (int r = 0; r < num_workers_; ++r) {
-        const Contribution& c = key->by_rank[r];
-        std::memcpy(out + r * sizeof(int64_t), &c.rows, sizeof(int64_t));
+      // In the group's order: its members' ranks ascending.
+      char* cursor = out + AllgatherTableBytes(size);
+      for (int i = 0; i < size; ++i) {
+        const Contribution& c = key->by_rank[key->members[i]];
+        std::memcpy(out + i * sizeof(int64_t), &c.rows, sizeof(int64_t));
         if (c.length) std::memcpy(cursor, c.data(), c.length);
         cursor += c.length;
       }

@@ -79,6 +79,7 @@ class Server {
     uint64_t signature = 0;
     int64_t rows = 0;          // gathers: the sender's first dimension
     int32_t owner = -1;        // the one rank the result goes to; -1: every worker
+    uint32_t process_set = 0;  // the workers taking part; 0: all
     size_t length = 0;
     BlockPool::Block block;    // data received over the socket, or
     const char* shared = nullptr;  // data in the worker's shared slot (same host).
@@ -104,6 +105,8 @@ class Server {
     ReduceOp reduce_op = ReduceOp::kSum;
     uint64_t signature = 0;
     int32_t owner = -1;
+    uint32_t process_set = 0;
+    std::vector<uint32_t> members;    // the ranks taking part, ascending
     size_t length = 0;                // reductions: every push's length
     BlockPool::Block sum;             // push_pull: running result of socket pushes
     std::vector<const char*> shared;  // push_pull: shared-slot pushes, reduced at the end
@@ -126,6 +129,9 @@ class Server {
   void ReadLoop(std::shared_ptr<WorkerConn> conn);
   void EngineLoop(Engine* engine);
   void Enqueue(PushItem item);
+  Status ReceiveProcessSet(Connection& conn, const FrameHeader& header);
+  // The ranks of a process set (0: every worker); false if it is not registered.
+  bool MembersOf(uint32_t process_set, std::vector<uint32_t>* members);
   void Process(Engine* engine, PushItem item);
   void Abandon(const PartitionKey& id, KeyState* key, const PushItem& item);
   // Adds the item to its round (a reduction, or kept by rank).
@@ -175,6 +181,9 @@ class Server {
   // Lets the per-push path skip the locked checks while every worker is alive and busy.
   std::atomic<int> finished_count_{0};
   std::atomic<bool> failed_{false};
+
+  std::mutex process_sets_mutex_;
+  std::unordered_map<uint32_t, std::vector<uint32_t>> process_sets_;
 
   std::mutex declarations_mutex_;
   std::map<std::pair<uint64_t, uint32_t>, Declaration> declarations_;

@@ -124,6 +124,7 @@ class CollectiveOp : public AsyncOpKernel {
   CollectiveOp(OpKernelConstruction* context, bps::OpKind kind)
       : AsyncOpKernel(context), kind_(kind) {
     OP_REQUIRES_OK(context, context->GetAttr("tensor_name", &tensor_name_));
+    OP_REQUIRES_OK(context, context->GetAttr("process_set", &process_set_));
     if (tensor_name_.empty()) tensor_name_ = name();
   }
 
@@ -146,6 +147,7 @@ class CollectiveOp : public AsyncOpKernel {
     op.root_rank = root_rank_;
     op.prescale = prescale_;
     op.postscale = postscale_;
+    op.process_set = process_set_;
     op.ndims = static_cast<int>(shape.size());
     op.shape = shape.data();
     op.input = input.tensor_data().data();
@@ -183,6 +185,7 @@ class CollectiveOp : public AsyncOpKernel {
   std::string tensor_name_;
   int reduce_op_ = 0;
   int root_rank_ = 0;
+  int process_set_ = 0;
   float prescale_ = 1.0f;
   float postscale_ = 1.0f;
 };
@@ -247,6 +250,7 @@ absl::Status OtherFirstDimension(tensorflow::shape_inference::InferenceContext* 
 REGISTER_OP("BytepsPushPull")
     .Attr("T: {uint8, int8, uint16, int16, int32, int64, half, bfloat16, float32, float64}")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set: int = 0")
     .Attr("reduce_op: int = 0")
     .Attr("prescale_factor: float = 1.0")
     .Attr("postscale_factor: float = 1.0")
@@ -260,6 +264,7 @@ REGISTER_OP("BytepsPushPull")
 REGISTER_OP("BytepsBroadcast")
     .Attr("T: {uint8, int8, uint16, int16, int32, int64, half, bfloat16, float32, float64, bool}")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set: int = 0")
     .Attr("root_rank: int")
     .Input("tensor: T")
     .Output("broadcast: T")
@@ -270,6 +275,7 @@ REGISTER_OP("BytepsBroadcast")
 REGISTER_OP("BytepsAllgather")
     .Attr("T: {uint8, int8, uint16, int16, int32, int64, half, bfloat16, float32, float64, bool}")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set: int = 0")
     .Input("tensor: T")
     .Output("gathered: T")
     .SetIsStateful()
@@ -279,6 +285,7 @@ REGISTER_OP("BytepsAllgather")
 REGISTER_OP("BytepsAlltoall")
     .Attr("T: {uint8, int8, uint16, int16, int32, int64, half, bfloat16, float32, float64, bool}")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set: int = 0")
     .Input("tensor: T")
     .Input("splits: int64")
     .Output("received: T")
@@ -295,6 +302,7 @@ REGISTER_OP("BytepsAlltoall")
 REGISTER_OP("BytepsReducescatter")
     .Attr("T: {uint8, int8, uint16, int16, int32, int64, half, bfloat16, float32, float64}")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set: int = 0")
     .Attr("reduce_op: int = 0")
     .Attr("prescale_factor: float = 1.0")
     .Attr("postscale_factor: float = 1.0")

@@ -5,6 +5,7 @@ offer (init, rank, allreduce, DistributedOptimizer, callbacks, load_model, ...),
 from tf_bps import (
     Compression,
     ProcessSet,
+    add_process_set,
     ccl_built,
     cross_rank,
     cross_size,
@@ -23,6 +24,7 @@ from tf_bps import (
     mpi_threads_supported,
     nccl_built,
     rank,
+    remove_process_set,
     rocm_built,
     shutdown,
     size,
@@ -51,11 +53,11 @@ from tf_bps.ops import (
 from tf_bps.training import DistributedGradientTape, DistributedOptimizer, load_model
 
 __all__ = ["Adasum", "Average", "Compression", "DistributedGradientTape", "DistributedOptimizer",
-           "Max", "Min", "ProcessSet", "Product", "Sum", "allgather", "allgather_object",
-           "allreduce", "alltoall", "broadcast", "broadcast_object", "broadcast_variables",
-           "callbacks", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
-           "global_process_set", "gloo_built", "gloo_enabled", "grouped_allreduce",
-           "grouped_reducescatter", "init", "is_homogeneous", "is_initialized", "load_model",
-           "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
-           "nccl_built", "push_pull", "rank", "reducescatter", "rocm_built", "shutdown", "size",
-           "sycl_built"]
+           "Max", "Min", "ProcessSet", "Product", "Sum", "add_process_set", "allgather",
+           "allgather_object", "allreduce", "alltoall", "broadcast", "broadcast_object",
+           "broadcast_variables", "callbacks", "ccl_built", "cross_rank", "cross_size",
+           "cuda_built", "ddl_built", "global_process_set", "gloo_built", "gloo_enabled",
+           "grouped_allreduce", "grouped_reducescatter", "init", "is_homogeneous", "is_initialized",
+           "load_model", "local_rank", "local_size", "mpi_built", "mpi_enabled",
+           "mpi_threads_supported", "nccl_built", "push_pull", "rank", "reducescatter",
+           "remove_process_set", "rocm_built", "shutdown", "size", "sycl_built"]
