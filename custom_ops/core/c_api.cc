@@ -33,7 +33,9 @@ int Fail(const Status& status) {
   return -1;
 }
 
-int Fail(const std::string& message) { return Fail(Status::Error(ErrorKind::kInvalidArgument, message)); }
+int Fail(const std::string& message) {
+  return Fail(Status::Error(ErrorKind::kInvalidArgument, message));
+}
 
 int CopyOut(const std::string& text, char* buf, int capacity) {
   if (capacity > 0) std::snprintf(buf, static_cast<size_t>(capacity), "%s", text.c_str());
@@ -83,9 +85,9 @@ Status ToTaskSpec(const bps_op* op, TaskSpec* spec) {
   if (!op || !op->name || op->ndims < 0 || (op->ndims > 0 && !op->shape))
     return Status::Error(ErrorKind::kInvalidArgument, "malformed operation request");
   if (!IsValidOpKind(static_cast<uint8_t>(op->kind)) || op->kind > 255)
-    return Status::Error(ErrorKind::kInvalidArgument, "unknown operation kind " +
-                                                          std::to_string(op->kind) +
-                                                          " for tensor '" + op->name + "'");
+    return Status::Error(
+        ErrorKind::kInvalidArgument,
+        "unknown operation kind " + std::to_string(op->kind) + " for tensor '" + op->name + "'");
   if (op->dtype < 0 || op->dtype > 255 || !IsValidDataType(static_cast<uint8_t>(op->dtype)))
     return Status::Error(ErrorKind::kInvalidArgument,
                          "unsupported dtype for tensor '" + std::string(op->name) + "'");
@@ -105,11 +107,12 @@ Status ToTaskSpec(const bps_op* op, TaskSpec* spec) {
   spec->output = op->output;
   spec->bytes = static_cast<size_t>(op->bytes);
   if (op->nsplits < 0 || (op->nsplits > 0 && !op->splits))
-    return Status::Error(ErrorKind::kInvalidArgument, "malformed splits for tensor '" + d.name + "'");
+    return Status::Error(ErrorKind::kInvalidArgument,
+                         "malformed splits for tensor '" + d.name + "'");
   spec->splits.assign(op->splits, op->splits + op->nsplits);
   if (op->process_set < 0)
-    return Status::Error(ErrorKind::kInvalidArgument, "a negative process set id for tensor '" +
-                                                          d.name + "'");
+    return Status::Error(ErrorKind::kInvalidArgument,
+                         "a negative process set id for tensor '" + d.name + "'");
   d.process_set = static_cast<uint32_t>(op->process_set);
   return Status::OK();
 }
@@ -189,7 +192,8 @@ void bps_enqueue(const bps_op* op, bps_allocate_fn allocate, bps_done_fn done, v
     std::vector<long long> dims(shape.begin(), shape.end());
     void* out =
         allocate ? allocate(ctx, index, dims.data(), static_cast<int>(dims.size())) : nullptr;
-    if (!out) *status = Status::Error(bps::ErrorKind::kInternal, "the framework refused the output");
+    if (!out)
+      *status = Status::Error(bps::ErrorKind::kInternal, "the framework refused the output");
     return out;
   };
   std::shared_ptr<bps::Worker> worker;
@@ -197,9 +201,9 @@ void bps_enqueue(const bps_op* op, bps_allocate_fn allocate, bps_done_fn done, v
     auto& state = bps::State();
     std::lock_guard<std::mutex> lock(state.mutex);
     if (!state.initialised)
-      return finish(Status::Error(bps::ErrorKind::kShutdown,
-                                  "tf_bps is not initialised: call bps.init() first (tensor '" +
-                                      spec.op.name + "')"));
+      return finish(Status::Error(
+          bps::ErrorKind::kShutdown,
+          "tf_bps is not initialised: call bps.init() first (tensor '" + spec.op.name + "')"));
     worker = state.worker;
   }
   if (!worker) {
@@ -219,13 +223,13 @@ int bps_worker_set_process_set(int id, const int* ranks, int count) {
   {
     auto& state = bps::State();
     std::lock_guard<std::mutex> lock(state.mutex);
-    if (!state.initialised) return bps::Fail(Status::Error(bps::ErrorKind::kShutdown,
-                                                           "tf_bps is not initialised"));
+    if (!state.initialised)
+      return bps::Fail(Status::Error(bps::ErrorKind::kShutdown, "tf_bps is not initialised"));
     worker = state.worker;
   }
   if (!worker) return 0;  // One worker: nothing to tell anyone.
-  Status status = worker->SetProcessSet(static_cast<uint32_t>(id),
-                                        std::vector<int32_t>(ranks, ranks + count));
+  Status status =
+      worker->SetProcessSet(static_cast<uint32_t>(id), std::vector<int32_t>(ranks, ranks + count));
   return status.ok() ? 0 : bps::Fail(status);
 }
 

@@ -47,7 +47,7 @@ typedef struct bps_op {
    * bps_allocate_fn once its size is known. */
   void* output;
   unsigned long long bytes; /* of the input */
-  const long long* splits; /* alltoall: rows for each rank (copied); NULL: even split */
+  const long long* splits;  /* alltoall: rows for each rank (copied); NULL: even split */
   int nsplits;
   int process_set; /* 0: every worker */
 } bps_op;

@@ -54,7 +54,9 @@ const char* ErrorKindName(ErrorKind kind);
 class Status {
  public:
   static Status OK() { return Status(); }
-  static Status Error(std::string message) { return Error(ErrorKind::kInternal, std::move(message)); }
+  static Status Error(std::string message) {
+    return Error(ErrorKind::kInternal, std::move(message));
+  }
   static Status Error(ErrorKind kind, std::string message) {
     return Status(kind == ErrorKind::kOk ? ErrorKind::kInternal : kind, std::move(message));
   }

@@ -35,8 +35,9 @@ struct LogVoidify {
 
 }  // namespace bps
 
-#define BPS_LOG(level)                                       \
-  !::bps::LogEnabled(::bps::LogLevel::level) ? (void)0       \
-                                             : ::bps::LogVoidify() & ::bps::LogLine(::bps::LogLevel::level)
+#define BPS_LOG(level)                       \
+  !::bps::LogEnabled(::bps::LogLevel::level) \
+      ? (void)0                              \
+      : ::bps::LogVoidify() & ::bps::LogLine(::bps::LogLevel::level)
 
 #endif  // TF_BPS_CORE_LOGGING_H_

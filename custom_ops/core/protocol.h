@@ -32,10 +32,10 @@ enum class FrameType : uint8_t {
 
 // What a server does with a round's contributions. Wire values.
 enum class OpKind : uint8_t {
-  kPushPull = 1,   // reduce (sum, min, max, product) and return the result to everyone.
-  kBroadcast = 2,  // only the root sends data; every other worker receives it.
-  kAllgather = 3,  // each worker sends its rows; everyone receives all rows in rank order.
-  kAlltoall = 4,   // each worker sends rows to each worker; a gather per receiving rank.
+  kPushPull = 1,       // reduce (sum, min, max, product) and return the result to everyone.
+  kBroadcast = 2,      // only the root sends data; every other worker receives it.
+  kAllgather = 3,      // each worker sends its rows; everyone receives all rows in rank order.
+  kAlltoall = 4,       // each worker sends rows to each worker; a gather per receiving rank.
   kReduceScatter = 5,  // a reduction whose partitions each go back to one rank only.
 };
 
@@ -62,8 +62,8 @@ struct FrameHeader {
   // others get an empty acknowledgement. -1: every worker receives it.
   int32_t owner = -1;
   uint32_t process_set = 0;  // the workers taking part; 0: all of them
-  uint64_t tensor_id = 0;  // stable hash of the tensor's name.
-  uint64_t signature = 0;  // hash of everything workers must agree on; see Signature().
+  uint64_t tensor_id = 0;    // stable hash of the tensor's name.
+  uint64_t signature = 0;    // hash of everything workers must agree on; see Signature().
   // Allgather pushes: the sender's first dimension (its row count).
   int64_t rows = 0;
   uint64_t length = 0;  // payload bytes that follow.
@@ -115,7 +115,9 @@ std::string Describe(const Declaration& declaration);
 // `rows` (int64 each).
 constexpr uint32_t kSizesPart = 0;
 
-inline bool IsGather(OpKind kind) { return kind == OpKind::kAllgather || kind == OpKind::kAlltoall; }
+inline bool IsGather(OpKind kind) {
+  return kind == OpKind::kAllgather || kind == OpKind::kAlltoall;
+}
 inline bool IsReduction(OpKind kind) {
   return kind == OpKind::kPushPull || kind == OpKind::kReduceScatter;
 }

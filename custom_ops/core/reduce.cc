@@ -61,19 +61,27 @@ struct Arith<BFloat16> {
 
 struct SumOp {
   template <typename C>
-  static C Apply(C a, C b) { return a + b; }
+  static C Apply(C a, C b) {
+    return a + b;
+  }
 };
 struct MinOp {
   template <typename C>
-  static C Apply(C a, C b) { return std::min(a, b); }
+  static C Apply(C a, C b) {
+    return std::min(a, b);
+  }
 };
 struct MaxOp {
   template <typename C>
-  static C Apply(C a, C b) { return std::max(a, b); }
+  static C Apply(C a, C b) {
+    return std::max(a, b);
+  }
 };
 struct ProductOp {
   template <typename C>
-  static C Apply(C a, C b) { return a * b; }
+  static C Apply(C a, C b) {
+    return a * b;
+  }
 };
 
 template <typename T, typename Op>
@@ -100,7 +108,8 @@ BPS_VECTORISE void ScaleLoop(T* buf, size_t count, double factor) {
     const C f = static_cast<C>(factor);
     for (size_t i = 0; i < count; ++i) buf[i] = A::Out(A::In(buf[i]) * f);
   } else {
-    for (size_t i = 0; i < count; ++i) buf[i] = static_cast<T>(static_cast<double>(buf[i]) * factor);
+    for (size_t i = 0; i < count; ++i)
+      buf[i] = static_cast<T>(static_cast<double>(buf[i]) * factor);
   }
 }
 
@@ -170,12 +179,10 @@ void ReduceInto(ReduceOp op, DataType dtype, void* dst, const void* src, size_t 
   ReduceOf(op, dtype, dst, dst, src, count);
 }
 
-void ReduceOf(ReduceOp op, DataType dtype, void* dst, const void* a, const void* b,
-              size_t count) {
+void ReduceOf(ReduceOp op, DataType dtype, void* dst, const void* a, const void* b, size_t count) {
   Dispatch(dtype, [&](auto tag) {
     using T = decltype(tag);
-    Combine<T>(op, static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b),
-               count);
+    Combine<T>(op, static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), count);
   });
 }
 

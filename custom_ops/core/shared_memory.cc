@@ -45,8 +45,8 @@ SharedArena::~SharedArena() {
 }
 
 Status SlotAllocator::Allocate(size_t bytes, ShmLocation* location, bool* fresh_arena) {
-  const size_t rounded = (std::max<size_t>(bytes, 1) + kSlotAlignment - 1) / kSlotAlignment *
-                         kSlotAlignment;
+  const size_t rounded =
+      (std::max<size_t>(bytes, 1) + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment;
   *fresh_arena = arenas_.empty() || used_ + rounded > arenas_.back()->size();
   if (*fresh_arena) {
     std::unique_ptr<SharedArena> arena;

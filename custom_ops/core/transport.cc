@@ -113,7 +113,8 @@ Status Connection::ReceiveHeader(FrameHeader* header, bool* eof) {
     got += static_cast<size_t>(n);
   }
   if (header->magic != kFrameMagic)
-    return Status::Error("garbled frame from " + peer_ + " (is it a tf_bps peer of the same version?)");
+    return Status::Error("garbled frame from " + peer_ +
+                         " (is it a tf_bps peer of the same version?)");
   return Status::OK();
 }
 
@@ -149,7 +150,8 @@ void Connection::ShutdownWrite() { ::shutdown(fd_, SHUT_WR); }
 
 void ConfigureSocket(int fd, int send_timeout_ms) {
   int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));  // Fails harmlessly on Unix sockets.
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one,
+               sizeof(one));  // Fails harmlessly on Unix sockets.
   if (send_timeout_ms > 0) {
     timeval tv{send_timeout_ms / 1000, (send_timeout_ms % 1000) * 1000};
     ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
@@ -164,8 +166,7 @@ Status ConnectTcp(const std::string& host, int port, int timeout_ms, int send_ti
   addrinfo* found = nullptr;
   std::string port_text = std::to_string(port);
   int rc = ::getaddrinfo(host.c_str(), port_text.c_str(), &hints, &found);
-  if (rc != 0 || !found)
-    return Status::Error("cannot resolve " + host + ": " + ::gai_strerror(rc));
+  if (rc != 0 || !found) return Status::Error("cannot resolve " + host + ": " + ::gai_strerror(rc));
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   std::string last_error;
   while (true) {
@@ -199,8 +200,7 @@ Status ListenTcp(int port, int* fd_out, int* bound_port) {
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_ANY);
   addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::listen(fd, 128) != 0) {
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, 128) != 0) {
     std::string error = ErrnoText();
     ::close(fd);
     return Status::Error("cannot listen on port " + std::to_string(port) + ": " + error);
@@ -218,8 +218,8 @@ socklen_t LocalAddress(int tcp_port, sockaddr_un* addr) {
   *addr = sockaddr_un{};
   addr->sun_family = AF_UNIX;
   // sun_path[0] stays '\0': the abstract namespace, nothing on disk to clean up.
-  const int length = std::snprintf(addr->sun_path + 1, sizeof(addr->sun_path) - 1,
-                                   "tf_bps-server-%d", tcp_port);
+  const int length =
+      std::snprintf(addr->sun_path + 1, sizeof(addr->sun_path) - 1, "tf_bps-server-%d", tcp_port);
   return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + length);
 }
 
@@ -233,8 +233,8 @@ Status ListenLocal(int tcp_port, int* fd_out) {
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), length) != 0 || ::listen(fd, 128) != 0) {
     std::string error = ErrnoText();
     ::close(fd);
-    return Status::Error("cannot listen on the local socket for port " +
-                         std::to_string(tcp_port) + ": " + error);
+    return Status::Error("cannot listen on the local socket for port " + std::to_string(tcp_port) +
+                         ": " + error);
   }
   *fd_out = fd;
   return Status::OK();

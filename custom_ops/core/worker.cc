@@ -142,8 +142,8 @@ void ServerLink::SendLoop() {
         std::unique_lock<std::mutex> lock(receiver_mutex_);
         receiver_cv_.wait_for(lock, kDrainGrace, [this] { return receiver_done_; });
       }
-      worker_->OnLinkFailure(status.message() + " while pushing tensor '" + task.name() +
-                             "' to " + description());
+      worker_->OnLinkFailure(status.message() + " while pushing tensor '" + task.name() + "' to " +
+                             description());
       return;
     }
   }
@@ -212,7 +212,8 @@ Status ServerLink::HandleReply(const FrameHeader& header) {
   std::string message;
   ShmLocation location;
   if (type == FrameType::kError) {
-    if (header.length > (1u << 20)) return Status::Error(description() + " sent an oversized error");
+    if (header.length > (1u << 20))
+      return Status::Error(description() + " sent an oversized error");
     message.resize(header.length);
     Status status = conn_->ReceivePayload(message.data(), message.size());
     if (!status.ok()) return status;
@@ -313,8 +314,7 @@ void ServerLink::ReceiveLoop() {
     Status status = conn_->ReceiveHeader(&header, &eof);
     if (status.ok()) {
       const auto type = static_cast<FrameType>(header.type);
-      if (type == FrameType::kReply || type == FrameType::kReplyShm ||
-          type == FrameType::kError) {
+      if (type == FrameType::kReply || type == FrameType::kReplyShm || type == FrameType::kError) {
         status = HandleReply(header);
       } else if (type == FrameType::kArena && header.length == sizeof(ArenaAnnouncement)) {
         status = HandleArena();
@@ -350,16 +350,17 @@ void ServerLink::FailExpired(std::chrono::steady_clock::time_point now) {
   {
     std::lock_guard<std::mutex> lock(pending_mutex_);
     for (const auto& entry : pending_)
-      if (entry.second.task->expired(now)) expired.emplace_back(entry.second.task, entry.second.part);
+      if (entry.second.task->expired(now))
+        expired.emplace_back(entry.second.task, entry.second.part);
   }
   for (auto& [task, part] : expired) {
-    task->Fail(Status::Error(
-        ErrorKind::kTimeout,
-        std::string(OpKindName(task->kind())) + " of tensor '" + task->name() + "' (round " +
-            std::to_string(task->round()) + ") timed out after " +
-            std::to_string(task->timeout_seconds()) + " s waiting for " + description() +
-            " to return partition " + std::to_string(part) +
-            " (a worker may not have sent it; see BYTEPS_OP_TIMEOUT)"));
+    task->Fail(Status::Error(ErrorKind::kTimeout,
+                             std::string(OpKindName(task->kind())) + " of tensor '" + task->name() +
+                                 "' (round " + std::to_string(task->round()) +
+                                 ") timed out after " + std::to_string(task->timeout_seconds()) +
+                                 " s waiting for " + description() + " to return partition " +
+                                 std::to_string(part) +
+                                 " (a worker may not have sent it; see BYTEPS_OP_TIMEOUT)"));
   }
 }
 
@@ -403,21 +404,22 @@ Status Worker::Start() {
     if (local)
       BPS_LOG(kDebug) << "server " << i << " is on this host: using its Unix socket";
     else
-      status = ConnectTcp(address.host, address.port, options_.timeout_ms, options_.timeout_ms, &fd);
+      status =
+          ConnectTcp(address.host, address.port, options_.timeout_ms, options_.timeout_ms, &fd);
     if (!status.ok())
-      return Status::Error(ErrorKind::kPeerGone,
-                           "worker " + std::to_string(options_.rank) + " cannot reach server " +
-                               std::to_string(i) + ": " + status.message());
-    auto conn = std::make_unique<Connection>(
-        fd, "server " + std::to_string(i) + " (" + address.host + ":" +
-                std::to_string(address.port) + ")");
+      return Status::Error(ErrorKind::kPeerGone, "worker " + std::to_string(options_.rank) +
+                                                     " cannot reach server " + std::to_string(i) +
+                                                     ": " + status.message());
+    auto conn =
+        std::make_unique<Connection>(fd, "server " + std::to_string(i) + " (" + address.host + ":" +
+                                             std::to_string(address.port) + ")");
     FrameHeader hello;
     hello.type = static_cast<uint8_t>(FrameType::kHello);
     hello.rank = static_cast<uint32_t>(options_.rank);
     status = conn->Send(hello, nullptr);
     if (!status.ok()) return status;
-    links_.push_back(std::make_unique<ServerLink>(this, static_cast<int>(i), address,
-                                                  std::move(conn), local));
+    links_.push_back(
+        std::make_unique<ServerLink>(this, static_cast<int>(i), address, std::move(conn), local));
   }
   for (auto& link : links_) link->Start();
   watchdog_ = std::thread([this] { WatchdogLoop(); });
@@ -465,9 +467,9 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
       it = registry_.emplace(name, fresh).first;
     }
     if (it->second.in_flight) {
-      done(Status::Error(ErrorKind::kInvalidArgument,
-                         "tensor '" + name +
-                             "' is already in flight; concurrent operations need distinct names"));
+      done(Status::Error(
+          ErrorKind::kInvalidArgument,
+          "tensor '" + name + "' is already in flight; concurrent operations need distinct names"));
       return;
     }
     it->second.in_flight = true;
@@ -477,14 +479,13 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
     entry = it->second;
   }
   const OpKind kind = spec.op.kind;
-  auto task = std::make_shared<Task>(
-      std::move(spec), std::move(group), entry.id, entry.order, entry.round, options_.timeout_ms,
-      std::move(allocate),
-      [this, name, kind, id = entry.id, round = entry.round,
-       done = std::move(done)](const Status& status) {
-        OnTaskFinished(name, kind, id, round, status);
-        done(status);
-      });
+  auto task = std::make_shared<Task>(std::move(spec), std::move(group), entry.id, entry.order,
+                                     entry.round, options_.timeout_ms, std::move(allocate),
+                                     [this, name, kind, id = entry.id, round = entry.round,
+                                      done = std::move(done)](const Status& status) {
+                                       OnTaskFinished(name, kind, id, round, status);
+                                       done(status);
+                                     });
   std::vector<PartitionTask> plan;
   status = Plan(task, &plan);
   if (!status.ok()) {
@@ -512,10 +513,10 @@ Status Worker::GroupOf(const Declaration& op, Group* group) {
   }
   auto mine = std::find(group->ranks.begin(), group->ranks.end(), options_.rank);
   if (mine == group->ranks.end())
-    return Status::Error(ErrorKind::kInvalidArgument,
-                         "rank " + std::to_string(options_.rank) +
-                             " is not a member of process set " +
-                             std::to_string(op.process_set) + " (tensor '" + op.name + "')");
+    return Status::Error(ErrorKind::kInvalidArgument, "rank " + std::to_string(options_.rank) +
+                                                          " is not a member of process set " +
+                                                          std::to_string(op.process_set) +
+                                                          " (tensor '" + op.name + "')");
   group->index = static_cast<int>(mine - group->ranks.begin());
   return Status::OK();
 }
@@ -525,9 +526,9 @@ Status Worker::SetProcessSet(uint32_t id, std::vector<int32_t> ranks) {
   std::sort(ranks.begin(), ranks.end());
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (ranks[i] < 0 || ranks[i] >= options_.size || (i > 0 && ranks[i] == ranks[i - 1]))
-      return Status::Error(ErrorKind::kInvalidArgument,
-                           "process set " + std::to_string(id) + " has an invalid or repeated rank " +
-                               std::to_string(ranks[i]));
+      return Status::Error(ErrorKind::kInvalidArgument, "process set " + std::to_string(id) +
+                                                            " has an invalid or repeated rank " +
+                                                            std::to_string(ranks[i]));
   }
   {
     std::lock_guard<std::mutex> lock(process_sets_mutex_);
@@ -554,8 +555,7 @@ size_t Worker::PartitionBytes(DataType dtype) const {
 }
 
 PartitionTask Worker::Partition(const std::shared_ptr<Task>& task, uint32_t part, size_t offset,
-                                const char* data, size_t push_length,
-                                size_t reply_length) const {
+                                const char* data, size_t push_length, size_t reply_length) const {
   PartitionTask item;
   item.task = task;
   item.part = part;
@@ -598,8 +598,8 @@ Status Worker::Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask
         if (op.kind == OpKind::kPushPull) {
           plan->push_back(Partition(task, part, offset, source + offset, length, length));
         } else {  // The root's data crosses once; receivers send nothing.
-          plan->push_back(Partition(task, part, offset, source + offset, root ? length : 0,
-                                    root ? 0 : length));
+          plan->push_back(
+              Partition(task, part, offset, source + offset, root ? length : 0, root ? 0 : length));
         }
       }
       return Status::OK();
@@ -617,8 +617,8 @@ Status Worker::Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask
         for (size_t offset = begin; offset < end; offset += partition) {
           const size_t length = std::min(partition, end - offset);
           PartitionTask item =
-              Partition(task, static_cast<uint32_t>(plan->size()), offset - begin,
-                        source + offset, length, owner == group.index ? length : 0);
+              Partition(task, static_cast<uint32_t>(plan->size()), offset - begin, source + offset,
+                        length, owner == group.index ? length : 0);
           item.owner = group.ranks[owner];
           plan->push_back(std::move(item));
         }
@@ -628,8 +628,7 @@ Status Worker::Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask
     case OpKind::kAllgather:
     case OpKind::kAlltoall: {
       // First the sizes; the rows follow once every worker's are known.
-      const size_t sizes_bytes =
-          op.kind == OpKind::kAlltoall ? size * size * sizeof(int64_t) : 0;
+      const size_t sizes_bytes = op.kind == OpKind::kAlltoall ? size * size * sizeof(int64_t) : 0;
       const char* splits = reinterpret_cast<const char*>(task->splits().data());
       plan->push_back(Partition(task, kSizesPart, 0, splits,
                                 op.kind == OpKind::kAlltoall ? size * sizeof(int64_t) : 0,
@@ -678,7 +677,8 @@ Status Worker::StartGatherData(const std::shared_ptr<Task>& task, const std::vec
   };
   for (int64_t count : table) {
     // Bounded so that the sums below cannot overflow whatever a server sends.
-    if (count < 0 || count > (int64_t{1} << 40)) return bad("a row count of " + std::to_string(count));
+    if (count < 0 || count > (int64_t{1} << 40))
+      return bad("a row count of " + std::to_string(count));
   }
   if (table[rank] != spec.op.shape[0]) return bad("another row count for this worker");
   std::vector<int64_t> out_shape = spec.op.shape;
@@ -712,7 +712,8 @@ Status Worker::StartGatherData(const std::shared_ptr<Task>& task, const std::vec
   }
   // Alltoall: row r of the matrix holds what rank r sends to each rank.
   const int64_t* matrix = table.data() + size;
-  if (table.size() != static_cast<size_t>(size + size * size)) return bad("a malformed split table");
+  if (table.size() != static_cast<size_t>(size + size * size))
+    return bad("a malformed split table");
   std::vector<int64_t> received(size);
   int64_t total = 0;
   for (int r = 0; r < size; ++r) {

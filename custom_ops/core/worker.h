@@ -46,12 +46,12 @@ struct WorkerOptions {
 struct PartitionTask {
   std::shared_ptr<Task> task;
   uint32_t part;
-  size_t offset;              // of the partition in the tensor (input and output alike).
-  const char* data;           // what to push: `push_length` bytes (none for broadcast receivers).
+  size_t offset;     // of the partition in the tensor (input and output alike).
+  const char* data;  // what to push: `push_length` bytes (none for broadcast receivers).
   size_t push_length;
-  size_t reply_length;        // bytes the server returns; allgather: known only then.
-  uint64_t priority;          // lower goes first: declaration order, then partition index.
-  int32_t owner = -1;         // the one rank receiving the result (alltoall, reducescatter)
+  size_t reply_length;  // bytes the server returns; allgather: known only then.
+  uint64_t priority;    // lower goes first: declaration order, then partition index.
+  int32_t owner = -1;   // the one rank receiving the result (alltoall, reducescatter)
   uint64_t signature;
   std::string declare_frame;  // non-empty: describe the tensor to the server first.
 };

@@ -38,7 +38,8 @@ inline void RegisterCoreError(pybind11::module_& module) {
     try {
       if (thrown) std::rethrow_exception(thrown);
     } catch (const CoreError& error) {
-      pybind11::object instance = pybind11::reinterpret_borrow<pybind11::object>(type)(error.what());
+      pybind11::object instance =
+          pybind11::reinterpret_borrow<pybind11::object>(type)(error.what());
       instance.attr("kind") = ErrorKindName(error.kind());
       PyErr_SetObject(type, instance.ptr());
     }

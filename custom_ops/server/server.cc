@@ -28,8 +28,8 @@ struct Server::WorkerConn {
   WorkerConn(std::unique_ptr<Connection> c, bool same_host)
       : conn(std::move(c)), local(same_host) {}
   std::unique_ptr<Connection> conn;
-  const bool local;  // On this host: data goes through shared memory both ways.
-  PeerArenas arenas;  // The worker's push slots.
+  const bool local;                // On this host: data goes through shared memory both ways.
+  PeerArenas arenas;               // The worker's push slots.
   uint32_t announced_results = 0;  // Result arenas sent to it; guarded by the write mutex.
   int rank = -1;
   std::mutex mutex;
@@ -174,8 +174,8 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
       if (!status.ok()) break;
       Declaration declaration;
       if (!DecodeDeclaration(payload, &declaration)) {
-        status = Status::Error("malformed tensor declaration from worker rank " +
-                               std::to_string(rank));
+        status =
+            Status::Error("malformed tensor declaration from worker rank " + std::to_string(rank));
         break;
       }
       std::lock_guard<std::mutex> lock(declarations_mutex_);
@@ -187,8 +187,7 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
       if (!status.ok()) break;
       continue;
     }
-    if (type == FrameType::kArena && worker->local &&
-        header.length == sizeof(ArenaAnnouncement)) {
+    if (type == FrameType::kArena && worker->local && header.length == sizeof(ArenaAnnouncement)) {
       ArenaAnnouncement announcement;
       const int fd = conn.TakeReceivedFd();
       status = conn.ReceivePayload(&announcement, sizeof(announcement));
@@ -247,7 +246,8 @@ Status Server::ReceiveProcessSet(Connection& conn, const FrameHeader& header) {
   if (!status.ok()) return status;
   std::vector<uint32_t> members;
   for (int32_t r : ranks) {
-    if (r < 0 || r >= num_workers_ || (!members.empty() && static_cast<uint32_t>(r) <= members.back()))
+    if (r < 0 || r >= num_workers_ ||
+        (!members.empty() && static_cast<uint32_t>(r) <= members.back()))
       return Status::Error("a process set with invalid or unordered ranks");
     members.push_back(static_cast<uint32_t>(r));
   }
@@ -306,7 +306,8 @@ Status Server::ReceivePush(WorkerConn* worker, const FrameHeader& header, PushIt
   if (!status.ok()) return status;
   item->length = location.length;
   item->shared = worker->arenas.Resolve(location);
-  if (!item->shared) return Status::Error("a shared-memory push points outside the worker's arenas");
+  if (!item->shared)
+    return Status::Error("a shared-memory push points outside the worker's arenas");
   return Status::OK();
 }
 
@@ -503,8 +504,7 @@ void Server::Accumulate(KeyState* key, PushItem* item) {
   }
 }
 
-char* Server::ResultSlot(Engine* engine, const PartitionKey& id, size_t length,
-                         ShmLocation* slot) {
+char* Server::ResultSlot(Engine* engine, const PartitionKey& id, size_t length, ShmLocation* slot) {
   auto found = engine->result_slots.find(id);
   std::lock_guard<std::mutex> lock(results_mutex_);
   if (found == engine->result_slots.end() || found->second.length != length) {
@@ -592,8 +592,8 @@ const char* Server::Complete(Engine* engine, const PartitionKey& id, KeyState* k
   return nullptr;
 }
 
-void Server::Reply(const PartitionKey& id, const KeyState& key, const char* result,
-                   size_t length, const ShmLocation* slot) {
+void Server::Reply(const PartitionKey& id, const KeyState& key, const char* result, size_t length,
+                   const ShmLocation* slot) {
   // Who receives the result: the owner, a broadcast's receivers, or everyone. The
   // others get an empty acknowledgement, sent last: a broadcast root may overwrite its
   // pushed data once it is answered.

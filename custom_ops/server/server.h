@@ -81,7 +81,7 @@ class Server {
     int32_t owner = -1;        // the one rank the result goes to; -1: every worker
     uint32_t process_set = 0;  // the workers taking part; 0: all
     size_t length = 0;
-    BlockPool::Block block;    // data received over the socket, or
+    BlockPool::Block block;        // data received over the socket, or
     const char* shared = nullptr;  // data in the worker's shared slot (same host).
     const char* data() const { return shared ? shared : block.data.get(); }
   };
@@ -106,10 +106,10 @@ class Server {
     uint64_t signature = 0;
     int32_t owner = -1;
     uint32_t process_set = 0;
-    std::vector<uint32_t> members;    // the ranks taking part, ascending
-    size_t length = 0;                // reductions: every push's length
-    BlockPool::Block sum;             // push_pull: running result of socket pushes
-    std::vector<const char*> shared;  // push_pull: shared-slot pushes, reduced at the end
+    std::vector<uint32_t> members;      // the ranks taking part, ascending
+    size_t length = 0;                  // reductions: every push's length
+    BlockPool::Block sum;               // push_pull: running result of socket pushes
+    std::vector<const char*> shared;    // push_pull: shared-slot pushes, reduced at the end
     std::vector<Contribution> by_rank;  // broadcast and allgather
     std::vector<uint32_t> contributors;
   };
@@ -174,7 +174,7 @@ class Server {
   SlotAllocator results_;  // sums for same-host workers
 
   std::mutex conns_mutex_;
-  std::vector<std::shared_ptr<WorkerConn>> conns_;  // by rank
+  std::vector<std::shared_ptr<WorkerConn>> conns_;     // by rank
   std::vector<std::shared_ptr<WorkerConn>> accepted_;  // every connection, for Stop()
   std::vector<std::thread> readers_;
   std::vector<bool> finished_;  // rank said Bye

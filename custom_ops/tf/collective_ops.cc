@@ -4,6 +4,7 @@
 // the core's error kinds into TensorFlow's error classes; all communication lives
 // in the core.
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../core/c_api.h"
@@ -22,43 +23,25 @@ using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
 
 bool ToCoreType(tensorflow::DataType dtype, bps::DataType* out) {
-  switch (dtype) {
-    case tensorflow::DT_HALF:
-      *out = bps::DataType::kFloat16;
-      return true;
-    case tensorflow::DT_BFLOAT16:
-      *out = bps::DataType::kBFloat16;
-      return true;
-    case tensorflow::DT_FLOAT:
-      *out = bps::DataType::kFloat32;
-      return true;
-    case tensorflow::DT_DOUBLE:
-      *out = bps::DataType::kFloat64;
-      return true;
-    case tensorflow::DT_INT32:
-      *out = bps::DataType::kInt32;
-      return true;
-    case tensorflow::DT_INT64:
-      *out = bps::DataType::kInt64;
-      return true;
-    case tensorflow::DT_UINT8:
-      *out = bps::DataType::kUint8;
-      return true;
-    case tensorflow::DT_INT8:
-      *out = bps::DataType::kInt8;
-      return true;
-    case tensorflow::DT_UINT16:
-      *out = bps::DataType::kUint16;
-      return true;
-    case tensorflow::DT_INT16:
-      *out = bps::DataType::kInt16;
-      return true;
-    case tensorflow::DT_BOOL:
-      *out = bps::DataType::kBool;
-      return true;
-    default:
-      return false;
+  static constexpr std::pair<tensorflow::DataType, bps::DataType> kTypes[] = {
+      {tensorflow::DT_HALF, bps::DataType::kFloat16},
+      {tensorflow::DT_BFLOAT16, bps::DataType::kBFloat16},
+      {tensorflow::DT_FLOAT, bps::DataType::kFloat32},
+      {tensorflow::DT_DOUBLE, bps::DataType::kFloat64},
+      {tensorflow::DT_INT32, bps::DataType::kInt32},
+      {tensorflow::DT_INT64, bps::DataType::kInt64},
+      {tensorflow::DT_UINT8, bps::DataType::kUint8},
+      {tensorflow::DT_INT8, bps::DataType::kInt8},
+      {tensorflow::DT_UINT16, bps::DataType::kUint16},
+      {tensorflow::DT_INT16, bps::DataType::kInt16},
+      {tensorflow::DT_BOOL, bps::DataType::kBool},
+  };
+  for (const auto& [framework, core] : kTypes) {
+    if (framework != dtype) continue;
+    *out = core;
+    return true;
   }
+  return false;
 }
 
 // The error class a Python user catches for each way an operation can fail.
@@ -131,12 +114,12 @@ class CollectiveOp : public AsyncOpKernel {
   void ComputeAsync(OpKernelContext* context, DoneCallback done) override {
     const Tensor& input = context->input(0);
     bps::DataType dtype;
-    OP_REQUIRES_ASYNC(context, ToCoreType(input.dtype(), &dtype),
-                      absl::InvalidArgumentError(std::string(bps::OpKindName(kind_)) +
-                                                 " does not support " +
-                                                 tensorflow::DataTypeString(input.dtype()) +
-                                                 " (tensor '" + tensor_name_ + "')"),
-                      done);
+    OP_REQUIRES_ASYNC(
+        context, ToCoreType(input.dtype(), &dtype),
+        absl::InvalidArgumentError(std::string(bps::OpKindName(kind_)) + " does not support " +
+                                   tensorflow::DataTypeString(input.dtype()) + " (tensor '" +
+                                   tensor_name_ + "')"),
+        done);
     std::vector<long long> shape;
     for (int i = 0; i < input.dims(); ++i) shape.push_back(input.dim_size(i));
     bps_op op{};
@@ -173,8 +156,7 @@ class CollectiveOp : public AsyncOpKernel {
       // Reusing the input buffer is safe: a partition's result only arrives after
       // this worker's push of that partition has left its memory.
       OP_REQUIRES_OK_ASYNC(
-          context, context->forward_input_or_allocate_output({0}, 0, input.shape(), &output),
-          done);
+          context, context->forward_input_or_allocate_output({0}, 0, input.shape(), &output), done);
       op.output = const_cast<char*>(output->tensor_data().data());
     }
     bps_enqueue(&op, AllocateOutput, Finish, new InFlight{context, std::move(done)});
@@ -258,8 +240,9 @@ REGISTER_OP("BytepsPushPull")
     .Output("reduced: T")
     .SetIsStateful()
     .SetShapeFn(SameShape)
-    .Doc("Reduces a tensor across all tf_bps workers (reduce_op: 0 sum, 1 average, 2 min, "
-         "3 max, 4 product), scaled by prescale_factor before and postscale_factor after.");
+    .Doc(
+        "Reduces a tensor across all tf_bps workers (reduce_op: 0 sum, 1 average, 2 min, "
+        "3 max, 4 product), scaled by prescale_factor before and postscale_factor after.");
 
 REGISTER_OP("BytepsBroadcast")
     .Attr("T: {uint8, int8, uint16, int16, int32, int64, half, bfloat16, float32, float64, bool}")
@@ -296,8 +279,9 @@ REGISTER_OP("BytepsAlltoall")
       c->set_output(1, c->Vector(c->UnknownDim()));
       return absl::OkStatus();
     })
-    .Doc("Sends splits[r] rows of the tensor to each rank r (an even split when splits is "
-         "empty) and concatenates the rows received from every rank, in rank order.");
+    .Doc(
+        "Sends splits[r] rows of the tensor to each rank r (an even split when splits is "
+        "empty) and concatenates the rows received from every rank, in rank order.");
 
 REGISTER_OP("BytepsReducescatter")
     .Attr("T: {uint8, int8, uint16, int16, int32, int64, half, bfloat16, float32, float64}")

@@ -20,12 +20,12 @@ namespace {
 
 int failures = 0;
 
-#define EXPECT(condition)                                                          \
-  do {                                                                             \
-    if (!(condition)) {                                                            \
-      ++failures;                                                                  \
-      std::cerr << __FILE__ << ":" << __LINE__ << ": expected " #condition "\n";   \
-    }                                                                              \
+#define EXPECT(condition)                                                        \
+  do {                                                                           \
+    if (!(condition)) {                                                          \
+      ++failures;                                                                \
+      std::cerr << __FILE__ << ":" << __LINE__ << ": expected " #condition "\n"; \
+    }                                                                            \
   } while (0)
 
 // ---------------------------------------------------------------------------
@@ -178,8 +178,8 @@ class FakeWorker {
   }
 
   void Abandon(uint64_t tensor, uint32_t round) {
-    EXPECT(conn_->Send(Header(FrameType::kAbandon, tensor, round, OpKind::kPushPull), nullptr)
-               .ok());
+    EXPECT(
+        conn_->Send(Header(FrameType::kAbandon, tensor, round, OpKind::kPushPull), nullptr).ok());
   }
 
   // The next reply: its header, and its payload as bytes.
@@ -213,7 +213,9 @@ class FakeWorker {
     }
   }
 
-  void Bye() { EXPECT(conn_->Send(Header(FrameType::kBye, 0, 0, OpKind::kPushPull), nullptr).ok()); }
+  void Bye() {
+    EXPECT(conn_->Send(Header(FrameType::kBye, 0, 0, OpKind::kPushPull), nullptr).ok());
+  }
 
  private:
   FrameHeader Header(FrameType type, uint64_t tensor, uint32_t round, OpKind kind) {
