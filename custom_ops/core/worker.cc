@@ -37,7 +37,7 @@ std::string ServerLink::description() const {
 }
 
 void ServerLink::Start() {
-  sender_ = std::thread([this] { SendLoop(); });
+  push_stage_.Start([this](PartitionTask& partition) { return Push(partition); });
   receiver_ = std::thread([this] { ReceiveLoop(); });
 }
 
@@ -47,11 +47,7 @@ void ServerLink::Enqueue(PartitionTask task) {
     pending_[PartitionKey{task.task->tensor_id(), task.part}] =
         Pending{task.task, task.part, task.offset, task.reply_length};
   }
-  {
-    std::lock_guard<std::mutex> lock(queue_mutex_);
-    queue_.push(std::move(task));
-  }
-  queue_cv_.notify_one();
+  push_stage_.Push(std::move(task));
 }
 
 void ServerLink::Declare(uint64_t tensor_id, const std::string& frame) {
@@ -105,48 +101,36 @@ void ServerLink::Abandon(uint64_t tensor_id, uint32_t round, OpKind kind) {
   }
 }
 
-void ServerLink::SendLoop() {
-  const uint32_t rank = static_cast<uint32_t>(worker_->options().rank);
-  while (true) {
-    PartitionTask partition;
-    {
-      std::unique_lock<std::mutex> lock(queue_mutex_);
-      queue_cv_.wait(lock, [this] { return closing_ || !queue_.empty(); });
-      if (closing_) return;
-      partition = queue_.top();
-      queue_.pop();
-    }
-    Task& task = *partition.task;
-    if (!task.BeginIo()) continue;  // Failed meanwhile: nothing to send.
-    FrameHeader header;
-    header.rank = rank;
-    header.part = partition.part;
-    header.round = task.round();
-    header.op_kind = static_cast<uint8_t>(task.kind());
-    header.tensor_id = task.tensor_id();
-    header.signature = partition.signature;
-    header.dtype = static_cast<uint8_t>(task.dtype());
-    header.reduce_op = static_cast<uint8_t>(task.op().reduce_op);
-    header.owner = partition.owner;
-    header.process_set = task.op().process_set;
-    if (IsGather(task.kind())) header.rows = task.op().shape[0];
-    Status status = SendPartition(partition, &header);
-    task.EndIo();
-    BPS_LOG(kTrace) << "pushed " << task.name() << " part " << partition.part << " round "
-                    << task.round() << " to " << description();
-    if (!status.ok()) {
-      // The server may have said why it is going away (a worker died, say) before the
-      // socket broke: let the receiver read that first, then fail what is left.
-      conn_->ShutdownWrite();
-      {
-        std::unique_lock<std::mutex> lock(receiver_mutex_);
-        receiver_cv_.wait_for(lock, kDrainGrace, [this] { return receiver_done_; });
-      }
-      worker_->OnLinkFailure(status.message() + " while pushing tensor '" + task.name() + "' to " +
-                             description());
-      return;
-    }
+bool ServerLink::Push(PartitionTask& partition) {
+  Task& task = *partition.task;
+  if (!task.BeginIo()) return true;  // Failed meanwhile: nothing to send.
+  FrameHeader header;
+  header.rank = static_cast<uint32_t>(worker_->options().rank);
+  header.part = partition.part;
+  header.round = task.round();
+  header.op_kind = static_cast<uint8_t>(task.kind());
+  header.tensor_id = task.tensor_id();
+  header.signature = partition.signature;
+  header.dtype = static_cast<uint8_t>(task.dtype());
+  header.reduce_op = static_cast<uint8_t>(task.op().reduce_op);
+  header.owner = partition.owner;
+  header.process_set = task.op().process_set;
+  if (IsGather(task.kind())) header.rows = task.op().shape[0];
+  Status status = SendPartition(partition, &header);
+  task.EndIo();
+  BPS_LOG(kTrace) << "pushed " << task.name() << " part " << partition.part << " round "
+                  << task.round() << " to " << description();
+  if (status.ok()) return true;
+  // The server may have said why it is going away (a worker died, say) before the
+  // socket broke: let the receiver read that first, then fail what is left.
+  conn_->ShutdownWrite();
+  {
+    std::unique_lock<std::mutex> lock(receiver_mutex_);
+    receiver_cv_.wait_for(lock, kDrainGrace, [this] { return receiver_done_; });
   }
+  worker_->OnLinkFailure(status.message() + " while pushing tensor '" + task.name() + "' to " +
+                         description());
+  return false;
 }
 
 Status ServerLink::SendPartition(const PartitionTask& partition, FrameHeader* header) {
@@ -365,12 +349,8 @@ void ServerLink::FailExpired(std::chrono::steady_clock::time_point now) {
 }
 
 void ServerLink::Close(int rank) {
-  {
-    std::lock_guard<std::mutex> lock(queue_mutex_);
-    closing_ = true;
-  }
-  queue_cv_.notify_all();
-  if (sender_.joinable()) sender_.join();
+  push_stage_.Close();
+  push_stage_.Join();
   FrameHeader bye;
   bye.type = static_cast<uint8_t>(FrameType::kBye);
   bye.rank = static_cast<uint32_t>(rank);
@@ -382,7 +362,7 @@ void ServerLink::Close(int rank) {
 }
 
 void ServerLink::Join() {
-  if (sender_.joinable()) sender_.join();
+  push_stage_.Join();
   if (receiver_.joinable()) receiver_.join();
 }
 

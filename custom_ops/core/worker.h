@@ -1,10 +1,12 @@
-// The worker side of the core: turns tasks (push_pull, broadcast, allgather) into
-// partition pushes to the servers and pulls the results straight into the output.
+// The worker side of the core: turns tasks (push_pull, broadcast, allgather, alltoall,
+// reducescatter) into partition pushes to the servers and pulls the results straight
+// into the output.
 //
 // Stages (each its own thread, so partitions of one tensor and of many tensors overlap):
-//   caller thread  declare (name -> id, once) and partition, enqueue per server
-//   push stage     one sender thread per server link, highest priority first
-//   pull stage     one receiver thread per server link, writes into the output
+//   caller thread  declare (name -> id, once), plan the partitions, enqueue per server
+//   push stage     a Stage per server link (stage.h): sends, highest priority first
+//   pull stage     one receiver thread per server link, writes into the output (and
+//                  starts a gather's second step once its sizes arrive)
 //   watchdog       fails operations that outlive the operation timeout
 #ifndef TF_BPS_CORE_WORKER_H_
 #define TF_BPS_CORE_WORKER_H_
@@ -23,6 +25,7 @@
 
 #include "common.h"
 #include "shared_memory.h"
+#include "stage.h"
 #include "task.h"
 #include "transport.h"
 
@@ -98,7 +101,8 @@ class ServerLink {
     size_t reply_length;
   };
 
-  void SendLoop();
+  // The push stage's work: one partition to the server. False once the link broke.
+  bool Push(PartitionTask& partition);
   Status SendPartition(const PartitionTask& task, FrameHeader* header);
   void ReceiveLoop();
   Status HandleReply(const FrameHeader& header);
@@ -119,15 +123,11 @@ class ServerLink {
   // The server's arenas holding sums; only the receiver thread touches them.
   PeerArenas server_arenas_;
 
-  std::mutex queue_mutex_;
-  std::condition_variable queue_cv_;
-  std::priority_queue<PartitionTask, std::vector<PartitionTask>, PartitionTaskOrder> queue_;
-  bool closing_ = false;
+  Stage<PartitionTask, PartitionTaskOrder> push_stage_{"push"};
 
   std::mutex pending_mutex_;
   std::unordered_map<PartitionKey, Pending, PartitionKeyHash> pending_;
 
-  std::thread sender_;
   std::thread receiver_;
   std::mutex receiver_mutex_;
   std::condition_variable receiver_cv_;

@@ -1,7 +1,9 @@
 // Unit tests of the core's pieces, in one process: reduce kernels, the wire
 // format, and the server's round policies driven through real sockets.
 // Built and run by tests/test_core_units.py.
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -12,6 +14,7 @@
 
 #include "../../custom_ops/core/protocol.h"
 #include "../../custom_ops/core/reduce.h"
+#include "../../custom_ops/core/stage.h"
 #include "../../custom_ops/core/transport.h"
 #include "../../custom_ops/server/server.h"
 
@@ -149,6 +152,29 @@ void TestSignatures() {
   EXPECT(Signature(g) != Signature(h));
   EXPECT(Describe(SampleDeclaration()) ==
          "broadcast from rank 2 of bfloat16[3,0,5] prescaled by 0.5 postscaled by 4");
+}
+
+// ---------------------------------------------------------------------------
+// Pipeline stages
+
+void TestStageServesByPriority() {
+  Stage<int, std::greater<int>> stage("test");  // Smallest first.
+  for (int item : {5, 1, 4, 2, 3}) stage.Push(item);
+  std::vector<int> served;
+  std::mutex mutex;
+  std::condition_variable done;
+  stage.Start([&](int& item) {
+    std::lock_guard<std::mutex> lock(mutex);
+    served.push_back(item);
+    done.notify_all();
+    return item != 4;  // Serving stops when it returns false.
+  });
+  std::unique_lock<std::mutex> lock(mutex);
+  EXPECT(done.wait_for(lock, std::chrono::seconds(5), [&] { return served.size() == 4; }));
+  lock.unlock();
+  stage.Push(0);  // Never served: the stage has ended.
+  stage.Join();
+  EXPECT((served == std::vector<int>{1, 2, 3, 4}));
 }
 
 // ---------------------------------------------------------------------------
@@ -305,6 +331,7 @@ int main() {
   bps::TestReduceKernels();
   bps::TestDeclarations();
   bps::TestSignatures();
+  bps::TestStageServesByPriority();
   bps::TestServerRounds();
   if (bps::failures) {
     std::cerr << bps::failures << " check(s) failed\n";

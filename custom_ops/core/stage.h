@@ -1,0 +1,87 @@
+// A stage of the worker's pipeline: a queue served by a thread of its own. Items
+// leave in priority order, so a stage never holds an urgent partition behind a
+// bulky one. Stages are where later work plugs in (local reduce, device copies,
+// compression) and where the timeline will record when each item entered and left.
+#ifndef TF_BPS_CORE_STAGE_H_
+#define TF_BPS_CORE_STAGE_H_
+
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <queue>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace bps {
+
+// `After(a, b)` is true when `a` must leave after `b` (a std::priority_queue order).
+template <typename Item, typename After>
+class Stage {
+ public:
+  // `serve` handles one item on the stage's thread; returning false ends the stage
+  // (its link broke, say), dropping what is still queued.
+  using Serve = std::function<bool(Item&)>;
+
+  explicit Stage(std::string name) : name_(std::move(name)) {}
+  ~Stage() {
+    Close();
+    Join();
+  }
+  Stage(const Stage&) = delete;
+  Stage& operator=(const Stage&) = delete;
+
+  const std::string& name() const { return name_; }
+
+  void Start(Serve serve) {
+    thread_ = std::thread([this, serve = std::move(serve)] { Run(serve); });
+  }
+
+  void Push(Item item) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push(std::move(item));
+    }
+    cv_.notify_one();
+  }
+
+  // Stops serving; items still queued are dropped (their tasks fail elsewhere).
+  void Close() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      closed_ = true;
+    }
+    cv_.notify_all();
+  }
+
+  void Join() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void Run(const Serve& serve) {
+    while (true) {
+      Item item;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [this] { return closed_ || !queue_.empty(); });
+        if (closed_) return;
+        item = queue_.top();
+        queue_.pop();
+      }
+      if (!serve(item)) return;
+    }
+  }
+
+  const std::string name_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::priority_queue<Item, std::vector<Item>, After> queue_;
+  bool closed_ = false;
+  std::thread thread_;
+};
+
+}  // namespace bps
+
+#endif  // TF_BPS_CORE_STAGE_H_
