@@ -167,7 +167,7 @@ def test_mismatches_fail_at_once_naming_tensor_ranks_and_both_sides(procs, num_w
 
 def test_a_round_that_timed_out_never_mixes_with_the_next(procs):
     status, output = procs.launch(2, "collective_errors.py", "stale", num_servers=1,
-                                  BYTEPS_OP_TIMEOUT=3, timeout=60)
+                                  BYTEPS_OP_TIMEOUT=4, timeout=60)
     assert status == 0, output
     reports = _reports(output)
     timed_out, late = reports[0, "timed_out"], reports[1, "late"]

@@ -78,6 +78,11 @@ def worker_set_process_set(set_id: int, ranks: list[int]) -> None:
     worker_engine().set_process_set(set_id, list(ranks))
 
 
+def worker_join() -> int:
+    """Blocks until every worker has joined; the last rank to join."""
+    return worker_engine().join()
+
+
 def worker_shutdown() -> None:
     worker_engine().shutdown()
 

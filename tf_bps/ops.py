@@ -349,6 +349,14 @@ def _reducescatter_gradient(op, grad):
     return _scale(gathered, scale)
 
 
+def join() -> tf.Tensor:
+    """Horovod's join: this worker has no more data. Until every worker has joined,
+    the others' operations go on without it (it contributes nothing: no summand, no
+    rows; a broadcast from it fails); then every worker gets the last rank to join,
+    as an int32 tensor. Eagerly, outside tf.function."""
+    return tf.constant(core.worker_join(), tf.int32)
+
+
 def _variable_name(variable) -> str:
     return getattr(variable, "path", None) or variable.name
 

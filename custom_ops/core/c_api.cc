@@ -233,6 +233,23 @@ int bps_worker_set_process_set(int id, const int* ranks, int count) {
   return status.ok() ? 0 : bps::Fail(status);
 }
 
+int bps_worker_join(int* last_rank) {
+  std::shared_ptr<bps::Worker> worker;
+  {
+    auto& state = bps::State();
+    std::lock_guard<std::mutex> lock(state.mutex);
+    if (!state.initialised)
+      return bps::Fail(Status::Error(bps::ErrorKind::kShutdown, "tf_bps is not initialised"));
+    worker = state.worker;
+  }
+  if (!worker) {  // One worker: it is the last to join.
+    *last_rank = 0;
+    return 0;
+  }
+  Status status = worker->Join(last_rank);
+  return status.ok() ? 0 : bps::Fail(status);
+}
+
 int bps_worker_rank(void) {
   auto& state = bps::State();
   std::lock_guard<std::mutex> lock(state.mutex);

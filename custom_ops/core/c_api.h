@@ -23,6 +23,9 @@ void bps_worker_abort(const char* reason);
 /* Copies why the worker failed (a server died, say; empty when healthy) into buf. */
 int bps_worker_failure(char* buf, int capacity);
 void bps_worker_shutdown(void);
+/* Horovod's join: blocks until every worker has joined (others' operations go on
+ * without this one meanwhile); writes the last rank to join. */
+int bps_worker_join(int* last_rank);
 /* This worker's rank; -1 before init. */
 int bps_worker_rank(void);
 /* Registers process set `id` (> 0) with `count` ranks of this job here and at every

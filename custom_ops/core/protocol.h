@@ -28,6 +28,11 @@ enum class FrameType : uint8_t {
   // worker -> server: process set `process_set` has the payload's ranks (int32 each,
   // ascending); an empty payload removes it. Every worker registers every set.
   kProcessSet = 11,
+  // worker -> server: this worker has no more data (bps.join); rounds stop waiting for
+  // it. server -> worker, once every worker joined: payload the last rank to join
+  // (int32), then (tensor id uint64, last round uint32) pairs for workers to catch up.
+  kJoin = 12,
+  kJoined = 13,
 };
 
 // What a server does with a round's contributions. Wire values.

@@ -279,6 +279,39 @@ Status ServerLink::HandleReply(const FrameHeader& header) {
   return Status::OK();
 }
 
+Status ServerLink::HandleJoined(const FrameHeader& header) {
+  constexpr size_t kEntry = sizeof(uint64_t) + sizeof(uint32_t);
+  // Bounded before allocating: a last rank, then one entry per key of the server.
+  if (header.length < sizeof(int32_t) || (header.length - sizeof(int32_t)) % kEntry != 0 ||
+      header.length > (64u << 20))
+    return Status::Error("a malformed join reply from " + description());
+  std::vector<char> payload(header.length);
+  Status status = conn_->ReceivePayload(payload.data(), payload.size());
+  if (!status.ok()) return status;
+  int32_t last;
+  std::memcpy(&last, payload.data(), sizeof(last));
+  std::unordered_map<uint64_t, uint32_t> rounds;
+  for (size_t at = sizeof(last); at < payload.size(); at += kEntry) {
+    uint64_t tensor_id;
+    uint32_t round;
+    std::memcpy(&tensor_id, payload.data() + at, sizeof(tensor_id));
+    std::memcpy(&round, payload.data() + at + sizeof(tensor_id), sizeof(round));
+    uint32_t& known = rounds[tensor_id];
+    known = std::max(known, round);
+  }
+  worker_->OnJoined(index_, last, rounds);
+  return Status::OK();
+}
+
+void ServerLink::SendJoin() {
+  FrameHeader header;
+  header.type = static_cast<uint8_t>(FrameType::kJoin);
+  header.rank = static_cast<uint32_t>(worker_->options().rank);
+  std::lock_guard<std::mutex> lock(conn_->write_mutex());
+  Status status = conn_->Send(header, nullptr);
+  if (!status.ok()) BPS_LOG(kDebug) << status.message();  // Reported by the link's threads.
+}
+
 Status ServerLink::HandleArena() {
   ArenaAnnouncement announcement;
   const int fd = conn_->TakeReceivedFd();
@@ -302,6 +335,8 @@ void ServerLink::ReceiveLoop() {
         status = HandleReply(header);
       } else if (type == FrameType::kArena && header.length == sizeof(ArenaAnnouncement)) {
         status = HandleArena();
+      } else if (type == FrameType::kJoined) {
+        status = HandleJoined(header);
       } else {
         status = Status::Error("unexpected frame type " + std::to_string(header.type) + " from " +
                                description());
@@ -444,6 +479,9 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
       TensorEntry fresh;
       fresh.id = StableHash(name.data(), name.size());
       fresh.order = registry_.size();
+      // A tensor first used here after a join may have had rounds without this worker.
+      auto floor = round_floors_.find(fresh.id);
+      if (floor != round_floors_.end()) fresh.round = floor->second;
       it = registry_.emplace(name, fresh).first;
     }
     if (it->second.in_flight) {
@@ -732,6 +770,58 @@ void Worker::OnTaskFinished(const std::string& name, OpKind kind, uint64_t tenso
   if (it != registry_.end()) it->second.in_flight = false;
 }
 
+Status Worker::Join(int* last_rank) {
+  {
+    std::lock_guard<std::mutex> lock(join_mutex_);
+    join_replies_ = 0;
+    join_last_ = -1;
+    join_rounds_.clear();
+  }
+  for (auto& link : links_) link->SendJoin();
+  std::unique_lock<std::mutex> lock(join_mutex_);
+  const bool answered =
+      join_cv_.wait_for(lock, std::chrono::milliseconds(options_.timeout_ms), [this] {
+        return join_replies_ == static_cast<int>(links_.size()) || !fatal_error().ok() || stopping_;
+      });
+  Status fatal = fatal_error();
+  if (!fatal.ok()) return fatal.WithSuffix(" (join)");
+  if (stopping_) return Status::Error(ErrorKind::kShutdown, "tf_bps was shut down during join");
+  if (!answered)
+    return Status::Error(ErrorKind::kTimeout,
+                         "join timed out after " + std::to_string(options_.timeout_ms / 1000) +
+                             " s: not every worker joined (see BYTEPS_OP_TIMEOUT)");
+  // Rounds that went on without this worker: catch up, so that its next operation on
+  // those tensors meets the others' in the same round.
+  {
+    std::lock_guard<std::mutex> registry_lock(registry_mutex_);
+    for (auto& [name, entry] : registry_) {
+      auto found = join_rounds_.find(entry.id);
+      if (found != join_rounds_.end()) entry.round = std::max(entry.round, found->second);
+    }
+    for (const auto& [tensor_id, round] : join_rounds_) {
+      uint32_t& floor = round_floors_[tensor_id];
+      floor = std::max(floor, round);
+    }
+  }
+  *last_rank = join_last_;
+  return Status::OK();
+}
+
+void Worker::OnJoined(int server, int last_rank,
+                      const std::unordered_map<uint64_t, uint32_t>& rounds) {
+  {
+    std::lock_guard<std::mutex> lock(join_mutex_);
+    // Servers may see joins in different orders; server 0's answer is the one given.
+    if (server == 0 || join_last_ < 0) join_last_ = last_rank;
+    for (const auto& [tensor_id, round] : rounds) {
+      uint32_t& known = join_rounds_[tensor_id];
+      known = std::max(known, round);
+    }
+    ++join_replies_;
+  }
+  join_cv_.notify_all();
+}
+
 void Worker::OnLinkFailure(const std::string& reason) {
   BPS_LOG(kError) << reason;
   Abort(reason);
@@ -744,6 +834,7 @@ void Worker::Abort(const std::string& reason) {
     if (fatal_.ok()) fatal_ = status;
   }
   for (auto& link : links_) link->FailPending(status);
+  join_cv_.notify_all();
 }
 
 void Worker::WatchdogLoop() {

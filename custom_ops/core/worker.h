@@ -82,6 +82,8 @@ class ServerLink {
   void Declare(uint64_t tensor_id, const std::string& frame);
   // Registers (or, with no ranks, removes) a process set at this server.
   void SendProcessSet(uint32_t id, const std::vector<int32_t>& ranks);
+  // Tells the server this worker has joined (bps.join).
+  void SendJoin();
   // Forgets `task`'s partitions still waiting here and tells the server this worker
   // gave up their round, so no other worker's contribution waits for it in vain.
   void Abandon(uint64_t tensor_id, uint32_t round, OpKind kind);
@@ -107,6 +109,7 @@ class ServerLink {
   void ReceiveLoop();
   Status HandleReply(const FrameHeader& header);
   Status HandleArena();
+  Status HandleJoined(const FrameHeader& header);
   // The pending partition this frame answers; false for a stale or unknown round.
   bool TakePending(const FrameHeader& header, Pending* pending);
   // Average and postscale on one received partition.
@@ -146,6 +149,12 @@ class Worker {
   // Registers process set `id` (ranks of this job) here and at every server; every
   // worker registers the same sets. No ranks: removes it.
   Status SetProcessSet(uint32_t id, std::vector<int32_t> ranks);
+  // Horovod's join: this worker has no more data. Until every worker has joined, the
+  // others' rounds go on without it; then it returns the last rank to join. Nothing
+  // of this worker may be in flight meanwhile.
+  Status Join(int* last_rank);
+  // A server answered a join: the last rank to join and each tensor's last round.
+  void OnJoined(int server, int last_rank, const std::unordered_map<uint64_t, uint32_t>& rounds);
   // Fails every in-flight and future operation with `reason` (a peer died, say).
   void Abort(const std::string& reason);
   void Stop();
@@ -192,7 +201,16 @@ class Worker {
   std::mutex process_sets_mutex_;
   std::unordered_map<uint32_t, std::vector<int32_t>> process_sets_;
 
+  std::mutex join_mutex_;
+  std::condition_variable join_cv_;
+  int join_replies_ = 0;
+  int join_last_ = -1;
+  std::unordered_map<uint64_t, uint32_t> join_rounds_;
+
   std::mutex registry_mutex_;
+  // Rounds tensors reached without this worker (while it had joined), by id: where
+  // a name first used afterwards starts counting. Guarded by registry_mutex_.
+  std::unordered_map<uint64_t, uint32_t> round_floors_;
   std::unordered_map<std::string, TensorEntry> registry_;
 
   std::mutex fatal_mutex_;

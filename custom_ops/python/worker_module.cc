@@ -62,6 +62,18 @@ PYBIND11_MODULE(_bps_worker, m) {
       },
       py::arg("id"), py::arg("ranks"),
       "Registers process set `id` here and at every server; no ranks removes it.");
+  m.def(
+      "join",
+      [] {
+        int last = -1, result;
+        {
+          py::gil_scoped_release unlocked;  // Waits for every other worker.
+          result = bps_worker_join(&last);
+        }
+        Check(result);
+        return last;
+      },
+      "Blocks until every worker has joined; returns the last rank to join.");
   m.def("failure", &Failure, "Why the worker can no longer communicate; empty while healthy.");
   m.def(
       "shutdown",

@@ -85,6 +85,7 @@ Status Server::Serve(int num_workers) {
   if (num_workers < 1 || !engines_.empty()) return Status::Error("the server is already serving");
   num_workers_ = num_workers;
   finished_.assign(num_workers_, false);
+  joined_.assign(num_workers_, false);
   conns_.resize(num_workers_);
   for (int i = 0; i < std::max(1, options_.engine_threads); ++i) {
     engines_.push_back(std::make_unique<Engine>());
@@ -182,6 +183,10 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
       declarations_[{header.tensor_id, rank}] = std::move(declaration);
       continue;
     }
+    if (type == FrameType::kJoin && header.length == 0) {
+      OnJoin(rank);
+      continue;
+    }
     if (type == FrameType::kProcessSet) {
       status = ReceiveProcessSet(conn, header);
       if (!status.ok()) break;
@@ -211,7 +216,7 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
     }
     if (type == FrameType::kAbandon) {
       PushItem item;
-      item.abandon = true;
+      item.kind_of_item = PushItem::Kind::kAbandon;
       item.tensor_id = header.tensor_id;
       item.part = header.part;
       item.round = header.round;
@@ -321,13 +326,22 @@ void Server::EngineLoop(Engine* engine) {
       item = std::move(engine->queue.front());
       engine->queue.pop_front();
     }
-    if (item.fail_rounds) {
-      FailRounds(engine, failure());
-      continue;
-    }
-    if (item.abandon) {  // Not counted as outstanding: it carries no data.
-      Process(engine, std::move(item));
-      continue;
+    switch (item.kind_of_item) {
+      case PushItem::Kind::kFailRounds:
+        FailRounds(engine, failure());
+        continue;
+      case PushItem::Kind::kAbandon:  // Not counted as outstanding: it carries no data.
+        Process(engine, std::move(item));
+        continue;
+      case PushItem::Kind::kJoined:
+        for (auto& [id, key] : engine->keys)
+          if (key.active) MaybeComplete(engine, id, &key);
+        continue;
+      case PushItem::Kind::kJoinReport:
+        ReportRounds(engine);
+        continue;
+      case PushItem::Kind::kPush:
+        break;
     }
     const uint32_t rank = item.rank;
     Process(engine, std::move(item));
@@ -354,7 +368,7 @@ void Server::Process(Engine* engine, PushItem item) {
     return;
   }
   KeyState& key = engine->keys[id];
-  if (item.abandon) {
+  if (item.kind_of_item == PushItem::Kind::kAbandon) {
     Abandon(id, &key, item);
     return;
   }
@@ -454,18 +468,103 @@ void Server::Process(Engine* engine, PushItem item) {
                   Describe(item.tensor_id, item.rank) + " cannot complete");
     return;
   }
-  if (key.contributors.size() < key.members.size()) return;
+  MaybeComplete(engine, id, &key);
+}
+
+bool Server::MaybeComplete(Engine* engine, const PartitionKey& id, KeyState* key) {
+  // Members that joined take part with nothing: no contribution, no rows.
+  size_t present = key->contributors.size();
+  if (joined_any_.load() > 0) {
+    std::lock_guard<std::mutex> lock(conns_mutex_);
+    for (uint32_t r : key->members)
+      if (joined_[r] && std::find(key->contributors.begin(), key->contributors.end(), r) ==
+                            key->contributors.end())
+        ++present;
+  }
+  if (present < key->members.size()) return false;
+  if (key->kind == OpKind::kBroadcast &&
+      std::none_of(key->contributors.begin(), key->contributors.end(),
+                   [&](uint32_t r) { return key->by_rank[r].length > 0; })) {
+    FailRound(id, key, ErrorKind::kInvalidArgument,
+              "the root of broadcast " + Describe(id.tensor_id, key->contributors.front()) +
+                  " has joined (bps.join) and sends nothing");
+    return true;
+  }
   ShmLocation slot;
   size_t length = 0;
-  const char* result = Complete(engine, id, &key, &slot, &length);
+  const char* result = Complete(engine, id, key, &slot, &length);
   if (!result) {
-    FailRound(id, &key, ErrorKind::kInternal, "the server ran out of shared memory: " + failure());
-    return;
+    FailRound(id, key, ErrorKind::kInternal, "the server ran out of shared memory: " + failure());
+    return true;
   }
-  Reply(id, key, result, length, slot.length ? &slot : nullptr);
-  key.closed_error.clear();
-  key.last_closed = key.round;
-  CloseRound(&key);
+  Reply(id, *key, result, length, slot.length ? &slot : nullptr);
+  key->closed_error.clear();
+  key->last_closed = key->round;
+  CloseRound(key);
+  return true;
+}
+
+void Server::OnJoin(uint32_t rank) {
+  bool everyone = false;
+  {
+    std::lock_guard<std::mutex> lock(conns_mutex_);
+    if (!joined_[rank]) {
+      joined_[rank] = true;
+      ++joined_count_;
+    }
+    last_joined_ = static_cast<int>(rank);
+    everyone = joined_count_ == num_workers_;
+  }
+  joined_any_.store(1);
+  EnqueueEverywhere(PushItem::Kind::kJoined);
+  if (!everyone) return;
+  {
+    std::lock_guard<std::mutex> lock(join_report_mutex_);
+    join_reports_pending_ = static_cast<int>(engines_.size());
+    join_rounds_.clear();
+  }
+  EnqueueEverywhere(PushItem::Kind::kJoinReport);
+}
+
+void Server::ReportRounds(Engine* engine) {
+  std::vector<std::pair<uint64_t, uint32_t>> rounds;
+  for (const auto& [id, key] : engine->keys)
+    rounds.emplace_back(id.tensor_id, std::max(key.last_closed, key.active ? key.round : 0));
+  std::lock_guard<std::mutex> lock(join_report_mutex_);
+  join_rounds_.insert(join_rounds_.end(), rounds.begin(), rounds.end());
+  if (--join_reports_pending_ > 0) return;
+  // The last engine to report answers every worker's join, and the next join starts
+  // from nobody.
+  int32_t last;
+  {
+    std::lock_guard<std::mutex> conns_lock(conns_mutex_);
+    last = last_joined_;
+    joined_.assign(num_workers_, false);
+    joined_count_ = 0;
+  }
+  joined_any_.store(0);
+  std::string payload(reinterpret_cast<const char*>(&last), sizeof(last));
+  for (const auto& [tensor_id, round] : join_rounds_) {
+    payload.append(reinterpret_cast<const char*>(&tensor_id), sizeof(tensor_id));
+    payload.append(reinterpret_cast<const char*>(&round), sizeof(round));
+  }
+  FrameHeader header;
+  header.type = static_cast<uint8_t>(FrameType::kJoined);
+  header.length = payload.size();
+  for (int r = 0; r < num_workers_; ++r)
+    SendToWorker(static_cast<uint32_t>(r), header, payload.data());
+}
+
+void Server::EnqueueEverywhere(PushItem::Kind kind) {
+  for (auto& engine : engines_) {
+    PushItem item;
+    item.kind_of_item = kind;
+    {
+      std::lock_guard<std::mutex> lock(engine->mutex);
+      engine->queue.push_back(std::move(item));
+    }
+    engine->cv.notify_one();
+  }
 }
 
 void Server::Abandon(const PartitionKey& id, KeyState* key, const PushItem& item) {
@@ -728,7 +827,7 @@ void Server::SetFailure(const std::string& reason) {
   // the engine threads, so ask each engine to fail its own.
   for (auto& engine : engines_) {
     PushItem item;
-    item.fail_rounds = true;
+    item.kind_of_item = PushItem::Kind::kFailRounds;
     {
       std::lock_guard<std::mutex> lock(engine->mutex);
       engine->queue.push_front(std::move(item));

@@ -67,8 +67,14 @@ class Server {
  private:
   struct WorkerConn;
   struct PushItem {
-    bool fail_rounds = false;  // Not a push: fail every unfinished round (a worker died).
-    bool abandon = false;      // Not a push: the worker gave up `round`.
+    enum class Kind {
+      kPush,
+      kFailRounds,  // fail every unfinished round (a worker died)
+      kAbandon,     // the worker gave up `round`
+      kJoined,      // a worker joined: rounds waiting only for joined workers can end
+      kJoinReport,  // every worker joined: report each key's last round, then release them
+    };
+    Kind kind_of_item = Kind::kPush;
     uint64_t tensor_id = 0;
     uint32_t part = 0;
     uint32_t rank = 0;
@@ -129,6 +135,12 @@ class Server {
   void ReadLoop(std::shared_ptr<WorkerConn> conn);
   void EngineLoop(Engine* engine);
   void Enqueue(PushItem item);
+  // Queues a control item (no data) on every engine.
+  void EnqueueEverywhere(PushItem::Kind kind);
+  void OnJoin(uint32_t rank);
+  // Ends the round if every member has contributed or joined; true if it ended.
+  bool MaybeComplete(Engine* engine, const PartitionKey& id, KeyState* key);
+  void ReportRounds(Engine* engine);
   Status ReceiveProcessSet(Connection& conn, const FrameHeader& header);
   // The ranks of a process set (0: every worker); false if it is not registered.
   bool MembersOf(uint32_t process_set, std::vector<uint32_t>* members);
@@ -181,6 +193,16 @@ class Server {
   // Lets the per-push path skip the locked checks while every worker is alive and busy.
   std::atomic<int> finished_count_{0};
   std::atomic<bool> failed_{false};
+
+  // join(): who has joined (guarded by conns_mutex_), and the rounds the engines
+  // report once everyone has, for the workers to catch up on.
+  std::vector<bool> joined_;
+  int joined_count_ = 0;
+  int last_joined_ = -1;
+  std::atomic<int> joined_any_{0};
+  std::mutex join_report_mutex_;
+  int join_reports_pending_ = 0;
+  std::vector<std::pair<uint64_t, uint32_t>> join_rounds_;
 
   std::mutex process_sets_mutex_;
   std::unordered_map<uint32_t, std::vector<uint32_t>> process_sets_;

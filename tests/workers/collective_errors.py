@@ -63,7 +63,7 @@ elif scenario == "stale":
         report("timed_out", lambda: bps.push_pull(tf.fill([4], 100.0), op=bps.Sum,
                                                   name="stale"))
     else:
-        time.sleep(4.5)
+        time.sleep(5.5)
         report("late", lambda: bps.push_pull(tf.ones([4]), op=bps.Sum, name="stale"))
     report("next", lambda: bps.push_pull(tf.ones([4]), op=bps.Sum, name="stale"))
 bps.shutdown()

@@ -47,6 +47,7 @@ from tf_bps.ops import (
     broadcast_variables,
     grouped_allreduce,
     grouped_reducescatter,
+    join,
     push_pull,
     reducescatter,
 )
@@ -58,6 +59,6 @@ __all__ = ["Adasum", "Average", "Compression", "DistributedGradientTape", "Distr
            "broadcast_variables", "callbacks", "ccl_built", "cross_rank", "cross_size",
            "cuda_built", "ddl_built", "global_process_set", "gloo_built", "gloo_enabled",
            "grouped_allreduce", "grouped_reducescatter", "init", "is_homogeneous", "is_initialized",
-           "load_model", "local_rank", "local_size", "mpi_built", "mpi_enabled",
+           "join", "load_model", "local_rank", "local_size", "mpi_built", "mpi_enabled",
            "mpi_threads_supported", "nccl_built", "push_pull", "rank", "reducescatter",
            "remove_process_set", "rocm_built", "shutdown", "size", "sycl_built"]
