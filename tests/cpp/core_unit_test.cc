@@ -239,6 +239,10 @@ class FakeWorker {
     }
   }
 
+  void Join() {
+    EXPECT(conn_->Send(Header(FrameType::kJoin, 0, 0, OpKind::kPushPull), nullptr).ok());
+  }
+
   void Bye() {
     EXPECT(conn_->Send(Header(FrameType::kBye, 0, 0, OpKind::kPushPull), nullptr).ok());
   }
@@ -317,6 +321,29 @@ void TestServerRounds() {
     std::memcpy(values, payload.data() + sizeof(rows), sizeof(values));
     EXPECT(rows[0] == 1 && rows[1] == 2);
     EXPECT(values[0] == 9 && values[1] == 7 && values[2] == 8);
+  }
+  // Join: once rank 0 has joined, rank 1's rounds complete without it; when both
+  // have, each hears the last rank to join and the rounds it may have missed.
+  w0.Join();
+  w1.Push(5, 1, OpKind::kPushPull, 11, {1, 2});
+  EXPECT((w1.ReceiveFloats(1) == std::vector<float>{1, 2}));
+  w1.Join();
+  for (FakeWorker* w : {&w0, &w1}) {
+    std::string payload;
+    FrameHeader header = w->Receive(&payload);
+    EXPECT(header.type == static_cast<uint8_t>(FrameType::kJoined));
+    int32_t last = -1;
+    if (payload.size() >= sizeof(last)) std::memcpy(&last, payload.data(), sizeof(last));
+    EXPECT(last == 1);
+    bool saw_round = false;  // Tensor 5 reached round 1 while rank 0 had joined.
+    for (size_t at = sizeof(last); at + 12 <= payload.size(); at += 12) {
+      uint64_t tensor;
+      uint32_t round;
+      std::memcpy(&tensor, payload.data() + at, sizeof(tensor));
+      std::memcpy(&round, payload.data() + at + sizeof(tensor), sizeof(round));
+      saw_round = saw_round || (tensor == 5 && round == 1);
+    }
+    EXPECT(saw_round);
   }
   w0.Bye();
   w1.Bye();
