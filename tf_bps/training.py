@@ -76,10 +76,14 @@ class SyncOptions:
         return len(ranks_of(self.process_set_id))
 
     def synchronises_here(self) -> bool:
-        """Whether this worker's gradients are reduced at all: Horovod leaves them
-        local outside the process set, or when the set (or job) is one worker."""
-        return (basics.is_distributed() and basics.rank() in ranks_of(self.process_set_id)
-                and self.group_size() > 1)
+        """Whether this worker's gradients are reduced at all. With one worker (and no
+        BYTEPS_FORCE_DISTRIBUTED) they are the average already; Horovod leaves them
+        local outside a process set and in a set of one."""
+        if not basics.is_distributed():
+            return False
+        if self.process_set_id == 0:
+            return True
+        return basics.rank() in ranks_of(self.process_set_id) and self.group_size() > 1
 
     def plan(self) -> tuple[ReduceOp, float, float]:
         """(op on the wire, prescale, postscale). A predivide factor f splits an average
