@@ -1,5 +1,6 @@
 """Builds and runs the core's C++ unit tests (tests/cpp): reduce kernels, the wire
-format and the server's round policies, in one process and without TensorFlow."""
+format, partitioning rules, request checks, a pipeline stage and the server's round
+policies, in one process and without TensorFlow."""
 
 import os
 import subprocess
@@ -8,7 +9,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # The pieces under test, without the worker and the C API (which they do not need).
 SOURCES = [ROOT / "custom_ops" / "core" / f"{name}.cc"
-           for name in ("common", "logging", "protocol", "reduce", "shared_memory", "transport")]
+           for name in ("common", "logging", "protocol", "reduce", "shared_memory", "task",
+                        "transport")]
 SOURCES.append(ROOT / "custom_ops" / "server" / "server.cc")
 
 

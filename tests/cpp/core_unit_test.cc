@@ -15,6 +15,7 @@
 #include "../../custom_ops/core/protocol.h"
 #include "../../custom_ops/core/reduce.h"
 #include "../../custom_ops/core/stage.h"
+#include "../../custom_ops/core/task.h"
 #include "../../custom_ops/core/transport.h"
 #include "../../custom_ops/server/server.h"
 
@@ -152,6 +153,58 @@ void TestSignatures() {
   EXPECT(Signature(g) != Signature(h));
   EXPECT(Describe(SampleDeclaration()) ==
          "broadcast from rank 2 of bfloat16[3,0,5] prescaled by 0.5 postscaled by 4");
+}
+
+// ---------------------------------------------------------------------------
+// Partitioning rules
+
+void TestScatterSplits() {
+  // 7 rows over 3 ranks: 3, 2, 2, back to back and covering every row.
+  EXPECT(ScatterRows(7, 0, 3) == 3 && ScatterRows(7, 1, 3) == 2 && ScatterRows(7, 2, 3) == 2);
+  EXPECT(ScatterFirstRow(7, 0, 3) == 0 && ScatterFirstRow(7, 1, 3) == 3 &&
+         ScatterFirstRow(7, 2, 3) == 5);
+  for (int64_t rows : {0, 1, 5, 64, 1001}) {
+    for (int size : {1, 2, 3, 8}) {
+      int64_t next = 0;
+      for (int rank = 0; rank < size; ++rank) {
+        EXPECT(ScatterFirstRow(rows, rank, size) == next);
+        next += ScatterRows(rows, rank, size);
+      }
+      EXPECT(next == rows);
+    }
+  }
+}
+
+void TestTaskSpecChecks() {
+  Group pair;
+  pair.ranks = {0, 2};
+  TaskSpec spec;
+  spec.op.name = "t";
+  spec.op.kind = OpKind::kBroadcast;
+  spec.op.shape = {4};
+  spec.bytes = 16;
+  float data[4] = {};
+  spec.input = data;
+  spec.output = data;
+  spec.op.root_rank = 2;
+  EXPECT(CheckTaskSpec(spec, pair).ok());
+  spec.op.root_rank = 1;  // Not in the group.
+  EXPECT(CheckTaskSpec(spec, pair).kind() == ErrorKind::kInvalidArgument);
+  spec.op.root_rank = 0;
+  spec.bytes = 12;  // Does not make float32[4].
+  EXPECT(!CheckTaskSpec(spec, pair).ok());
+  spec.bytes = 16;
+  spec.op.kind = OpKind::kAlltoall;
+  spec.output = nullptr;
+  spec.splits = {3, 2};  // Adds up to 5 rows, the tensor has 4.
+  EXPECT(!CheckTaskSpec(spec, pair).ok());
+  spec.splits = {3, 1};
+  EXPECT(CheckTaskSpec(spec, pair).ok());
+  spec.op.kind = OpKind::kPushPull;
+  spec.op.dtype = DataType::kBool;  // Nothing to add up.
+  spec.output = data;
+  spec.bytes = 4;
+  EXPECT(!CheckTaskSpec(spec, pair).ok());
 }
 
 // ---------------------------------------------------------------------------
@@ -359,6 +412,8 @@ int main() {
   bps::TestDeclarations();
   bps::TestSignatures();
   bps::TestStageServesByPriority();
+  bps::TestScatterSplits();
+  bps::TestTaskSpecChecks();
   bps::TestServerRounds();
   if (bps::failures) {
     std::cerr << bps::failures << " check(s) failed\n";
