@@ -51,7 +51,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "tf_bps.ops": ("push_pull", "allreduce", "grouped_allreduce", "broadcast",
                    "broadcast_variables", "broadcast_object", "allgather", "allgather_object",
-                   "alltoall", "reducescatter", "grouped_reducescatter", "join", "Average", "Sum",
+                   "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier",
+                   "Average", "Sum",
                    "Adasum", "Min", "Max", "Product", "ReduceOp"),
     "tf_bps.training": ("DistributedOptimizer", "DistributedGradientTape", "load_model"),
     "tf_bps.strategies": ("ParameterServerStrategy",),

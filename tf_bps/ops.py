@@ -349,6 +349,13 @@ def _reducescatter_gradient(op, grad):
     return _scale(gathered, scale)
 
 
+def barrier(process_set=global_process_set) -> None:
+    """Returns once every worker of the set has called it (Horovod's barrier)."""
+    set_id = process_set_id(process_set)
+    _push_pull(tf.zeros([1], tf.int32), "Barrier" if set_id == 0 else f"Barrier.set{set_id}",
+               Sum, set_id=set_id)
+
+
 def join() -> tf.Tensor:
     """Horovod's join: this worker has no more data. Until every worker has joined,
     the others' operations go on without it (it contributes nothing: no summand, no

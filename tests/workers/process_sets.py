@@ -2,6 +2,7 @@
 Prints one REPORT line per rank for the test to check."""
 
 import json
+import time
 
 import tensorflow as tf
 
@@ -54,6 +55,14 @@ with tf.GradientTape() as tape:
     loss = tf.reduce_sum(variable * float((rank + 1) ** 2))
 tape = bps.DistributedGradientTape(tape, process_set=even)
 report["tape"] = tape.gradient(loss, variable).numpy().tolist()
+# Barriers: nobody leaves before the slowest member arrives.
+if rank == 2:
+    time.sleep(1.0)
+started = time.monotonic()
+if even.included():
+    bps.barrier(process_set=even)
+bps.barrier()
+report["barrier_wait"] = time.monotonic() - started
 # Every worker together again, then the sets go away and an id is reused.
 report["global"] = bps.allreduce(value, op=bps.Sum).numpy().tolist()
 report["removed"] = [bps.remove_process_set(even), bps.remove_process_set(even),

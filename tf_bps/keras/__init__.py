@@ -42,6 +42,7 @@ from tf_bps.ops import (
     allgather_object,
     allreduce,
     alltoall,
+    barrier,
     broadcast,
     broadcast_object,
     broadcast_variables,
@@ -55,7 +56,7 @@ from tf_bps.training import DistributedGradientTape, DistributedOptimizer, load_
 
 __all__ = ["Adasum", "Average", "Compression", "DistributedGradientTape", "DistributedOptimizer",
            "Max", "Min", "ProcessSet", "Product", "Sum", "add_process_set", "allgather",
-           "allgather_object", "allreduce", "alltoall", "broadcast", "broadcast_object",
+           "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_object",
            "broadcast_variables", "callbacks", "ccl_built", "cross_rank", "cross_size",
            "cuda_built", "ddl_built", "global_process_set", "gloo_built", "gloo_enabled",
            "grouped_allreduce", "grouped_reducescatter", "init", "is_homogeneous", "is_initialized",
