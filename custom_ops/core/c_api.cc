@@ -26,6 +26,15 @@ WorkerState& State() {
   return *state;
 }
 
+// The worker bps.init() set up (null on the single-worker local path); false
+// before init. A copy of the pointer, so the call can go on without the lock.
+bool CurrentWorker(std::shared_ptr<Worker>* worker) {
+  WorkerState& state = State();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  *worker = state.worker;
+  return state.initialised;
+}
+
 thread_local Status t_last_error = Status::OK();
 
 int Fail(const Status& status) {
@@ -162,21 +171,13 @@ int bps_worker_init(int rank, int size, const char* servers, long long partition
 
 void bps_worker_abort(const char* reason) {
   std::shared_ptr<bps::Worker> worker;
-  {
-    auto& state = bps::State();
-    std::lock_guard<std::mutex> lock(state.mutex);
-    worker = state.worker;
-  }
+  bps::CurrentWorker(&worker);
   if (worker) worker->Abort(reason ? reason : "aborted");
 }
 
 int bps_worker_failure(char* buf, int capacity) {
   std::shared_ptr<bps::Worker> worker;
-  {
-    auto& state = bps::State();
-    std::lock_guard<std::mutex> lock(state.mutex);
-    worker = state.worker;
-  }
+  bps::CurrentWorker(&worker);
   return bps::CopyOut(worker ? worker->fatal_error().message() : "", buf, capacity);
 }
 
@@ -197,15 +198,10 @@ void bps_enqueue(const bps_op* op, bps_allocate_fn allocate, bps_done_fn done, v
     return out;
   };
   std::shared_ptr<bps::Worker> worker;
-  {
-    auto& state = bps::State();
-    std::lock_guard<std::mutex> lock(state.mutex);
-    if (!state.initialised)
-      return finish(Status::Error(
-          bps::ErrorKind::kShutdown,
-          "tf_bps is not initialised: call bps.init() first (tensor '" + spec.op.name + "')"));
-    worker = state.worker;
-  }
+  if (!bps::CurrentWorker(&worker))
+    return finish(Status::Error(
+        bps::ErrorKind::kShutdown,
+        "tf_bps is not initialised: call bps.init() first (tensor '" + spec.op.name + "')"));
   if (!worker) {
     bps::Group alone;  // One worker: every process set is {0}.
     alone.ranks = {0};
@@ -220,13 +216,8 @@ int bps_worker_set_process_set(int id, const int* ranks, int count) {
   if (id <= 0 || count < 0 || (count > 0 && !ranks))
     return bps::Fail("malformed process set registration");
   std::shared_ptr<bps::Worker> worker;
-  {
-    auto& state = bps::State();
-    std::lock_guard<std::mutex> lock(state.mutex);
-    if (!state.initialised)
-      return bps::Fail(Status::Error(bps::ErrorKind::kShutdown, "tf_bps is not initialised"));
-    worker = state.worker;
-  }
+  if (!bps::CurrentWorker(&worker))
+    return bps::Fail(Status::Error(bps::ErrorKind::kShutdown, "tf_bps is not initialised"));
   if (!worker) return 0;  // One worker: nothing to tell anyone.
   Status status =
       worker->SetProcessSet(static_cast<uint32_t>(id), std::vector<int32_t>(ranks, ranks + count));
@@ -235,13 +226,8 @@ int bps_worker_set_process_set(int id, const int* ranks, int count) {
 
 int bps_worker_join(int* last_rank) {
   std::shared_ptr<bps::Worker> worker;
-  {
-    auto& state = bps::State();
-    std::lock_guard<std::mutex> lock(state.mutex);
-    if (!state.initialised)
-      return bps::Fail(Status::Error(bps::ErrorKind::kShutdown, "tf_bps is not initialised"));
-    worker = state.worker;
-  }
+  if (!bps::CurrentWorker(&worker))
+    return bps::Fail(Status::Error(bps::ErrorKind::kShutdown, "tf_bps is not initialised"));
   if (!worker) {  // One worker: it is the last to join.
     *last_rank = 0;
     return 0;

@@ -87,6 +87,7 @@ Status Server::Serve(int num_workers) {
   finished_.assign(num_workers_, false);
   joined_.assign(num_workers_, false);
   conns_.resize(num_workers_);
+  for (int r = 0; r < num_workers_; ++r) all_ranks_.push_back(static_cast<uint32_t>(r));
   for (int i = 0; i < std::max(1, options_.engine_threads); ++i) {
     engines_.push_back(std::make_unique<Engine>());
     Engine* engine = engines_.back().get();
@@ -266,8 +267,7 @@ Status Server::ReceiveProcessSet(Connection& conn, const FrameHeader& header) {
 
 bool Server::MembersOf(uint32_t process_set, std::vector<uint32_t>* members) {
   if (process_set == 0) {
-    members->resize(num_workers_);
-    for (int r = 0; r < num_workers_; ++r) (*members)[r] = static_cast<uint32_t>(r);
+    *members = all_ranks_;
     return true;
   }
   std::lock_guard<std::mutex> lock(process_sets_mutex_);

@@ -174,6 +174,7 @@ class Server {
 
   const ServerOptions options_;
   int num_workers_ = 0;
+  std::vector<uint32_t> all_ranks_;  // 0 .. num_workers_ - 1: the global process set
   int listen_fd_ = -1;
   int local_listen_fd_ = -1;  // Unix socket for workers on this host.
   int failure_pipe_[2] = {-1, -1};

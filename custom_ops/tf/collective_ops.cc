@@ -163,6 +163,13 @@ class CollectiveOp : public AsyncOpKernel {
   }
 
  protected:
+  // The attributes of the reductions (push_pull, reducescatter).
+  void ReadReductionAttrs(OpKernelConstruction* context) {
+    OP_REQUIRES_OK(context, context->GetAttr("reduce_op", &reduce_op_));
+    OP_REQUIRES_OK(context, context->GetAttr("prescale_factor", &prescale_));
+    OP_REQUIRES_OK(context, context->GetAttr("postscale_factor", &postscale_));
+  }
+
   const bps::OpKind kind_;
   std::string tensor_name_;
   int reduce_op_ = 0;
@@ -176,9 +183,7 @@ class PushPullOp : public CollectiveOp {
  public:
   explicit PushPullOp(OpKernelConstruction* context)
       : CollectiveOp(context, bps::OpKind::kPushPull) {
-    OP_REQUIRES_OK(context, context->GetAttr("reduce_op", &reduce_op_));
-    OP_REQUIRES_OK(context, context->GetAttr("prescale_factor", &prescale_));
-    OP_REQUIRES_OK(context, context->GetAttr("postscale_factor", &postscale_));
+    ReadReductionAttrs(context);
   }
 };
 
@@ -206,9 +211,7 @@ class ReducescatterOp : public CollectiveOp {
  public:
   explicit ReducescatterOp(OpKernelConstruction* context)
       : CollectiveOp(context, bps::OpKind::kReduceScatter) {
-    OP_REQUIRES_OK(context, context->GetAttr("reduce_op", &reduce_op_));
-    OP_REQUIRES_OK(context, context->GetAttr("prescale_factor", &prescale_));
-    OP_REQUIRES_OK(context, context->GetAttr("postscale_factor", &postscale_));
+    ReadReductionAttrs(context);
   }
 };
 
