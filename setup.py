@@ -24,7 +24,7 @@ def sources(folder: str, *names: str) -> list[str]:
 
 
 # What both engines share: types, the wire format, sockets, shared memory, kernels.
-SHARED = sources("core", "common", "logging", "protocol", "reduce", "shared_memory",
+SHARED = sources("core", "common", "logging", "protocol", "reduce", "shared_memory", "socket",
                  "transport")
 CORE_SOURCES = [*SHARED, *sources("core", "task", "worker", "c_api")]
 SERVER_SOURCES = [*SHARED, *sources("server", "server"), *sources("python", "server_module")]

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # The pieces under test, without the worker and the C API (which they do not need).
 SOURCES = [ROOT / "custom_ops" / "core" / f"{name}.cc"
            for name in ("common", "logging", "protocol", "reduce", "shared_memory", "task",
-                        "transport")]
+                        "transport", "socket")]
 SOURCES.append(ROOT / "custom_ops" / "server" / "server.cc")
 
 

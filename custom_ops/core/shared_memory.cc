@@ -44,26 +44,51 @@ SharedArena::~SharedArena() {
   ::close(fd_);
 }
 
-Status SlotAllocator::Allocate(size_t bytes, ShmLocation* location, bool* fresh_arena) {
-  const size_t rounded =
-      (std::max<size_t>(bytes, 1) + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment;
-  *fresh_arena = arenas_.empty() || used_ + rounded > arenas_.back()->size();
-  if (*fresh_arena) {
-    std::unique_ptr<SharedArena> arena;
-    Status status = SharedArena::Create(std::max(kArenaBytes, rounded), &arena);
-    if (!status.ok()) return status;
-    arenas_.push_back(std::move(arena));
-    used_ = 0;
+Status SharedSlots::Slot(const PartitionKey& key, size_t bytes, char** data,
+                         ShmLocation* location) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto found = slots_.find(key);
+  if (found == slots_.end() || found->second.length != bytes) {
+    const size_t rounded =
+        (std::max<size_t>(bytes, 1) + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment;
+    if (arenas_.empty() || used_ + rounded > arenas_.back()->size()) {
+      std::unique_ptr<SharedArena> arena;
+      Status status = SharedArena::Create(std::max(kArenaBytes, rounded), &arena);
+      if (!status.ok()) return status;
+      arenas_.push_back(std::move(arena));
+      used_ = 0;
+    }
+    const ShmLocation fresh{static_cast<uint32_t>(arenas_.size() - 1), 0, used_, bytes};
+    used_ += rounded;
+    found = slots_.insert_or_assign(key, fresh).first;
   }
-  location->arena = static_cast<uint32_t>(arenas_.size() - 1);
-  location->offset = used_;
-  location->length = bytes;
-  used_ += rounded;
+  *location = found->second;
+  *data = arenas_[location->arena]->data() + location->offset;
   return Status::OK();
 }
 
-char* SlotAllocator::Resolve(const ShmLocation& location) const {
-  return arenas_[location.arena]->data() + location.offset;
+bool SharedSlots::Locate(const void* data, size_t bytes, ShmLocation* location) const {
+  const char* p = static_cast<const char*>(data);
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t i = 0; i < arenas_.size(); ++i) {
+    const char* begin = arenas_[i]->data();
+    if (p >= begin && p < begin + arenas_[i]->size() &&
+        bytes <= static_cast<size_t>(begin + arenas_[i]->size() - p)) {
+      *location = ShmLocation{static_cast<uint32_t>(i), 0, static_cast<uint64_t>(p - begin), bytes};
+      return true;
+    }
+  }
+  return false;
+}
+
+ArenaAnnouncement SharedSlots::Announcement(uint32_t index, int* fd) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (index >= arenas_.size()) {
+    *fd = -1;
+    return ArenaAnnouncement{index, 0, 0};
+  }
+  *fd = arenas_[index]->fd();
+  return ArenaAnnouncement{index, 0, arenas_[index]->size()};
 }
 
 Status PeerArenas::Add(uint32_t index, int fd, size_t bytes) {

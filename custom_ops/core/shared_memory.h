@@ -37,18 +37,26 @@ class SharedArena {
   size_t size_;
 };
 
-// Slots that live as long as the process: one per partition key, never freed, so
-// a bump allocator over a growing list of arenas is enough.
-class SlotAllocator {
+// Memory this process writes for its same-host peers to read: one slot per
+// partition key, in arenas announced to each peer before it first needs them. A
+// key's slot is reused round after round (a key is written again only once every
+// reader has finished with its last round) and moves only when its size changes;
+// slots are never freed, so a bump allocator over a growing list of arenas does.
+// Thread-safe.
+class SharedSlots {
  public:
-  // `fresh_arena` is set when the slot opened a new arena the peer must be told about.
-  Status Allocate(size_t bytes, ShmLocation* location, bool* fresh_arena);
-  char* Resolve(const ShmLocation& location) const;
-  const SharedArena& arena(uint32_t index) const { return *arenas_[index]; }
+  // The slot of `key`, `bytes` long.
+  Status Slot(const PartitionKey& key, size_t bytes, char** data, ShmLocation* location);
+  // Where [data, data + bytes) lies, if inside one of these arenas.
+  bool Locate(const void* data, size_t bytes, ShmLocation* location) const;
+  // Arena `index` as a peer learns of it, with its descriptor.
+  ArenaAnnouncement Announcement(uint32_t index, int* fd) const;
 
  private:
+  mutable std::mutex mutex_;
   std::vector<std::unique_ptr<SharedArena>> arenas_;
   size_t used_ = 0;  // in the last arena
+  std::unordered_map<PartitionKey, ShmLocation, PartitionKeyHash> slots_;
 };
 
 // The peer's arenas, mapped as their descriptors arrive.

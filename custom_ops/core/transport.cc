@@ -2,257 +2,235 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
-#include <netdb.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
-#include <sys/un.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <cstddef>
-#include <cstdio>
 #include <cstring>
-#include <thread>
-#include <vector>
+
+#include "logging.h"
 
 namespace bps {
-namespace {
 
-std::string ErrnoText() { return std::strerror(errno); }
+// ---------------------------------------------------------------------------
+// DataReader
 
-}  // namespace
-
-Connection::Connection(int fd, std::string peer) : fd_(fd), peer_(std::move(peer)) {}
-
-Connection::~Connection() {
-  if (received_fd_ >= 0) ::close(received_fd_);
-  ::close(fd_);
+DataReader DataReader::OfStream(Connection* stream, size_t bytes) {
+  DataReader reader;
+  reader.stream_ = stream;
+  reader.remaining_ = bytes;
+  return reader;
 }
 
-int Connection::TakeReceivedFd() {
-  int fd = received_fd_;
-  received_fd_ = -1;
-  return fd;
+DataReader DataReader::OfMemory(const char* memory, size_t bytes) {
+  DataReader reader;
+  reader.memory_ = memory;
+  reader.remaining_ = bytes;
+  return reader;
 }
 
-Status Connection::Send(const FrameHeader& header, const void* payload, int fd) {
-  iovec parts[2];
-  parts[0].iov_base = const_cast<FrameHeader*>(&header);
-  parts[0].iov_len = sizeof(header);
-  parts[1].iov_base = const_cast<void*>(payload);
-  parts[1].iov_len = payload ? header.length : 0;
-  int count = parts[1].iov_len ? 2 : 1;
-  iovec* next = parts;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  while (count > 0) {
-    msghdr message{};
-    message.msg_iov = next;
-    message.msg_iovlen = static_cast<size_t>(count);
-    if (fd >= 0) {  // The descriptor rides on the first bytes sent, once.
-      message.msg_control = control;
-      message.msg_controllen = sizeof(control);
-      cmsghdr* cmsg = CMSG_FIRSTHDR(&message);
-      cmsg->cmsg_level = SOL_SOCKET;
-      cmsg->cmsg_type = SCM_RIGHTS;
-      cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
-    }
-    ssize_t sent = ::sendmsg(fd_, &message, MSG_NOSIGNAL);
-    if (sent > 0) fd = -1;
-    if (sent < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK)
-        return Status::Error("sending to " + peer_ + " timed out (peer stopped reading)");
-      return Status::Error("sending to " + peer_ + " failed: " + ErrnoText());
-    }
-    size_t remaining = static_cast<size_t>(sent);
-    while (count > 0 && remaining >= next->iov_len) {
-      remaining -= next->iov_len;
-      ++next;
-      --count;
-    }
-    if (count > 0) {
-      next->iov_base = static_cast<char*>(next->iov_base) + remaining;
-      next->iov_len -= remaining;
-    }
+const char* DataReader::View(size_t bytes) {
+  if (!memory_ || bytes > remaining_) return nullptr;
+  const char* view = memory_;
+  memory_ += bytes;
+  remaining_ -= bytes;
+  return view;
+}
+
+Status DataReader::Read(void* dst, size_t bytes) {
+  if (bytes > remaining_)
+    return Status::Error("a frame's payload is shorter than its reader asked");
+  remaining_ -= bytes;
+  if (memory_) {
+    if (bytes) std::memcpy(dst, memory_, bytes);
+    memory_ += bytes;
+    return Status::OK();
   }
-  return Status::OK();
+  return stream_->ReceivePayload(dst, bytes);
 }
 
-Status Connection::ReceiveHeader(FrameHeader* header, bool* eof) {
-  *eof = false;
-  char* dst = reinterpret_cast<char*>(header);
-  size_t got = 0;
-  while (got < sizeof(*header)) {
-    iovec part{dst + got, sizeof(*header) - got};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-    msghdr message{};
-    message.msg_iov = &part;
-    message.msg_iovlen = 1;
-    message.msg_control = control;
-    message.msg_controllen = sizeof(control);
-    ssize_t n = ::recvmsg(fd_, &message, MSG_CMSG_CLOEXEC);
-    for (cmsghdr* cmsg = CMSG_FIRSTHDR(&message); n > 0 && cmsg;
-         cmsg = CMSG_NXTHDR(&message, cmsg)) {
-      if (cmsg->cmsg_level == SOL_SOCKET && cmsg->cmsg_type == SCM_RIGHTS) {
-        if (received_fd_ >= 0) ::close(received_fd_);
-        std::memcpy(&received_fd_, CMSG_DATA(cmsg), sizeof(int));
-      }
-    }
-    if (n == 0) {
-      *eof = true;
-      return Status::Error(peer_ + " closed the connection");
-    }
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      *eof = true;
-      return Status::Error("connection to " + peer_ + " failed: " + ErrnoText());
-    }
-    got += static_cast<size_t>(n);
-  }
-  if (header->magic != kFrameMagic)
-    return Status::Error("garbled frame from " + peer_ +
-                         " (is it a tf_bps peer of the same version?)");
-  return Status::OK();
+Status DataReader::Skip() {
+  const size_t rest = remaining_;
+  remaining_ = 0;
+  if (memory_ || rest == 0) return Status::OK();
+  return stream_->DiscardPayload(rest);
 }
 
-Status Connection::ReceivePayload(void* dst, size_t bytes) {
-  char* out = static_cast<char*>(dst);
-  size_t got = 0;
-  while (got < bytes) {
-    ssize_t n = ::recv(fd_, out + got, bytes - got, MSG_WAITALL);
-    if (n == 0) return Status::Error(peer_ + " closed the connection in the middle of a frame");
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Status::Error("receiving from " + peer_ + " failed: " + ErrnoText());
-    }
-    got += static_cast<size_t>(n);
-  }
-  return Status::OK();
+// ---------------------------------------------------------------------------
+// Channel
+
+Status Channel::Send(const FrameHeader& header, const void* payload) {
+  std::lock_guard<std::mutex> lock(write_mutex_);
+  return conn_->Send(header, payload);
 }
 
-Status Connection::DiscardPayload(size_t bytes) {
-  std::vector<char> sink(std::min<size_t>(bytes, 1 << 20));
-  while (bytes > 0) {
-    size_t chunk = std::min(bytes, sink.size());
-    Status status = ReceivePayload(sink.data(), chunk);
+Status Channel::ReceiveFromSocket(FrameHeader* header, DataReader* payload, bool* eof) {
+  Status status = conn_->ReceiveHeader(header, eof);
+  *payload = DataReader::OfStream(conn_.get(), status.ok() ? header->length : 0);
+  return status;
+}
+
+Status SocketChannel::SendData(FrameHeader header, const void* data, const PartitionKey&) {
+  return Send(header, data);
+}
+
+Status SocketChannel::Receive(FrameHeader* header, DataReader* payload, bool* eof) {
+  return ReceiveFromSocket(header, payload, eof);
+}
+
+SharedMemoryChannel::SharedMemoryChannel(std::unique_ptr<Connection> conn,
+                                         std::shared_ptr<SharedSlots> outgoing, bool stage_sends)
+    : Channel(std::move(conn)), outgoing_(std::move(outgoing)), stage_sends_(stage_sends) {}
+
+Status SharedMemoryChannel::SendData(FrameHeader header, const void* data,
+                                     const PartitionKey& slot) {
+  ShmLocation location;
+  bool shared = header.length > 0 && outgoing_->Locate(data, header.length, &location);
+  if (!shared && header.length > 0 && stage_sends_) {
+    char* staged = nullptr;
+    Status status = outgoing_->Slot(slot, header.length, &staged, &location);
     if (!status.ok()) return status;
-    bytes -= chunk;
+    std::memcpy(staged, data, header.length);
+    shared = true;
   }
+  if (!shared) return Send(header, data);  // An empty acknowledgement, say.
+  std::lock_guard<std::mutex> lock(write_mutex_);
+  // The peer must hold every arena up to the slot's before it reads the location.
+  while (announced_ <= location.arena) {
+    int fd = -1;
+    ArenaAnnouncement announcement = outgoing_->Announcement(announced_, &fd);
+    FrameHeader frame;
+    frame.type = static_cast<uint8_t>(FrameType::kArena);
+    frame.length = sizeof(announcement);
+    Status status = conn_->Send(frame, &announcement, fd);
+    if (!status.ok()) return status;
+    ++announced_;
+  }
+  header.type = static_cast<uint8_t>(header.type == static_cast<uint8_t>(FrameType::kPush)
+                                         ? FrameType::kPushShm
+                                         : FrameType::kReplyShm);
+  header.length = sizeof(location);
+  return conn_->Send(header, &location);
+}
+
+Status SharedMemoryChannel::AddPeerArena(const FrameHeader& header, DataReader* payload) {
+  const int fd = conn_->TakeReceivedFd();
+  ArenaAnnouncement announcement;
+  Status status = header.length == sizeof(announcement)
+                      ? payload->Read(&announcement, sizeof(announcement))
+                      : Status::Error("a malformed shared-memory announcement from " + peer());
+  if (status.ok() && fd < 0)
+    status = Status::Error(peer() + " announced shared memory without its descriptor");
+  if (!status.ok()) {
+    if (fd >= 0) ::close(fd);
+    return status;
+  }
+  return peer_arenas_.Add(announcement.index, fd, announcement.size);  // Owns fd.
+}
+
+Status SharedMemoryChannel::Receive(FrameHeader* header, DataReader* payload, bool* eof) {
+  while (true) {
+    Status status = ReceiveFromSocket(header, payload, eof);
+    if (!status.ok()) return status;
+    const auto type = static_cast<FrameType>(header->type);
+    if (type == FrameType::kArena) {
+      status = AddPeerArena(*header, payload);
+      if (!status.ok()) return status;
+      continue;
+    }
+    if (type != FrameType::kPushShm && type != FrameType::kReplyShm) return Status::OK();
+    ShmLocation location;
+    if (header->length != sizeof(location))
+      return Status::Error("a malformed shared-memory frame from " + peer());
+    status = payload->Read(&location, sizeof(location));
+    if (!status.ok()) return status;
+    const char* data = peer_arenas_.Resolve(location);
+    if (!data) return Status::Error(peer() + " pointed outside the shared memory it announced");
+    header->type =
+        static_cast<uint8_t>(type == FrameType::kPushShm ? FrameType::kPush : FrameType::kReply);
+    header->length = location.length;
+    *payload = DataReader::OfMemory(data, location.length);
+    return Status::OK();
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Connecting and listening
+
+Status ConnectToServer(const ServerAddress& address, const std::string& peer, int timeout_ms,
+                       std::unique_ptr<Channel>* out) {
+  int fd = -1;
+  if (address.same_host && ConnectLocal(address.port, timeout_ms, &fd).ok()) {
+    BPS_LOG(kDebug) << peer << " is on this host: using its Unix socket and shared memory";
+    *out = std::make_unique<SharedMemoryChannel>(std::make_unique<Connection>(fd, peer),
+                                                 std::make_shared<SharedSlots>(),
+                                                 /*stage_sends=*/true);
+    return Status::OK();
+  }
+  Status status = ConnectTcp(address.host, address.port, timeout_ms, timeout_ms, &fd);
+  if (!status.ok()) return status;
+  *out = std::make_unique<SocketChannel>(std::make_unique<Connection>(fd, peer));
   return Status::OK();
 }
 
-void Connection::Shutdown() { ::shutdown(fd_, SHUT_RDWR); }
+Listener::Listener() : shared_results_(std::make_shared<SharedSlots>()) {}
 
-void Connection::ShutdownWrite() { ::shutdown(fd_, SHUT_WR); }
-
-void ConfigureSocket(int fd, int send_timeout_ms) {
-  int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one,
-               sizeof(one));  // Fails harmlessly on Unix sockets.
-  if (send_timeout_ms > 0) {
-    timeval tv{send_timeout_ms / 1000, (send_timeout_ms % 1000) * 1000};
-    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  }
+Listener::~Listener() {
+  Close();
+  for (int fd : {tcp_fd_, local_fd_})
+    if (fd >= 0) ::close(fd);
 }
 
-Status ConnectTcp(const std::string& host, int port, int timeout_ms, int send_timeout_ms,
-                  int* fd_out) {
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  std::string port_text = std::to_string(port);
-  int rc = ::getaddrinfo(host.c_str(), port_text.c_str(), &hints, &found);
-  if (rc != 0 || !found) return Status::Error("cannot resolve " + host + ": " + ::gai_strerror(rc));
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  std::string last_error;
+Status Listener::Listen(int port, int send_timeout_ms, int* bound_port) {
+  send_timeout_ms_ = send_timeout_ms;
+  Status status = ListenTcp(port, &tcp_fd_, bound_port);
+  if (!status.ok()) return status;
+  status = ListenLocal(*bound_port, &local_fd_);
+  if (!status.ok()) BPS_LOG(kWarning) << status.message() << "; local workers will use TCP";
+  return Status::OK();
+}
+
+Status Listener::Accept(std::unique_ptr<Channel>* out) {
+  pollfd listeners[2] = {{tcp_fd_, POLLIN, 0}, {local_fd_, POLLIN, 0}};
+  const nfds_t count = local_fd_ >= 0 ? 2 : 1;
   while (true) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) {
-      ::freeaddrinfo(found);
-      return Status::Error("socket() failed: " + ErrnoText());
+    if (::poll(listeners, count, -1) < 0) {
+      if (errno == EINTR) continue;
+      return Status::Error(std::string("poll() on the listening sockets failed: ") +
+                           std::strerror(errno));
     }
-    if (::connect(fd, found->ai_addr, found->ai_addrlen) == 0) {
-      ::freeaddrinfo(found);
-      ConfigureSocket(fd, send_timeout_ms);
-      *fd_out = fd;
+    for (nfds_t i = 0; i < count; ++i) {
+      if (listeners[i].revents & (POLLERR | POLLHUP | POLLNVAL))
+        return Status::Error(ErrorKind::kShutdown, "the listener is closed");
+      if (!(listeners[i].revents & POLLIN)) continue;
+      sockaddr_storage addr{};
+      socklen_t len = sizeof(addr);
+      int fd = ::accept4(listeners[i].fd, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC);
+      if (fd < 0) continue;
+      ConfigureSocket(fd, send_timeout_ms_);
+      if (addr.ss_family == AF_UNIX) {
+        *out = std::make_unique<SharedMemoryChannel>(
+            std::make_unique<Connection>(fd, "a worker on this host"), shared_results_,
+            /*stage_sends=*/false);
+        return Status::OK();
+      }
+      std::string peer = "a worker";
+      if (addr.ss_family == AF_INET) {
+        const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
+        char host[INET_ADDRSTRLEN] = {0};
+        ::inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+        peer = std::string(host) + ":" + std::to_string(ntohs(in->sin_port));
+      }
+      *out = std::make_unique<SocketChannel>(std::make_unique<Connection>(fd, peer));
       return Status::OK();
     }
-    last_error = ErrnoText();
-    ::close(fd);
-    if (std::chrono::steady_clock::now() >= deadline) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  ::freeaddrinfo(found);
-  return Status::Error("cannot connect to " + host + ":" + port_text + " within " +
-                       std::to_string(timeout_ms / 1000) + " s: " + last_error);
 }
 
-Status ListenTcp(int port, int* fd_out, int* bound_port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return Status::Error("socket() failed: " + ErrnoText());
-  int one = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, 128) != 0) {
-    std::string error = ErrnoText();
-    ::close(fd);
-    return Status::Error("cannot listen on port " + std::to_string(port) + ": " + error);
-  }
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  *bound_port = ntohs(addr.sin_port);
-  *fd_out = fd;
-  return Status::OK();
-}
-
-namespace {
-
-socklen_t LocalAddress(int tcp_port, sockaddr_un* addr) {
-  *addr = sockaddr_un{};
-  addr->sun_family = AF_UNIX;
-  // sun_path[0] stays '\0': the abstract namespace, nothing on disk to clean up.
-  const int length =
-      std::snprintf(addr->sun_path + 1, sizeof(addr->sun_path) - 1, "tf_bps-server-%d", tcp_port);
-  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + length);
-}
-
-}  // namespace
-
-Status ListenLocal(int tcp_port, int* fd_out) {
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Status::Error("socket(AF_UNIX) failed: " + ErrnoText());
-  sockaddr_un addr;
-  const socklen_t length = LocalAddress(tcp_port, &addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), length) != 0 || ::listen(fd, 128) != 0) {
-    std::string error = ErrnoText();
-    ::close(fd);
-    return Status::Error("cannot listen on the local socket for port " + std::to_string(tcp_port) +
-                         ": " + error);
-  }
-  *fd_out = fd;
-  return Status::OK();
-}
-
-Status ConnectLocal(int tcp_port, int send_timeout_ms, int* fd_out) {
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Status::Error("socket(AF_UNIX) failed: " + ErrnoText());
-  sockaddr_un addr;
-  const socklen_t length = LocalAddress(tcp_port, &addr);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), length) != 0) {
-    std::string error = ErrnoText();
-    ::close(fd);
-    return Status::Error("no local socket for port " + std::to_string(tcp_port) + ": " + error);
-  }
-  ConfigureSocket(fd, send_timeout_ms);
-  *fd_out = fd;
-  return Status::OK();
+void Listener::Close() {
+  for (int fd : {tcp_fd_, local_fd_})
+    if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
 }
 
 }  // namespace bps

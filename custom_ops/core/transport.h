@@ -1,67 +1,144 @@
-// Framed messages over sockets (TCP, or a Unix socket to a same-host peer). A frame
-// is a FrameHeader (protocol.h) followed by `length` payload bytes. Payloads are
-// written straight from the caller's memory (sendmsg) and read straight into the
-// caller's buffer, so tensor data is never staged in between.
+// Transports: how frames and tensor data travel between a worker and a server.
+//
+//   SocketChannel        every byte on the socket (TCP, or a Unix socket).
+//   SharedMemoryChannel  a Unix socket to a peer on this host; tensor data lies in
+//                        shared memory and only its location crosses the socket.
+//
+// Worker and server use the same Channel interface and never ask which one they
+// have: ConnectToServer() and Listener pick it by where the peer runs. Frames keep
+// their logical types on both (kPush, kReply); the shared-memory variants on the
+// wire (kPushShm, kReplyShm, kArena) never leave this layer.
 #ifndef TF_BPS_CORE_TRANSPORT_H_
 #define TF_BPS_CORE_TRANSPORT_H_
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
-#include <vector>
 
 #include "common.h"
 #include "protocol.h"
+#include "shared_memory.h"
+#include "socket.h"
 
 namespace bps {
 
-// One socket connection. Reads and writes may happen on different threads; writes
-// from several threads must hold `write_mutex()`.
-class Connection {
+// The payload of one received frame, read front to back. Valid until the next
+// Receive() on its channel.
+class DataReader {
  public:
-  Connection(int fd, std::string peer);
-  ~Connection();
-  Connection(const Connection&) = delete;
-  Connection& operator=(const Connection&) = delete;
+  static DataReader OfStream(Connection* stream, size_t bytes);
+  static DataReader OfMemory(const char* memory, size_t bytes);
 
-  const std::string& peer() const { return peer_; }
-  std::mutex& write_mutex() { return write_mutex_; }
-
-  // `fd` >= 0 is passed to the peer with the frame (Unix sockets only).
-  Status Send(const FrameHeader& header, const void* payload, int fd = -1);
-  // Returns an error on EOF or failure; `eof` tells a clean close apart.
-  Status ReceiveHeader(FrameHeader* header, bool* eof);
-  // The descriptor that came with the last header, or -1; the caller owns it.
-  int TakeReceivedFd();
-  Status ReceivePayload(void* dst, size_t bytes);
-  Status DiscardPayload(size_t bytes);
-  // Wakes a thread blocked in Receive*; the connection stays allocated.
-  void Shutdown();
-  // No more writes; the peer reads EOF after what was sent, and reads still work.
-  void ShutdownWrite();
+  size_t remaining() const { return remaining_; }
+  // The next `bytes` where they lie, if they lie in memory this process can read
+  // (shared memory); null on a socket, where Read() must copy them out.
+  const char* View(size_t bytes);
+  Status Read(void* dst, size_t bytes);
+  // Drops what is left unread, so that the stream stays in step.
+  Status Skip();
 
  private:
-  int fd_;
-  int received_fd_ = -1;
-  std::string peer_;
+  Connection* stream_ = nullptr;
+  const char* memory_ = nullptr;
+  size_t remaining_ = 0;
+};
+
+class Channel {
+ public:
+  virtual ~Channel() = default;
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  const std::string& peer() const { return conn_->peer(); }
+  // A frame whose `header.length`-byte payload is sent as it is (declarations,
+  // errors, control). Safe from several threads.
+  Status Send(const FrameHeader& header, const void* payload);
+  // A push or a reply (`header.type` kPush or kReply) of `header.length` bytes of
+  // tensor data. `slot` names the partition, where a shared-memory transport may
+  // stage the bytes. Safe from several threads.
+  virtual Status SendData(FrameHeader header, const void* data, const PartitionKey& slot) = 0;
+  // The next frame for the caller and its payload. One thread receives.
+  virtual Status Receive(FrameHeader* header, DataReader* payload, bool* eof) = 0;
+  // True when data in `shared_slots()` reaches this peer without a copy.
+  virtual bool shares_memory() const { return false; }
+  // Wakes a thread blocked in Receive; the channel stays allocated.
+  void Shutdown() { conn_->Shutdown(); }
+  // No more sends; the peer reads EOF after what was sent, and receiving still works.
+  void ShutdownWrite() { conn_->ShutdownWrite(); }
+
+ protected:
+  explicit Channel(std::unique_ptr<Connection> conn) : conn_(std::move(conn)) {}
+  // Reads a header and hands the payload to a stream reader.
+  Status ReceiveFromSocket(FrameHeader* header, DataReader* payload, bool* eof);
+
+  std::unique_ptr<Connection> conn_;
   std::mutex write_mutex_;
 };
 
-// Connects to host:port, retrying until `timeout_ms` passes.
-Status ConnectTcp(const std::string& host, int port, int timeout_ms, int send_timeout_ms,
-                  int* fd_out);
+class SocketChannel : public Channel {
+ public:
+  explicit SocketChannel(std::unique_ptr<Connection> conn) : Channel(std::move(conn)) {}
+  Status SendData(FrameHeader header, const void* data, const PartitionKey& slot) override;
+  Status Receive(FrameHeader* header, DataReader* payload, bool* eof) override;
+};
 
-// Listens on all interfaces; port 0 picks a free one. Writes the bound port.
-Status ListenTcp(int port, int* fd_out, int* bound_port);
+class SharedMemoryChannel : public Channel {
+ public:
+  // `outgoing`: where this side's data for the peer lives. With `stage_sends`, data
+  // that is not there already is copied into the slot of its partition (a worker's
+  // pushes); without, it goes over the socket (a server's results that no slot holds).
+  SharedMemoryChannel(std::unique_ptr<Connection> conn, std::shared_ptr<SharedSlots> outgoing,
+                      bool stage_sends);
+  Status SendData(FrameHeader header, const void* data, const PartitionKey& slot) override;
+  Status Receive(FrameHeader* header, DataReader* payload, bool* eof) override;
+  bool shares_memory() const override { return true; }
 
-// Peers on the same host skip TCP/IP: the server also listens on a Unix socket in
-// the abstract namespace, named after its TCP port (unique per network namespace).
-Status ListenLocal(int tcp_port, int* fd_out);
-Status ConnectLocal(int tcp_port, int send_timeout_ms, int* fd_out);
+ private:
+  // Maps an arena the peer announced (its descriptor came with the frame).
+  Status AddPeerArena(const FrameHeader& header, DataReader* payload);
 
-// Tunes an accepted or connected socket for small-message latency.
-void ConfigureSocket(int fd, int send_timeout_ms);
+  const std::shared_ptr<SharedSlots> outgoing_;
+  const bool stage_sends_;
+  uint32_t announced_ = 0;  // Arenas of `outgoing_` the peer knows; guarded by write_mutex_.
+  PeerArenas peer_arenas_;  // Touched by the receiving thread only.
+};
+
+struct ServerAddress {
+  std::string host;
+  int port;
+  bool same_host = false;  // Try the server's local Unix socket before TCP.
+};
+
+// Connects to a server: through its Unix socket and shared memory when it runs on
+// this host, else (or if that fails) over TCP, retrying until `timeout_ms` passes.
+// `peer` names the server in errors.
+Status ConnectToServer(const ServerAddress& address, const std::string& peer, int timeout_ms,
+                       std::unique_ptr<Channel>* out);
+
+// A server's listening side: TCP on every interface, and a Unix socket (named after
+// the TCP port) for workers on this host, which get shared-memory channels.
+class Listener {
+ public:
+  Listener();
+  ~Listener();
+  // Port 0 picks a free one; `send_timeout_ms` bounds every send on accepted channels.
+  Status Listen(int port, int send_timeout_ms, int* bound_port);
+  // Blocks for the next worker; an error once Close() ran.
+  Status Accept(std::unique_ptr<Channel>* out);
+  // Wakes Accept() for good.
+  void Close();
+  // Where a server computes results that same-host workers read without a copy;
+  // shared by every channel this listener accepts.
+  SharedSlots& shared_results() { return *shared_results_; }
+
+ private:
+  int tcp_fd_ = -1;
+  int local_fd_ = -1;
+  int send_timeout_ms_ = 0;
+  const std::shared_ptr<SharedSlots> shared_results_;
+};
 
 }  // namespace bps
 

@@ -1,7 +1,5 @@
 #include "worker.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -22,12 +20,8 @@ constexpr std::chrono::seconds kDrainGrace{1};
 // ServerLink
 
 ServerLink::ServerLink(Worker* worker, int index, ServerAddress address,
-                       std::unique_ptr<Connection> conn, bool shared_memory)
-    : worker_(worker),
-      index_(index),
-      address_(std::move(address)),
-      conn_(std::move(conn)),
-      shared_memory_(shared_memory) {}
+                       std::unique_ptr<Channel> channel)
+    : worker_(worker), index_(index), address_(std::move(address)), channel_(std::move(channel)) {}
 
 ServerLink::~ServerLink() { Join(); }
 
@@ -56,9 +50,8 @@ void ServerLink::Declare(uint64_t tensor_id, const std::string& frame) {
   header.rank = static_cast<uint32_t>(worker_->options().rank);
   header.tensor_id = tensor_id;
   header.length = frame.size();
-  std::lock_guard<std::mutex> lock(conn_->write_mutex());
   // A broken connection is reported by this link's own threads.
-  Status status = conn_->Send(header, frame.data());
+  Status status = channel_->Send(header, frame.data());
   if (!status.ok()) BPS_LOG(kDebug) << status.message();
 }
 
@@ -68,8 +61,7 @@ void ServerLink::SendProcessSet(uint32_t id, const std::vector<int32_t>& ranks) 
   header.rank = static_cast<uint32_t>(worker_->options().rank);
   header.process_set = id;
   header.length = ranks.size() * sizeof(int32_t);
-  std::lock_guard<std::mutex> lock(conn_->write_mutex());
-  Status status = conn_->Send(header, ranks.data());
+  Status status = channel_->Send(header, ranks.data());
   if (!status.ok()) BPS_LOG(kDebug) << status.message();  // Reported by the link's threads.
 }
 
@@ -93,11 +85,10 @@ void ServerLink::Abandon(uint64_t tensor_id, uint32_t round, OpKind kind) {
   header.rank = static_cast<uint32_t>(worker_->options().rank);
   header.tensor_id = tensor_id;
   header.round = round;
-  std::lock_guard<std::mutex> lock(conn_->write_mutex());
   for (uint32_t part : parts) {
     header.part = part;
     // Best effort: if the server is gone, its rounds are gone with it.
-    if (!conn_->Send(header, nullptr).ok()) return;
+    if (!channel_->Send(header, nullptr).ok()) return;
   }
 }
 
@@ -123,7 +114,7 @@ bool ServerLink::Push(PartitionTask& partition) {
   if (status.ok()) return true;
   // The server may have said why it is going away (a worker died, say) before the
   // socket broke: let the receiver read that first, then fail what is left.
-  conn_->ShutdownWrite();
+  channel_->ShutdownWrite();
   {
     std::unique_lock<std::mutex> lock(receiver_mutex_);
     receiver_cv_.wait_for(lock, kDrainGrace, [this] { return receiver_done_; });
@@ -134,41 +125,16 @@ bool ServerLink::Push(PartitionTask& partition) {
 }
 
 Status ServerLink::SendPartition(const PartitionTask& partition, FrameHeader* header) {
-  std::lock_guard<std::mutex> lock(conn_->write_mutex());
   if (!partition.declare_frame.empty()) {
     header->type = static_cast<uint8_t>(FrameType::kDeclare);
     header->length = partition.declare_frame.size();
-    Status status = conn_->Send(*header, partition.declare_frame.data());
+    Status status = channel_->Send(*header, partition.declare_frame.data());
     if (!status.ok()) return status;
   }
-  // Empty pushes (a broadcast receiver's "I am here") need no shared slot.
-  if (!shared_memory_ || partition.push_length == 0) {
-    header->type = static_cast<uint8_t>(FrameType::kPush);
-    header->length = partition.push_length;
-    return conn_->Send(*header, partition.data);
-  }
-  const PartitionKey key{partition.task->tensor_id(), partition.part};
-  auto slot = slots_.find(key);
-  if (slot == slots_.end() || slot->second.length != partition.push_length) {
-    ShmLocation location;
-    bool fresh_arena = false;
-    Status status = slot_allocator_.Allocate(partition.push_length, &location, &fresh_arena);
-    if (!status.ok()) return status;
-    if (fresh_arena) {
-      const SharedArena& arena = slot_allocator_.arena(location.arena);
-      ArenaAnnouncement announcement{location.arena, 0, arena.size()};
-      FrameHeader frame;
-      frame.type = static_cast<uint8_t>(FrameType::kArena);
-      frame.length = sizeof(announcement);
-      status = conn_->Send(frame, &announcement, arena.fd());
-      if (!status.ok()) return status;
-    }
-    slot = slots_.insert_or_assign(key, location).first;
-  }
-  std::memcpy(slot_allocator_.Resolve(slot->second), partition.data, partition.push_length);
-  header->type = static_cast<uint8_t>(FrameType::kPushShm);
-  header->length = sizeof(ShmLocation);
-  return conn_->Send(*header, &slot->second);
+  header->type = static_cast<uint8_t>(FrameType::kPush);
+  header->length = partition.push_length;
+  return channel_->SendData(*header, partition.data,
+                            PartitionKey{partition.task->tensor_id(), partition.part});
 }
 
 bool ServerLink::TakePending(const FrameHeader& header, Pending* pending) {
@@ -189,31 +155,21 @@ void ServerLink::FinishPartition(const Task& task, void* data, size_t bytes) {
   ScaleInPlace(op.dtype, data, count, op.postscale);
 }
 
-Status ServerLink::HandleReply(const FrameHeader& header) {
-  const auto type = static_cast<FrameType>(header.type);
-  // Read the frame's control payload first: the stream must stay in step whatever
-  // the task's fate.
+Status ServerLink::HandleReply(const FrameHeader& header, DataReader* payload) {
+  const bool error = header.type == static_cast<uint8_t>(FrameType::kError);
+  // Read an error's message first: the stream must stay in step whatever the task's fate.
   std::string message;
-  ShmLocation location;
-  if (type == FrameType::kError) {
+  if (error) {
     if (header.length > (1u << 20))
       return Status::Error(description() + " sent an oversized error");
     message.resize(header.length);
-    Status status = conn_->ReceivePayload(message.data(), message.size());
-    if (!status.ok()) return status;
-  } else if (type == FrameType::kReplyShm) {
-    if (header.length != sizeof(location))
-      return Status::Error("malformed shared-memory reply from " + description());
-    Status status = conn_->ReceivePayload(&location, sizeof(location));
+    Status status = payload->Read(message.data(), message.size());
     if (!status.ok()) return status;
   }
-  const bool shared = type == FrameType::kReplyShm;
-  const uint64_t length = shared ? location.length : header.length;
-  auto discard = [&] { return shared ? Status::OK() : conn_->DiscardPayload(length); };
   Pending pending;
-  if (!TakePending(header, &pending)) return type == FrameType::kError ? Status::OK() : discard();
+  if (!TakePending(header, &pending)) return payload->Skip();
   Task& task = *pending.task;
-  if (type == FrameType::kError) {
+  if (error) {
     const uint8_t kind = header.error_kind;
     task.Fail(Status::Error(kind <= static_cast<uint8_t>(ErrorKind::kShutdown)
                                 ? static_cast<ErrorKind>(kind)
@@ -221,38 +177,22 @@ Status ServerLink::HandleReply(const FrameHeader& header) {
                             message));
     return Status::OK();
   }
-  const char* source = shared ? server_arenas_.Resolve(location) : nullptr;
-  if (length != pending.reply_length || (shared && !source)) {
+  const uint64_t length = header.length;
+  if (length != pending.reply_length) {
     task.Fail(Status::Error(ErrorKind::kInternal,
                             description() + " returned a malformed result (" +
                                 std::to_string(length) + " bytes where " +
                                 std::to_string(pending.reply_length) + " were due) for partition " +
                                 std::to_string(header.part) + " of tensor '" + task.name() + "'"));
-    return discard();
+    return payload->Skip();
   }
-  if (!task.BeginIo()) return discard();
-  // A gather's replies start with every worker's row count (acknowledgements are empty).
-  const size_t table_bytes = IsGather(task.kind()) && pending.reply_length > 0
-                                 ? AllgatherTableBytes(task.group().size())
-                                 : 0;
-  std::vector<char> table(table_bytes);
+  if (!task.BeginIo()) return payload->Skip();
   Status status = Status::OK();
-  if (shared) {
-    std::memcpy(table.data(), source, table_bytes);
-    source += table_bytes;
-  } else {
-    status = conn_->ReceivePayload(table.data(), table_bytes);
-  }
-  if (status.ok() && IsGather(task.kind()) && header.part == kSizesPart) {
+  if (IsGather(task.kind()) && header.part == kSizesPart) {
     // The first step of a gather: now the output's size and this worker's place in
     // it are known, and the rows can move.
     std::vector<char> sizes(length);
-    if (shared) {
-      std::memcpy(sizes.data(), source - table_bytes, length);
-    } else {
-      std::memcpy(sizes.data(), table.data(), table_bytes);
-      status = conn_->ReceivePayload(sizes.data() + table_bytes, length - table_bytes);
-    }
+    status = payload->Read(sizes.data(), length);
     Status started = status.ok() ? worker_->StartGatherData(pending.task, sizes) : status;
     task.EndIo();
     if (!status.ok()) return status;  // The stream is broken.
@@ -263,15 +203,18 @@ Status ServerLink::HandleReply(const FrameHeader& header) {
     }
     return Status::OK();
   }
-  const size_t data_bytes = length - table_bytes;
-  void* dst = static_cast<char*>(task.output()) + pending.offset;
-  if (!status.ok()) {
-    // The stream is broken; the link failure fails the task.
-  } else if (shared) {
-    if (data_bytes) std::memcpy(dst, source, data_bytes);
-  } else {
-    status = conn_->ReceivePayload(dst, data_bytes);
+  // A gather's data replies start with every worker's row count, which the sizes
+  // step already delivered (acknowledgements are empty).
+  const size_t table_bytes =
+      IsGather(task.kind()) && length > 0 ? AllgatherTableBytes(task.group().size()) : 0;
+  if (table_bytes > length) status = Status::Error(description() + " sent a truncated gather");
+  if (status.ok() && table_bytes) {
+    std::vector<char> table(table_bytes);
+    status = payload->Read(table.data(), table_bytes);
   }
+  const size_t data_bytes = length - std::min<size_t>(table_bytes, length);
+  void* dst = static_cast<char*>(task.output()) + pending.offset;
+  if (status.ok()) status = payload->Read(dst, data_bytes);
   if (status.ok()) FinishPartition(task, dst, data_bytes);
   task.EndIo();
   if (!status.ok()) return status;
@@ -279,23 +222,23 @@ Status ServerLink::HandleReply(const FrameHeader& header) {
   return Status::OK();
 }
 
-Status ServerLink::HandleJoined(const FrameHeader& header) {
+Status ServerLink::HandleJoined(const FrameHeader& header, DataReader* payload) {
   constexpr size_t kEntry = sizeof(uint64_t) + sizeof(uint32_t);
   // Bounded before allocating: a last rank, then one entry per key of the server.
   if (header.length < sizeof(int32_t) || (header.length - sizeof(int32_t)) % kEntry != 0 ||
       header.length > (64u << 20))
     return Status::Error("a malformed join reply from " + description());
-  std::vector<char> payload(header.length);
-  Status status = conn_->ReceivePayload(payload.data(), payload.size());
+  std::vector<char> entries(header.length);
+  Status status = payload->Read(entries.data(), entries.size());
   if (!status.ok()) return status;
   int32_t last;
-  std::memcpy(&last, payload.data(), sizeof(last));
+  std::memcpy(&last, entries.data(), sizeof(last));
   std::unordered_map<uint64_t, uint32_t> rounds;
-  for (size_t at = sizeof(last); at < payload.size(); at += kEntry) {
+  for (size_t at = sizeof(last); at < entries.size(); at += kEntry) {
     uint64_t tensor_id;
     uint32_t round;
-    std::memcpy(&tensor_id, payload.data() + at, sizeof(tensor_id));
-    std::memcpy(&round, payload.data() + at + sizeof(tensor_id), sizeof(round));
+    std::memcpy(&tensor_id, entries.data() + at, sizeof(tensor_id));
+    std::memcpy(&round, entries.data() + at + sizeof(tensor_id), sizeof(round));
     uint32_t& known = rounds[tensor_id];
     known = std::max(known, round);
   }
@@ -307,36 +250,22 @@ void ServerLink::SendJoin() {
   FrameHeader header;
   header.type = static_cast<uint8_t>(FrameType::kJoin);
   header.rank = static_cast<uint32_t>(worker_->options().rank);
-  std::lock_guard<std::mutex> lock(conn_->write_mutex());
-  Status status = conn_->Send(header, nullptr);
+  Status status = channel_->Send(header, nullptr);
   if (!status.ok()) BPS_LOG(kDebug) << status.message();  // Reported by the link's threads.
-}
-
-Status ServerLink::HandleArena() {
-  ArenaAnnouncement announcement;
-  const int fd = conn_->TakeReceivedFd();
-  Status status = conn_->ReceivePayload(&announcement, sizeof(announcement));
-  if (!status.ok() || fd < 0) {
-    if (fd >= 0) ::close(fd);
-    return status.ok() ? Status::Error(description() + " announced memory without a descriptor")
-                       : status;
-  }
-  return server_arenas_.Add(announcement.index, fd, announcement.size);
 }
 
 void ServerLink::ReceiveLoop() {
   while (true) {
     FrameHeader header;
+    DataReader payload;
     bool eof = false;
-    Status status = conn_->ReceiveHeader(&header, &eof);
+    Status status = channel_->Receive(&header, &payload, &eof);
     if (status.ok()) {
       const auto type = static_cast<FrameType>(header.type);
-      if (type == FrameType::kReply || type == FrameType::kReplyShm || type == FrameType::kError) {
-        status = HandleReply(header);
-      } else if (type == FrameType::kArena && header.length == sizeof(ArenaAnnouncement)) {
-        status = HandleArena();
+      if (type == FrameType::kReply || type == FrameType::kError) {
+        status = HandleReply(header, &payload);
       } else if (type == FrameType::kJoined) {
-        status = HandleJoined(header);
+        status = HandleJoined(header, &payload);
       } else {
         status = Status::Error("unexpected frame type " + std::to_string(header.type) + " from " +
                                description());
@@ -389,11 +318,8 @@ void ServerLink::Close(int rank) {
   FrameHeader bye;
   bye.type = static_cast<uint8_t>(FrameType::kBye);
   bye.rank = static_cast<uint32_t>(rank);
-  {
-    std::lock_guard<std::mutex> lock(conn_->write_mutex());
-    conn_->Send(bye, nullptr);  // Best effort: the server may be gone already.
-  }
-  conn_->Shutdown();
+  channel_->Send(bye, nullptr);  // Best effort: the server may be gone already.
+  channel_->Shutdown();
 }
 
 void ServerLink::Join() {
@@ -412,29 +338,21 @@ Status Worker::Start() {
   if (options_.servers.empty()) return Status::Error("no servers to connect to");
   for (size_t i = 0; i < options_.servers.size(); ++i) {
     const ServerAddress& address = options_.servers[i];
-    int fd = -1;
-    Status status = Status::Error("not on this host");
-    if (address.same_host) status = ConnectLocal(address.port, options_.timeout_ms, &fd);
-    const bool local = status.ok();
-    if (local)
-      BPS_LOG(kDebug) << "server " << i << " is on this host: using its Unix socket";
-    else
-      status =
-          ConnectTcp(address.host, address.port, options_.timeout_ms, options_.timeout_ms, &fd);
+    const std::string peer = "server " + std::to_string(i) + " (" + address.host + ":" +
+                             std::to_string(address.port) + ")";
+    std::unique_ptr<Channel> channel;
+    Status status = ConnectToServer(address, peer, options_.timeout_ms, &channel);
     if (!status.ok())
       return Status::Error(ErrorKind::kPeerGone, "worker " + std::to_string(options_.rank) +
-                                                     " cannot reach server " + std::to_string(i) +
-                                                     ": " + status.message());
-    auto conn =
-        std::make_unique<Connection>(fd, "server " + std::to_string(i) + " (" + address.host + ":" +
-                                             std::to_string(address.port) + ")");
+                                                     " cannot reach " + peer + ": " +
+                                                     status.message());
     FrameHeader hello;
     hello.type = static_cast<uint8_t>(FrameType::kHello);
     hello.rank = static_cast<uint32_t>(options_.rank);
-    status = conn->Send(hello, nullptr);
+    status = channel->Send(hello, nullptr);
     if (!status.ok()) return status;
     links_.push_back(
-        std::make_unique<ServerLink>(this, static_cast<int>(i), address, std::move(conn), local));
+        std::make_unique<ServerLink>(this, static_cast<int>(i), address, std::move(channel)));
   }
   for (auto& link : links_) link->Start();
   watchdog_ = std::thread([this] { WatchdogLoop(); });

@@ -24,18 +24,11 @@
 #include <vector>
 
 #include "common.h"
-#include "shared_memory.h"
 #include "stage.h"
 #include "task.h"
 #include "transport.h"
 
 namespace bps {
-
-struct ServerAddress {
-  std::string host;
-  int port;
-  bool same_host = false;  // Try the server's local Unix socket before TCP.
-};
 
 struct WorkerOptions {
   int rank = 0;
@@ -70,10 +63,7 @@ class Worker;
 // The connection to one server with its push (sender) and pull (receiver) threads.
 class ServerLink {
  public:
-  // `shared_memory`: the server is on this host (a Unix socket), so partition data
-  // goes through shared slots instead of the socket.
-  ServerLink(Worker* worker, int index, ServerAddress address, std::unique_ptr<Connection> conn,
-             bool shared_memory);
+  ServerLink(Worker* worker, int index, ServerAddress address, std::unique_ptr<Channel> channel);
   ~ServerLink();
 
   void Start();
@@ -107,9 +97,8 @@ class ServerLink {
   bool Push(PartitionTask& partition);
   Status SendPartition(const PartitionTask& task, FrameHeader* header);
   void ReceiveLoop();
-  Status HandleReply(const FrameHeader& header);
-  Status HandleArena();
-  Status HandleJoined(const FrameHeader& header);
+  Status HandleReply(const FrameHeader& header, DataReader* payload);
+  Status HandleJoined(const FrameHeader& header, DataReader* payload);
   // The pending partition this frame answers; false for a stale or unknown round.
   bool TakePending(const FrameHeader& header, Pending* pending);
   // Average and postscale on one received partition.
@@ -118,13 +107,7 @@ class ServerLink {
   Worker* const worker_;
   const int index_;
   const ServerAddress address_;
-  std::unique_ptr<Connection> conn_;
-  const bool shared_memory_;
-  // Push slots, one per partition key; only the sender thread touches them.
-  SlotAllocator slot_allocator_;
-  std::unordered_map<PartitionKey, ShmLocation, PartitionKeyHash> slots_;
-  // The server's arenas holding sums; only the receiver thread touches them.
-  PeerArenas server_arenas_;
+  std::unique_ptr<Channel> channel_;
 
   Stage<PartitionTask, PartitionTaskOrder> push_stage_{"push"};
 

@@ -1,10 +1,6 @@
 #include "server.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,12 +21,8 @@ constexpr uint64_t kMaxDeclarationBytes = 1 << 20;
 }  // namespace
 
 struct Server::WorkerConn {
-  WorkerConn(std::unique_ptr<Connection> c, bool same_host)
-      : conn(std::move(c)), local(same_host) {}
-  std::unique_ptr<Connection> conn;
-  const bool local;                // On this host: data goes through shared memory both ways.
-  PeerArenas arenas;               // The worker's push slots.
-  uint32_t announced_results = 0;  // Result arenas sent to it; guarded by the write mutex.
+  explicit WorkerConn(std::unique_ptr<Channel> c) : channel(std::move(c)) {}
+  std::unique_ptr<Channel> channel;
   int rank = -1;
   std::mutex mutex;
   std::condition_variable cv;
@@ -74,11 +66,7 @@ Server::~Server() { Stop(); }
 Status Server::Listen(int* bound_port) {
   if (::pipe2(failure_pipe_, O_CLOEXEC) != 0)
     return Status::Error(std::string("pipe() failed: ") + std::strerror(errno));
-  Status status = ListenTcp(options_.port, &listen_fd_, bound_port);
-  if (!status.ok()) return status;
-  status = ListenLocal(*bound_port, &local_listen_fd_);
-  if (!status.ok()) BPS_LOG(kWarning) << status.message() << "; local workers will use TCP";
-  return Status::OK();
+  return listener_.Listen(options_.port, options_.timeout_ms, bound_port);
 }
 
 Status Server::Serve(int num_workers) {
@@ -100,42 +88,22 @@ Status Server::Serve(int num_workers) {
 }
 
 void Server::AcceptLoop() {
-  pollfd listeners[2] = {{listen_fd_, POLLIN, 0}, {local_listen_fd_, POLLIN, 0}};
-  const nfds_t count = local_listen_fd_ >= 0 ? 2 : 1;
   while (!stopping_) {
-    if (::poll(listeners, count, -1) < 0) {
-      if (errno == EINTR) continue;
-      return;
-    }
-    for (nfds_t i = 0; i < count; ++i) {
-      if (listeners[i].revents & (POLLERR | POLLHUP | POLLNVAL)) return;  // Stop() closed it.
-      if (!(listeners[i].revents & POLLIN)) continue;
-      sockaddr_storage addr{};
-      socklen_t len = sizeof(addr);
-      int fd = ::accept4(listeners[i].fd, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC);
-      if (fd < 0) continue;
-      ConfigureSocket(fd, options_.timeout_ms);
-      std::string peer = "a worker on this host";
-      const bool local = addr.ss_family == AF_UNIX;
-      if (addr.ss_family == AF_INET) {
-        const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
-        char host[INET_ADDRSTRLEN] = {0};
-        ::inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
-        peer = std::string(host) + ":" + std::to_string(ntohs(in->sin_port));
-      }
-      auto conn = std::make_shared<WorkerConn>(std::make_unique<Connection>(fd, peer), local);
-      std::lock_guard<std::mutex> lock(conns_mutex_);
-      accepted_.push_back(conn);
-      readers_.emplace_back([this, conn] { ReadLoop(conn); });
-    }
+    std::unique_ptr<Channel> channel;
+    if (!listener_.Accept(&channel).ok()) return;  // Stop() closed it.
+    auto conn = std::make_shared<WorkerConn>(std::move(channel));
+    std::lock_guard<std::mutex> lock(conns_mutex_);
+    accepted_.push_back(conn);
+    readers_.emplace_back([this, conn] { ReadLoop(conn); });
   }
 }
 
 void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
-  Connection& conn = *worker->conn;
+  Channel& conn = *worker->channel;
   FrameHeader header;
+  DataReader payload;
   bool eof = false;
-  Status status = conn.ReceiveHeader(&header, &eof);
+  Status status = conn.Receive(&header, &payload, &eof);
   if (!status.ok() || header.type != static_cast<uint8_t>(FrameType::kHello) ||
       header.rank >= static_cast<uint32_t>(num_workers_)) {
     BPS_LOG(kWarning) << "dropping connection from " << conn.peer()
@@ -147,7 +115,7 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
     std::lock_guard<std::mutex> lock(conns_mutex_);
     if (conns_[rank]) {
       SetFailure("two workers claim rank " + std::to_string(rank) + " (" +
-                 conns_[rank]->conn->peer() + " and " + conn.peer() + ")");
+                 conns_[rank]->channel->peer() + " and " + conn.peer() + ")");
       return;
     }
     worker->rank = static_cast<int>(rank);
@@ -156,7 +124,7 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
   BPS_LOG(kDebug) << "worker rank " << rank << " connected from " << conn.peer();
 
   while (true) {
-    status = conn.ReceiveHeader(&header, &eof);
+    status = conn.Receive(&header, &payload, &eof);
     if (!status.ok()) break;
     const auto type = static_cast<FrameType>(header.type);
     if (type == FrameType::kBye) {
@@ -171,11 +139,11 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
         status = Status::Error("an oversized tensor declaration");
         break;
       }
-      std::string payload(header.length, '\0');
-      status = conn.ReceivePayload(payload.data(), payload.size());
+      std::string text(header.length, '\0');
+      status = payload.Read(text.data(), text.size());
       if (!status.ok()) break;
       Declaration declaration;
-      if (!DecodeDeclaration(payload, &declaration)) {
+      if (!DecodeDeclaration(text, &declaration)) {
         status =
             Status::Error("malformed tensor declaration from worker rank " + std::to_string(rank));
         break;
@@ -189,24 +157,11 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
       continue;
     }
     if (type == FrameType::kProcessSet) {
-      status = ReceiveProcessSet(conn, header);
+      status = ReceiveProcessSet(header, &payload);
       if (!status.ok()) break;
       continue;
     }
-    if (type == FrameType::kArena && worker->local && header.length == sizeof(ArenaAnnouncement)) {
-      ArenaAnnouncement announcement;
-      const int fd = conn.TakeReceivedFd();
-      status = conn.ReceivePayload(&announcement, sizeof(announcement));
-      if (status.ok() && fd < 0) status = Status::Error("an arena came without its descriptor");
-      if (status.ok()) {
-        status = worker->arenas.Add(announcement.index, fd, announcement.size);  // Owns fd.
-      } else if (fd >= 0) {
-        ::close(fd);
-      }
-      if (!status.ok()) break;
-      continue;
-    }
-    const bool push = type == FrameType::kPush || type == FrameType::kPushShm;
+    const bool push = type == FrameType::kPush;
     if ((!push && type != FrameType::kAbandon) || !IsValidOpKind(header.op_kind) ||
         (push && (!IsValidDataType(header.dtype) || !IsValidReduceOp(header.reduce_op))) ||
         header.owner < -1 || header.owner >= num_workers_ ||
@@ -231,7 +186,7 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
       ++worker->outstanding;
     }
     PushItem item;
-    status = ReceivePush(worker.get(), header, &item);
+    status = ReceivePush(header, &payload, &item);
     if (!status.ok()) break;
     item.rank = rank;  // The connection's rank, whatever the frame claims.
     Enqueue(std::move(item));
@@ -242,13 +197,13 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
   }
 }
 
-Status Server::ReceiveProcessSet(Connection& conn, const FrameHeader& header) {
+Status Server::ReceiveProcessSet(const FrameHeader& header, DataReader* payload) {
   const size_t count = header.length / sizeof(int32_t);
   if (header.process_set == 0 || header.length % sizeof(int32_t) != 0 ||
       count > static_cast<size_t>(num_workers_))
     return Status::Error("a malformed process set");
   std::vector<int32_t> ranks(count);
-  Status status = conn.ReceivePayload(ranks.data(), header.length);
+  Status status = payload->Read(ranks.data(), header.length);
   if (!status.ok()) return status;
   std::vector<uint32_t> members;
   for (int32_t r : ranks) {
@@ -288,7 +243,7 @@ void Server::Enqueue(PushItem item) {
   engine->cv.notify_one();
 }
 
-Status Server::ReceivePush(WorkerConn* worker, const FrameHeader& header, PushItem* item) {
+Status Server::ReceivePush(const FrameHeader& header, DataReader* payload, PushItem* item) {
   item->tensor_id = header.tensor_id;
   item->part = header.part;
   item->round = header.round;
@@ -299,21 +254,12 @@ Status Server::ReceivePush(WorkerConn* worker, const FrameHeader& header, PushIt
   item->rows = header.rows;
   item->owner = header.owner;
   item->process_set = header.process_set;
-  if (static_cast<FrameType>(header.type) == FrameType::kPush) {
-    item->length = header.length;
-    item->block = pool_.Acquire(header.length);
-    return worker->conn->ReceivePayload(item->block.data.get(), item->length);
-  }
-  ShmLocation location;
-  if (header.length != sizeof(location) || !worker->local)
-    return Status::Error("malformed shared-memory push");
-  Status status = worker->conn->ReceivePayload(&location, sizeof(location));
-  if (!status.ok()) return status;
-  item->length = location.length;
-  item->shared = worker->arenas.Resolve(location);
-  if (!item->shared)
-    return Status::Error("a shared-memory push points outside the worker's arenas");
-  return Status::OK();
+  item->length = header.length;
+  // Data in shared memory is used where it lies; from a socket it lands in a block.
+  item->shared = payload->View(item->length);
+  if (item->shared) return Status::OK();
+  item->block = pool_.Acquire(item->length);
+  return payload->Read(item->block.data.get(), item->length);
 }
 
 void Server::EngineLoop(Engine* engine) {
@@ -345,11 +291,7 @@ void Server::EngineLoop(Engine* engine) {
     }
     const uint32_t rank = item.rank;
     Process(engine, std::move(item));
-    std::shared_ptr<WorkerConn> worker;
-    {
-      std::lock_guard<std::mutex> lock(conns_mutex_);
-      worker = conns_[rank];
-    }
+    std::shared_ptr<WorkerConn> worker = ConnOf(rank);
     {
       std::lock_guard<std::mutex> lock(worker->mutex);
       --worker->outstanding;
@@ -490,14 +432,13 @@ bool Server::MaybeComplete(Engine* engine, const PartitionKey& id, KeyState* key
                   " has joined (bps.join) and sends nothing");
     return true;
   }
-  ShmLocation slot;
   size_t length = 0;
-  const char* result = Complete(engine, id, key, &slot, &length);
+  const char* result = Complete(id, key, &length);
   if (!result) {
     FailRound(id, key, ErrorKind::kInternal, "the server ran out of shared memory: " + failure());
     return true;
   }
-  Reply(id, *key, result, length, slot.length ? &slot : nullptr);
+  Reply(id, *key, result, length);
   key->closed_error.clear();
   key->last_closed = key->round;
   CloseRound(key);
@@ -603,32 +544,22 @@ void Server::Accumulate(KeyState* key, PushItem* item) {
   }
 }
 
-char* Server::ResultSlot(Engine* engine, const PartitionKey& id, size_t length, ShmLocation* slot) {
-  auto found = engine->result_slots.find(id);
-  std::lock_guard<std::mutex> lock(results_mutex_);
-  if (found == engine->result_slots.end() || found->second.length != length) {
-    bool fresh_arena = false;
-    Status status = results_.Allocate(length, slot, &fresh_arena);
-    if (!status.ok()) {
-      SetFailure(status.message());
-      return nullptr;
-    }
-    found = engine->result_slots.insert_or_assign(id, *slot).first;
-  }
-  *slot = found->second;
-  return results_.Resolve(*slot);
+char* Server::ResultSlot(const PartitionKey& id, size_t length) {
+  char* slot = nullptr;
+  ShmLocation location;
+  Status status = listener_.shared_results().Slot(id, length, &slot, &location);
+  if (!status.ok()) SetFailure(status.message());
+  return slot;
 }
 
-const char* Server::Complete(Engine* engine, const PartitionKey& id, KeyState* key,
-                             ShmLocation* slot, size_t* length) {
-  *slot = ShmLocation{};
+const char* Server::Complete(const PartitionKey& id, KeyState* key, size_t* length) {
   // A shared slot only pays when a same-host worker reads the result.
   bool any_local = false;
   {
     std::lock_guard<std::mutex> lock(conns_mutex_);
     for (uint32_t r : key->contributors) {
       const bool reader = key->owner < 0 || static_cast<int32_t>(r) == key->owner;
-      any_local = any_local || (reader && conns_[r] && conns_[r]->local);
+      any_local = any_local || (reader && conns_[r] && conns_[r]->channel->shares_memory());
     }
   }
   const auto dtype = static_cast<DataType>(key->dtype);
@@ -637,7 +568,7 @@ const char* Server::Complete(Engine* engine, const PartitionKey& id, KeyState* k
     case OpKind::kReduceScatter: {
       *length = key->length;
       if (key->shared.empty()) return key->sum.data.get();  // Reduced as the pushes came in.
-      char* out = ResultSlot(engine, id, key->length, slot);
+      char* out = ResultSlot(id, key->length);
       if (!out) return nullptr;
       const size_t count = key->length / DataTypeSize(dtype);
       // Shared inputs are read once each: the first pair lands in the result directly.
@@ -660,7 +591,7 @@ const char* Server::Complete(Engine* engine, const PartitionKey& id, KeyState* k
       *length = root ? root->length : 0;
       if (!root) return "";  // An empty tensor: nothing to send but the acknowledgements.
       if (!any_local) return root->data();
-      char* out = ResultSlot(engine, id, root->length, slot);
+      char* out = ResultSlot(id, root->length);
       if (out) std::memcpy(out, root->data(), root->length);
       return out;
     }
@@ -671,7 +602,7 @@ const char* Server::Complete(Engine* engine, const PartitionKey& id, KeyState* k
       for (const Contribution& c : key->by_rank) *length += c.length;
       char* out = nullptr;
       if (any_local) {
-        out = ResultSlot(engine, id, *length, slot);
+        out = ResultSlot(id, *length);
       } else {
         key->sum = pool_.Acquire(*length);
         out = key->sum.data.get();
@@ -691,8 +622,7 @@ const char* Server::Complete(Engine* engine, const PartitionKey& id, KeyState* k
   return nullptr;
 }
 
-void Server::Reply(const PartitionKey& id, const KeyState& key, const char* result, size_t length,
-                   const ShmLocation* slot) {
+void Server::Reply(const PartitionKey& id, const KeyState& key, const char* result, size_t length) {
   // Who receives the result: the owner, a broadcast's receivers, or everyone. The
   // others get an empty acknowledgement, sent last: a broadcast root may overwrite its
   // pushed data once it is answered.
@@ -701,9 +631,9 @@ void Server::Reply(const PartitionKey& id, const KeyState& key, const char* resu
     return key.kind != OpKind::kBroadcast || key.by_rank[r].length == 0;
   };
   for (uint32_t r : key.contributors)
-    if (receives(r)) SendReply(r, id, key.round, result, length, slot);
+    if (receives(r)) SendReply(r, id, key.round, result, length);
   for (uint32_t r : key.contributors)
-    if (!receives(r)) SendReply(r, id, key.round, nullptr, 0, nullptr);
+    if (!receives(r)) SendReply(r, id, key.round, nullptr, 0);
 }
 
 void Server::FailRound(const PartitionKey& id, KeyState* key, ErrorKind kind,
@@ -727,60 +657,30 @@ void Server::CloseRound(KeyState* key) {
   key->by_rank.clear();
 }
 
+std::shared_ptr<Server::WorkerConn> Server::ConnOf(uint32_t rank) {
+  std::lock_guard<std::mutex> lock(conns_mutex_);
+  return conns_[rank];
+}
+
 void Server::SendToWorker(uint32_t rank, const FrameHeader& header, const void* payload) {
-  std::shared_ptr<WorkerConn> worker;
-  {
-    std::lock_guard<std::mutex> lock(conns_mutex_);
-    worker = conns_[rank];
-  }
-  if (!worker) return;
-  std::lock_guard<std::mutex> lock(worker->conn->write_mutex());
+  std::shared_ptr<WorkerConn> worker = ConnOf(rank);
   // A failed send needs no handling here: that worker's reader sees the broken
   // connection and fails the job with the reason.
-  Status status = worker->conn->Send(header, payload);
+  Status status = worker ? worker->channel->Send(header, payload) : Status::OK();
   if (!status.ok()) BPS_LOG(kDebug) << status.message();
 }
 
 void Server::SendReply(uint32_t rank, const PartitionKey& id, uint32_t round, const void* data,
-                       size_t length, const ShmLocation* slot) {
+                       size_t length) {
   FrameHeader header;
+  header.type = static_cast<uint8_t>(FrameType::kReply);
   header.tensor_id = id.tensor_id;
   header.part = id.part;
   header.round = round;
-  std::shared_ptr<WorkerConn> worker;
-  {
-    std::lock_guard<std::mutex> lock(conns_mutex_);
-    worker = conns_[rank];
-  }
-  if (!worker || !slot || !worker->local || length == 0) {
-    header.type = static_cast<uint8_t>(FrameType::kReply);
-    header.length = length;
-    SendToWorker(rank, header, data);
-    return;
-  }
-  // A same-host worker reads the result from the slot; first it must have every
-  // arena up to the slot's.
-  std::lock_guard<std::mutex> lock(worker->conn->write_mutex());
-  Status status = Status::OK();
-  while (status.ok() && worker->announced_results <= slot->arena) {
-    ArenaAnnouncement announcement;
-    int fd;
-    {
-      std::lock_guard<std::mutex> results_lock(results_mutex_);
-      const SharedArena& arena = results_.arena(worker->announced_results);
-      announcement = ArenaAnnouncement{worker->announced_results, 0, arena.size()};
-      fd = arena.fd();
-    }
-    FrameHeader frame;
-    frame.type = static_cast<uint8_t>(FrameType::kArena);
-    frame.length = sizeof(announcement);
-    status = worker->conn->Send(frame, &announcement, fd);
-    ++worker->announced_results;
-  }
-  header.type = static_cast<uint8_t>(FrameType::kReplyShm);
-  header.length = sizeof(*slot);
-  if (status.ok()) status = worker->conn->Send(header, slot);
-  if (!status.ok()) BPS_LOG(kDebug) << status.message();
+  header.length = length;
+  std::shared_ptr<WorkerConn> worker = ConnOf(rank);
+  Status status = worker ? worker->channel->SendData(header, data, id) : Status::OK();
+  if (!status.ok()) BPS_LOG(kDebug) << status.message();  // As in SendToWorker.
 }
 
 void Server::SendError(uint32_t rank, const PartitionKey& id, uint32_t round, ErrorKind kind,
@@ -852,15 +752,12 @@ std::string Server::failure() {
 
 void Server::Stop() {
   if (stopping_.exchange(true)) return;
-  for (int fd : {listen_fd_, local_listen_fd_})
-    if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+  listener_.Close();
   if (acceptor_.joinable()) acceptor_.join();
-  for (int fd : {listen_fd_, local_listen_fd_})
-    if (fd >= 0) ::close(fd);
   std::vector<std::thread> readers;
   {
     std::lock_guard<std::mutex> lock(conns_mutex_);
-    for (auto& worker : accepted_) worker->conn->Shutdown();
+    for (auto& worker : accepted_) worker->channel->Shutdown();
     readers.swap(readers_);
   }
   for (auto& engine : engines_) {

@@ -23,7 +23,6 @@
 
 #include "../core/common.h"
 #include "../core/protocol.h"
-#include "../core/shared_memory.h"
 #include "../core/transport.h"
 
 namespace bps {
@@ -124,10 +123,6 @@ class Server {
     std::condition_variable cv;
     std::deque<PushItem> queue;
     std::unordered_map<PartitionKey, KeyState, PartitionKeyHash> keys;
-    // Where each key's result goes for same-host workers; kept across rounds, since a
-    // key is only computed again once every worker has pushed it again, and so has
-    // finished reading the last result.
-    std::unordered_map<PartitionKey, ShmLocation, PartitionKeyHash> result_slots;
     std::thread thread;
   };
 
@@ -141,32 +136,32 @@ class Server {
   // Ends the round if every member has contributed or joined; true if it ended.
   bool MaybeComplete(Engine* engine, const PartitionKey& id, KeyState* key);
   void ReportRounds(Engine* engine);
-  Status ReceiveProcessSet(Connection& conn, const FrameHeader& header);
+  Status ReceiveProcessSet(const FrameHeader& header, DataReader* payload);
   // The ranks of a process set (0: every worker); false if it is not registered.
   bool MembersOf(uint32_t process_set, std::vector<uint32_t>* members);
   void Process(Engine* engine, PushItem item);
   void Abandon(const PartitionKey& id, KeyState* key, const PushItem& item);
   // Adds the item to its round (a reduction, or kept by rank).
   void Accumulate(KeyState* key, PushItem* item);
-  // The round's result, in one buffer; in a shared slot (`slot` set) when a
-  // same-host worker takes part, so that it can read it without a copy over a socket.
-  const char* Complete(Engine* engine, const PartitionKey& id, KeyState* key, ShmLocation* slot,
-                       size_t* length);
+  // The round's result, in one buffer; in the listener's shared slots when a
+  // same-host worker receives it, so that it reads it without a copy over a socket.
+  const char* Complete(const PartitionKey& id, KeyState* key, size_t* length);
   // Sends the result to every contributor; broadcast receivers get the root's data.
-  void Reply(const PartitionKey& id, const KeyState& key, const char* result, size_t length,
-             const ShmLocation* slot);
+  void Reply(const PartitionKey& id, const KeyState& key, const char* result, size_t length);
   // Ends the round in progress with an error for each contributor (and `also`, when
   // it is a worker whose push is refused with the round).
   void FailRound(const PartitionKey& id, KeyState* key, ErrorKind kind, const std::string& message,
                  int also = -1);
   void CloseRound(KeyState* key);
-  char* ResultSlot(Engine* engine, const PartitionKey& id, size_t length, ShmLocation* slot);
-  Status ReceivePush(WorkerConn* worker, const FrameHeader& header, PushItem* item);
+  // Null, with the job failing, when shared memory runs out.
+  char* ResultSlot(const PartitionKey& id, size_t length);
+  Status ReceivePush(const FrameHeader& header, DataReader* payload, PushItem* item);
+  std::shared_ptr<WorkerConn> ConnOf(uint32_t rank);
   void SendToWorker(uint32_t rank, const FrameHeader& header, const void* payload);
   void SendError(uint32_t rank, const PartitionKey& id, uint32_t round, ErrorKind kind,
                  const std::string& message);
   void SendReply(uint32_t rank, const PartitionKey& id, uint32_t round, const void* data,
-                 size_t length, const ShmLocation* slot);
+                 size_t length);
   std::string Describe(uint64_t tensor_id, uint32_t rank);
   std::string MismatchMessage(uint64_t tensor_id, uint32_t rank_a, uint32_t rank_b);
   void SetFailure(const std::string& reason);
@@ -175,16 +170,12 @@ class Server {
   const ServerOptions options_;
   int num_workers_ = 0;
   std::vector<uint32_t> all_ranks_;  // 0 .. num_workers_ - 1: the global process set
-  int listen_fd_ = -1;
-  int local_listen_fd_ = -1;  // Unix socket for workers on this host.
+  Listener listener_;
   int failure_pipe_[2] = {-1, -1};
   std::atomic<bool> stopping_{false};
   std::thread acceptor_;
   BlockPool pool_;
   std::vector<std::unique_ptr<Engine>> engines_;
-
-  std::mutex results_mutex_;
-  SlotAllocator results_;  // sums for same-host workers
 
   std::mutex conns_mutex_;
   std::vector<std::shared_ptr<WorkerConn>> conns_;     // by rank

@@ -1,0 +1,258 @@
+#include "socket.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace bps {
+namespace {
+
+std::string ErrnoText() { return std::strerror(errno); }
+
+}  // namespace
+
+Connection::Connection(int fd, std::string peer) : fd_(fd), peer_(std::move(peer)) {}
+
+Connection::~Connection() {
+  if (received_fd_ >= 0) ::close(received_fd_);
+  ::close(fd_);
+}
+
+int Connection::TakeReceivedFd() {
+  int fd = received_fd_;
+  received_fd_ = -1;
+  return fd;
+}
+
+Status Connection::Send(const FrameHeader& header, const void* payload, int fd) {
+  iovec parts[2];
+  parts[0].iov_base = const_cast<FrameHeader*>(&header);
+  parts[0].iov_len = sizeof(header);
+  parts[1].iov_base = const_cast<void*>(payload);
+  parts[1].iov_len = payload ? header.length : 0;
+  int count = parts[1].iov_len ? 2 : 1;
+  iovec* next = parts;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  while (count > 0) {
+    msghdr message{};
+    message.msg_iov = next;
+    message.msg_iovlen = static_cast<size_t>(count);
+    if (fd >= 0) {  // The descriptor rides on the first bytes sent, once.
+      message.msg_control = control;
+      message.msg_controllen = sizeof(control);
+      cmsghdr* cmsg = CMSG_FIRSTHDR(&message);
+      cmsg->cmsg_level = SOL_SOCKET;
+      cmsg->cmsg_type = SCM_RIGHTS;
+      cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
+    }
+    ssize_t sent = ::sendmsg(fd_, &message, MSG_NOSIGNAL);
+    if (sent > 0) fd = -1;
+    if (sent < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK)
+        return Status::Error("sending to " + peer_ + " timed out (peer stopped reading)");
+      return Status::Error("sending to " + peer_ + " failed: " + ErrnoText());
+    }
+    size_t remaining = static_cast<size_t>(sent);
+    while (count > 0 && remaining >= next->iov_len) {
+      remaining -= next->iov_len;
+      ++next;
+      --count;
+    }
+    if (count > 0) {
+      next->iov_base = static_cast<char*>(next->iov_base) + remaining;
+      next->iov_len -= remaining;
+    }
+  }
+  return Status::OK();
+}
+
+Status Connection::ReceiveHeader(FrameHeader* header, bool* eof) {
+  *eof = false;
+  char* dst = reinterpret_cast<char*>(header);
+  size_t got = 0;
+  while (got < sizeof(*header)) {
+    iovec part{dst + got, sizeof(*header) - got};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    msghdr message{};
+    message.msg_iov = &part;
+    message.msg_iovlen = 1;
+    message.msg_control = control;
+    message.msg_controllen = sizeof(control);
+    ssize_t n = ::recvmsg(fd_, &message, MSG_CMSG_CLOEXEC);
+    for (cmsghdr* cmsg = CMSG_FIRSTHDR(&message); n > 0 && cmsg;
+         cmsg = CMSG_NXTHDR(&message, cmsg)) {
+      if (cmsg->cmsg_level == SOL_SOCKET && cmsg->cmsg_type == SCM_RIGHTS) {
+        if (received_fd_ >= 0) ::close(received_fd_);
+        std::memcpy(&received_fd_, CMSG_DATA(cmsg), sizeof(int));
+      }
+    }
+    if (n == 0) {
+      *eof = true;
+      return Status::Error(peer_ + " closed the connection");
+    }
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      *eof = true;
+      return Status::Error("connection to " + peer_ + " failed: " + ErrnoText());
+    }
+    got += static_cast<size_t>(n);
+  }
+  if (header->magic != kFrameMagic)
+    return Status::Error("garbled frame from " + peer_ +
+                         " (is it a tf_bps peer of the same version?)");
+  return Status::OK();
+}
+
+Status Connection::ReceivePayload(void* dst, size_t bytes) {
+  char* out = static_cast<char*>(dst);
+  size_t got = 0;
+  while (got < bytes) {
+    ssize_t n = ::recv(fd_, out + got, bytes - got, MSG_WAITALL);
+    if (n == 0) return Status::Error(peer_ + " closed the connection in the middle of a frame");
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::Error("receiving from " + peer_ + " failed: " + ErrnoText());
+    }
+    got += static_cast<size_t>(n);
+  }
+  return Status::OK();
+}
+
+Status Connection::DiscardPayload(size_t bytes) {
+  std::vector<char> sink(std::min<size_t>(bytes, 1 << 20));
+  while (bytes > 0) {
+    size_t chunk = std::min(bytes, sink.size());
+    Status status = ReceivePayload(sink.data(), chunk);
+    if (!status.ok()) return status;
+    bytes -= chunk;
+  }
+  return Status::OK();
+}
+
+void Connection::Shutdown() { ::shutdown(fd_, SHUT_RDWR); }
+
+void Connection::ShutdownWrite() { ::shutdown(fd_, SHUT_WR); }
+
+void ConfigureSocket(int fd, int send_timeout_ms) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one,
+               sizeof(one));  // Fails harmlessly on Unix sockets.
+  if (send_timeout_ms > 0) {
+    timeval tv{send_timeout_ms / 1000, (send_timeout_ms % 1000) * 1000};
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  }
+}
+
+Status ConnectTcp(const std::string& host, int port, int timeout_ms, int send_timeout_ms,
+                  int* fd_out) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  std::string port_text = std::to_string(port);
+  int rc = ::getaddrinfo(host.c_str(), port_text.c_str(), &hints, &found);
+  if (rc != 0 || !found) return Status::Error("cannot resolve " + host + ": " + ::gai_strerror(rc));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  std::string last_error;
+  while (true) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) {
+      ::freeaddrinfo(found);
+      return Status::Error("socket() failed: " + ErrnoText());
+    }
+    if (::connect(fd, found->ai_addr, found->ai_addrlen) == 0) {
+      ::freeaddrinfo(found);
+      ConfigureSocket(fd, send_timeout_ms);
+      *fd_out = fd;
+      return Status::OK();
+    }
+    last_error = ErrnoText();
+    ::close(fd);
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ::freeaddrinfo(found);
+  return Status::Error("cannot connect to " + host + ":" + port_text + " within " +
+                       std::to_string(timeout_ms / 1000) + " s: " + last_error);
+}
+
+Status ListenTcp(int port, int* fd_out, int* bound_port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return Status::Error("socket() failed: " + ErrnoText());
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, 128) != 0) {
+    std::string error = ErrnoText();
+    ::close(fd);
+    return Status::Error("cannot listen on port " + std::to_string(port) + ": " + error);
+  }
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  *bound_port = ntohs(addr.sin_port);
+  *fd_out = fd;
+  return Status::OK();
+}
+
+namespace {
+
+socklen_t LocalAddress(int tcp_port, sockaddr_un* addr) {
+  *addr = sockaddr_un{};
+  addr->sun_family = AF_UNIX;
+  // sun_path[0] stays '\0': the abstract namespace, nothing on disk to clean up.
+  const int length =
+      std::snprintf(addr->sun_path + 1, sizeof(addr->sun_path) - 1, "tf_bps-server-%d", tcp_port);
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + length);
+}
+
+}  // namespace
+
+Status ListenLocal(int tcp_port, int* fd_out) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::Error("socket(AF_UNIX) failed: " + ErrnoText());
+  sockaddr_un addr;
+  const socklen_t length = LocalAddress(tcp_port, &addr);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), length) != 0 || ::listen(fd, 128) != 0) {
+    std::string error = ErrnoText();
+    ::close(fd);
+    return Status::Error("cannot listen on the local socket for port " + std::to_string(tcp_port) +
+                         ": " + error);
+  }
+  *fd_out = fd;
+  return Status::OK();
+}
+
+Status ConnectLocal(int tcp_port, int send_timeout_ms, int* fd_out) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::Error("socket(AF_UNIX) failed: " + ErrnoText());
+  sockaddr_un addr;
+  const socklen_t length = LocalAddress(tcp_port, &addr);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), length) != 0) {
+    std::string error = ErrnoText();
+    ::close(fd);
+    return Status::Error("no local socket for port " + std::to_string(tcp_port) + ": " + error);
+  }
+  ConfigureSocket(fd, send_timeout_ms);
+  *fd_out = fd;
+  return Status::OK();
+}
+
+}  // namespace bps

@@ -1,0 +1,68 @@
+// The socket layer under the transports (transport.h): framed messages over TCP or a
+// Unix socket. A frame is a FrameHeader (protocol.h) followed by `length` payload
+// bytes. Payloads are written straight from the caller's memory (sendmsg) and read
+// straight into the caller's buffer, so tensor data is never staged in between.
+#ifndef TF_BPS_CORE_SOCKET_H_
+#define TF_BPS_CORE_SOCKET_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "protocol.h"
+
+namespace bps {
+
+// One socket connection. Reads and writes may happen on different threads; writes
+// from several threads must hold `write_mutex()`.
+class Connection {
+ public:
+  Connection(int fd, std::string peer);
+  ~Connection();
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  const std::string& peer() const { return peer_; }
+  std::mutex& write_mutex() { return write_mutex_; }
+
+  // `fd` >= 0 is passed to the peer with the frame (Unix sockets only).
+  Status Send(const FrameHeader& header, const void* payload, int fd = -1);
+  // Returns an error on EOF or failure; `eof` tells a clean close apart.
+  Status ReceiveHeader(FrameHeader* header, bool* eof);
+  // The descriptor that came with the last header, or -1; the caller owns it.
+  int TakeReceivedFd();
+  Status ReceivePayload(void* dst, size_t bytes);
+  Status DiscardPayload(size_t bytes);
+  // Wakes a thread blocked in Receive*; the connection stays allocated.
+  void Shutdown();
+  // No more writes; the peer reads EOF after what was sent, and reads still work.
+  void ShutdownWrite();
+
+ private:
+  int fd_;
+  int received_fd_ = -1;
+  std::string peer_;
+  std::mutex write_mutex_;
+};
+
+// Connects to host:port, retrying until `timeout_ms` passes.
+Status ConnectTcp(const std::string& host, int port, int timeout_ms, int send_timeout_ms,
+                  int* fd_out);
+
+// Listens on all interfaces; port 0 picks a free one. Writes the bound port.
+Status ListenTcp(int port, int* fd_out, int* bound_port);
+
+// Peers on the same host skip TCP/IP: the server also listens on a Unix socket in
+// the abstract namespace, named after its TCP port (unique per network namespace).
+Status ListenLocal(int tcp_port, int* fd_out);
+Status ConnectLocal(int tcp_port, int send_timeout_ms, int* fd_out);
+
+// Tunes an accepted or connected socket for small-message latency.
+void ConfigureSocket(int fd, int send_timeout_ms);
+
+}  // namespace bps
+
+#endif  // TF_BPS_CORE_SOCKET_H_
