@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,7 +17,7 @@ constexpr size_t kSlotAlignment = 64;  // A cache line, so vector loops start al
 
 }  // namespace
 
-Status SharedArena::Create(size_t bytes, std::unique_ptr<SharedArena>* out) {
+Status SharedArena::Create(size_t bytes, std::shared_ptr<SharedArena>* out) {
   int fd = ::memfd_create("tf_bps", MFD_CLOEXEC);
   if (fd < 0) return Status::Error(std::string("memfd_create failed: ") + std::strerror(errno));
   if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
@@ -28,10 +29,19 @@ Status SharedArena::Create(size_t bytes, std::unique_ptr<SharedArena>* out) {
   return Map(fd, bytes, out);
 }
 
-Status SharedArena::Map(int fd, size_t bytes, std::unique_ptr<SharedArena>* out) {
-  void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+Status SharedArena::Map(int fd, size_t bytes, std::shared_ptr<SharedArena>* out) {
+  struct stat info;
+  std::string error;
+  if (::fstat(fd, &info) != 0) {
+    error = std::strerror(errno);
+  } else if (bytes == 0 || static_cast<uint64_t>(info.st_size) < bytes) {
+    error = "it holds " + std::to_string(info.st_size) + " bytes, not the " +
+            std::to_string(bytes) + " announced";
+  }
+  void* data = error.empty() ? ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                             : MAP_FAILED;
   if (data == MAP_FAILED) {
-    std::string error = std::strerror(errno);
+    if (error.empty()) error = std::strerror(errno);
     ::close(fd);
     return Status::Error("cannot map shared memory: " + error);
   }
@@ -44,36 +54,24 @@ SharedArena::~SharedArena() {
   ::close(fd_);
 }
 
-Status SharedSlots::Slot(const PartitionKey& key, size_t bytes, char** data,
-                         ShmLocation* location) {
+uint32_t ArenaTable::Add(std::shared_ptr<SharedArena> arena) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto found = slots_.find(key);
-  if (found == slots_.end() || found->second.length != bytes) {
-    const size_t rounded =
-        (std::max<size_t>(bytes, 1) + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment;
-    if (arenas_.empty() || used_ + rounded > arenas_.back()->size()) {
-      std::unique_ptr<SharedArena> arena;
-      Status status = SharedArena::Create(std::max(kArenaBytes, rounded), &arena);
-      if (!status.ok()) return status;
-      arenas_.push_back(std::move(arena));
-      used_ = 0;
-    }
-    const ShmLocation fresh{static_cast<uint32_t>(arenas_.size() - 1), 0, used_, bytes};
-    used_ += rounded;
-    found = slots_.insert_or_assign(key, fresh).first;
-  }
-  *location = found->second;
-  *data = arenas_[location->arena]->data() + location->offset;
-  return Status::OK();
+  arenas_.push_back(std::move(arena));
+  return static_cast<uint32_t>(arenas_.size() - 1);
 }
 
-bool SharedSlots::Locate(const void* data, size_t bytes, ShmLocation* location) const {
+std::shared_ptr<SharedArena> ArenaTable::Get(uint32_t index) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return index < arenas_.size() ? arenas_[index] : nullptr;
+}
+
+bool ArenaTable::Locate(const void* data, size_t bytes, ShmLocation* location) const {
   const char* p = static_cast<const char*>(data);
   std::lock_guard<std::mutex> lock(mutex_);
   for (size_t i = 0; i < arenas_.size(); ++i) {
     const char* begin = arenas_[i]->data();
-    if (p >= begin && p < begin + arenas_[i]->size() &&
-        bytes <= static_cast<size_t>(begin + arenas_[i]->size() - p)) {
+    const char* end = begin + arenas_[i]->size();
+    if (p >= begin && p < end && bytes <= static_cast<size_t>(end - p)) {
       *location = ShmLocation{static_cast<uint32_t>(i), 0, static_cast<uint64_t>(p - begin), bytes};
       return true;
     }
@@ -81,26 +79,34 @@ bool SharedSlots::Locate(const void* data, size_t bytes, ShmLocation* location) 
   return false;
 }
 
-ArenaAnnouncement SharedSlots::Announcement(uint32_t index, int* fd) const {
+Status SharedSlots::Slot(const PartitionKey& key, size_t bytes, char** data,
+                         ShmLocation* location) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (index >= arenas_.size()) {
-    *fd = -1;
-    return ArenaAnnouncement{index, 0, 0};
+  auto found = slots_.find(key);
+  if (found == slots_.end() || found->second.length != bytes) {
+    const size_t rounded =
+        (std::max<size_t>(bytes, 1) + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment;
+    if (!current_ || used_ + rounded > current_->size()) {
+      Status status = SharedArena::Create(std::max(kArenaBytes, rounded), &current_);
+      if (!status.ok()) return status;
+      current_index_ = table_->Add(current_);
+      used_ = 0;
+    }
+    const ShmLocation fresh{current_index_, 0, used_, bytes};
+    used_ += rounded;
+    found = slots_.insert_or_assign(key, fresh).first;
   }
-  *fd = arenas_[index]->fd();
-  return ArenaAnnouncement{index, 0, arenas_[index]->size()};
-}
-
-Status PeerArenas::Add(uint32_t index, int fd, size_t bytes) {
-  std::unique_ptr<SharedArena> arena;
-  Status status = SharedArena::Map(fd, bytes, &arena);
-  if (!status.ok()) return status;
-  std::lock_guard<std::mutex> lock(mutex_);
-  arenas_[index] = std::move(arena);
+  *location = found->second;
+  *data = table_->Get(location->arena)->data() + location->offset;
   return Status::OK();
 }
 
-char* PeerArenas::Resolve(const ShmLocation& location) {
+void PeerArenas::Add(uint32_t index, std::shared_ptr<SharedArena> arena) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  arenas_[index] = std::move(arena);
+}
+
+const char* PeerArenas::Resolve(const ShmLocation& location) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = arenas_.find(location.arena);
   if (it == arenas_.end() || location.offset > it->second->size() ||

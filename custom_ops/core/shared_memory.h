@@ -21,9 +21,10 @@ namespace bps {
 
 class SharedArena {
  public:
-  static Status Create(size_t bytes, std::unique_ptr<SharedArena>* out);
-  // Maps an arena whose descriptor came from the peer; takes ownership of `fd`.
-  static Status Map(int fd, size_t bytes, std::unique_ptr<SharedArena>* out);
+  static Status Create(size_t bytes, std::shared_ptr<SharedArena>* out);
+  // Maps an arena whose descriptor came from a peer, which claims it holds `bytes`
+  // (checked against the descriptor, so a lie cannot fault us later); takes `fd`.
+  static Status Map(int fd, size_t bytes, std::shared_ptr<SharedArena>* out);
   ~SharedArena();
 
   char* data() const { return data_; }
@@ -37,38 +38,53 @@ class SharedArena {
   size_t size_;
 };
 
-// Memory this process writes for its same-host peers to read: one slot per
-// partition key, in arenas announced to each peer before it first needs them. A
-// key's slot is reused round after round (a key is written again only once every
-// reader has finished with its last round) and moves only when its size changes;
-// slots are never freed, so a bump allocator over a growing list of arenas does.
-// Thread-safe.
-class SharedSlots {
+// The arenas a process can hand to its same-host peers, by index: its own and, on
+// a server, those its workers announced, so that one worker's pushed rows reach
+// another as a location instead of a copy. Thread-safe.
+class ArenaTable {
  public:
-  // The slot of `key`, `bytes` long.
-  Status Slot(const PartitionKey& key, size_t bytes, char** data, ShmLocation* location);
-  // Where [data, data + bytes) lies, if inside one of these arenas.
+  uint32_t Add(std::shared_ptr<SharedArena> arena);
+  // Null past the end.
+  std::shared_ptr<SharedArena> Get(uint32_t index) const;
+  // Where [data, data + bytes) lies, if inside one of the arenas.
   bool Locate(const void* data, size_t bytes, ShmLocation* location) const;
-  // Arena `index` as a peer learns of it, with its descriptor.
-  ArenaAnnouncement Announcement(uint32_t index, int* fd) const;
 
  private:
   mutable std::mutex mutex_;
-  std::vector<std::unique_ptr<SharedArena>> arenas_;
-  size_t used_ = 0;  // in the last arena
+  std::vector<std::shared_ptr<SharedArena>> arenas_;
+};
+
+// Memory this process writes for its same-host peers to read: one slot per
+// partition key, in arenas of `table`. A key's slot is reused round after round (a
+// key is written again only once every reader has finished with its last round)
+// and moves only when its size changes; slots are never freed, so a bump allocator
+// over a growing list of arenas does. Thread-safe.
+class SharedSlots {
+ public:
+  explicit SharedSlots(std::shared_ptr<ArenaTable> table) : table_(std::move(table)) {}
+  // The slot of `key`, `bytes` long.
+  Status Slot(const PartitionKey& key, size_t bytes, char** data, ShmLocation* location);
+  ArenaTable& table() const { return *table_; }
+
+ private:
+  const std::shared_ptr<ArenaTable> table_;
+  std::mutex mutex_;
+  std::shared_ptr<SharedArena> current_;  // the arena slots are cut from
+  uint32_t current_index_ = 0;
+  size_t used_ = 0;  // in `current_`
   std::unordered_map<PartitionKey, ShmLocation, PartitionKeyHash> slots_;
 };
 
-// The peer's arenas, mapped as their descriptors arrive.
+// A peer's arenas by the peer's index, mapped as their descriptors arrive.
 class PeerArenas {
  public:
-  Status Add(uint32_t index, int fd, size_t bytes);
+  void Add(uint32_t index, std::shared_ptr<SharedArena> arena);
   // Null when the location is not inside an arena the peer announced.
-  char* Resolve(const ShmLocation& location);
+  const char* Resolve(const ShmLocation& location);
 
  private:
   std::mutex mutex_;
-  std::unordered_map<uint32_t, std::unique_ptr<SharedArena>> arenas_;
+  std::unordered_map<uint32_t, std::shared_ptr<SharedArena>> arenas_;
 };
 
 }  // namespace bps

@@ -80,16 +80,16 @@ Status SocketChannel::Receive(FrameHeader* header, DataReader* payload, bool* eo
 }
 
 SharedMemoryChannel::SharedMemoryChannel(std::unique_ptr<Connection> conn,
-                                         std::shared_ptr<SharedSlots> outgoing, bool stage_sends)
-    : Channel(std::move(conn)), outgoing_(std::move(outgoing)), stage_sends_(stage_sends) {}
+                                         std::shared_ptr<SharedSlots> slots, Side side)
+    : Channel(std::move(conn)), slots_(std::move(slots)), side_(side) {}
 
 Status SharedMemoryChannel::SendData(FrameHeader header, const void* data,
                                      const PartitionKey& slot) {
   ShmLocation location;
-  bool shared = header.length > 0 && outgoing_->Locate(data, header.length, &location);
-  if (!shared && header.length > 0 && stage_sends_) {
+  bool shared = header.length > 0 && slots_->table().Locate(data, header.length, &location);
+  if (!shared && header.length > 0 && side_ == Side::kWorker) {
     char* staged = nullptr;
-    Status status = outgoing_->Slot(slot, header.length, &staged, &location);
+    Status status = slots_->Slot(slot, header.length, &staged, &location);
     if (!status.ok()) return status;
     std::memcpy(staged, data, header.length);
     shared = true;
@@ -98,12 +98,12 @@ Status SharedMemoryChannel::SendData(FrameHeader header, const void* data,
   std::lock_guard<std::mutex> lock(write_mutex_);
   // The peer must hold every arena up to the slot's before it reads the location.
   while (announced_ <= location.arena) {
-    int fd = -1;
-    ArenaAnnouncement announcement = outgoing_->Announcement(announced_, &fd);
+    std::shared_ptr<SharedArena> arena = slots_->table().Get(announced_);
+    const ArenaAnnouncement announcement{announced_, 0, arena->size()};
     FrameHeader frame;
     frame.type = static_cast<uint8_t>(FrameType::kArena);
     frame.length = sizeof(announcement);
-    Status status = conn_->Send(frame, &announcement, fd);
+    Status status = conn_->Send(frame, &announcement, arena->fd());
     if (!status.ok()) return status;
     ++announced_;
   }
@@ -126,7 +126,12 @@ Status SharedMemoryChannel::AddPeerArena(const FrameHeader& header, DataReader* 
     if (fd >= 0) ::close(fd);
     return status;
   }
-  return peer_arenas_.Add(announcement.index, fd, announcement.size);  // Owns fd.
+  std::shared_ptr<SharedArena> arena;
+  status = SharedArena::Map(fd, announcement.size, &arena);  // Owns fd.
+  if (!status.ok()) return Status::Error(status.message() + " (announced by " + peer() + ")");
+  if (side_ == Side::kServer) slots_->table().Add(arena);
+  peer_arenas_.Add(announcement.index, std::move(arena));
+  return Status::OK();
 }
 
 Status SharedMemoryChannel::Receive(FrameHeader* header, DataReader* payload, bool* eof) {
@@ -163,9 +168,10 @@ Status ConnectToServer(const ServerAddress& address, const std::string& peer, in
   int fd = -1;
   if (address.same_host && ConnectLocal(address.port, timeout_ms, &fd).ok()) {
     BPS_LOG(kDebug) << peer << " is on this host: using its Unix socket and shared memory";
-    *out = std::make_unique<SharedMemoryChannel>(std::make_unique<Connection>(fd, peer),
-                                                 std::make_shared<SharedSlots>(),
-                                                 /*stage_sends=*/true);
+    *out = std::make_unique<SharedMemoryChannel>(
+        std::make_unique<Connection>(fd, peer),
+        std::make_shared<SharedSlots>(std::make_shared<ArenaTable>()),
+        SharedMemoryChannel::Side::kWorker);
     return Status::OK();
   }
   Status status = ConnectTcp(address.host, address.port, timeout_ms, timeout_ms, &fd);
@@ -174,7 +180,8 @@ Status ConnectToServer(const ServerAddress& address, const std::string& peer, in
   return Status::OK();
 }
 
-Listener::Listener() : shared_results_(std::make_shared<SharedSlots>()) {}
+Listener::Listener()
+    : shared_results_(std::make_shared<SharedSlots>(std::make_shared<ArenaTable>())) {}
 
 Listener::~Listener() {
   Close();
@@ -212,7 +219,7 @@ Status Listener::Accept(std::unique_ptr<Channel>* out) {
       if (addr.ss_family == AF_UNIX) {
         *out = std::make_unique<SharedMemoryChannel>(
             std::make_unique<Connection>(fd, "a worker on this host"), shared_results_,
-            /*stage_sends=*/false);
+            SharedMemoryChannel::Side::kServer);
         return Status::OK();
       }
       std::string peer = "a worker";

@@ -61,7 +61,8 @@ class Channel {
   virtual Status SendData(FrameHeader header, const void* data, const PartitionKey& slot) = 0;
   // The next frame for the caller and its payload. One thread receives.
   virtual Status Receive(FrameHeader* header, DataReader* payload, bool* eof) = 0;
-  // True when data in `shared_slots()` reaches this peer without a copy.
+  // True when data in shared memory (Listener::shared_results()) reaches this peer
+  // without a copy.
   virtual bool shares_memory() const { return false; }
   // Wakes a thread blocked in Receive; the channel stays allocated.
   void Shutdown() { conn_->Shutdown(); }
@@ -86,11 +87,17 @@ class SocketChannel : public Channel {
 
 class SharedMemoryChannel : public Channel {
  public:
-  // `outgoing`: where this side's data for the peer lives. With `stage_sends`, data
-  // that is not there already is copied into the slot of its partition (a worker's
-  // pushes); without, it goes over the socket (a server's results that no slot holds).
-  SharedMemoryChannel(std::unique_ptr<Connection> conn, std::shared_ptr<SharedSlots> outgoing,
-                      bool stage_sends);
+  enum class Side {
+    // Pushes not already in `slots` are copied into their partition's slot; the
+    // server's arenas are for this channel only.
+    kWorker,
+    // Data in `slots`' table (results, and every worker's arenas) goes as a
+    // location, anything else over the socket; the worker's arenas join the table,
+    // so that what one worker pushed can reach another without a copy.
+    kServer,
+  };
+  SharedMemoryChannel(std::unique_ptr<Connection> conn, std::shared_ptr<SharedSlots> slots,
+                      Side side);
   Status SendData(FrameHeader header, const void* data, const PartitionKey& slot) override;
   Status Receive(FrameHeader* header, DataReader* payload, bool* eof) override;
   bool shares_memory() const override { return true; }
@@ -99,10 +106,10 @@ class SharedMemoryChannel : public Channel {
   // Maps an arena the peer announced (its descriptor came with the frame).
   Status AddPeerArena(const FrameHeader& header, DataReader* payload);
 
-  const std::shared_ptr<SharedSlots> outgoing_;
-  const bool stage_sends_;
-  uint32_t announced_ = 0;  // Arenas of `outgoing_` the peer knows; guarded by write_mutex_.
-  PeerArenas peer_arenas_;  // Touched by the receiving thread only.
+  const std::shared_ptr<SharedSlots> slots_;
+  const Side side_;
+  uint32_t announced_ = 0;  // Arenas of `slots_`' table the peer knows; guarded by write_mutex_.
+  PeerArenas peer_arenas_;
 };
 
 struct ServerAddress {
@@ -130,7 +137,7 @@ class Listener {
   // Wakes Accept() for good.
   void Close();
   // Where a server computes results that same-host workers read without a copy;
-  // shared by every channel this listener accepts.
+  // shared by every channel this listener accepts, with every worker's arenas.
   SharedSlots& shared_results() { return *shared_results_; }
 
  private:

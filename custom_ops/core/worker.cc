@@ -187,12 +187,11 @@ Status ServerLink::HandleReply(const FrameHeader& header, DataReader* payload) {
     return payload->Skip();
   }
   if (!task.BeginIo()) return payload->Skip();
-  Status status = Status::OK();
   if (IsGather(task.kind()) && header.part == kSizesPart) {
     // The first step of a gather: now the output's size and this worker's place in
     // it are known, and the rows can move.
     std::vector<char> sizes(length);
-    status = payload->Read(sizes.data(), length);
+    Status status = payload->Read(sizes.data(), length);
     Status started = status.ok() ? worker_->StartGatherData(pending.task, sizes) : status;
     task.EndIo();
     if (!status.ok()) return status;  // The stream is broken.
@@ -203,19 +202,9 @@ Status ServerLink::HandleReply(const FrameHeader& header, DataReader* payload) {
     }
     return Status::OK();
   }
-  // A gather's data replies start with every worker's row count, which the sizes
-  // step already delivered (acknowledgements are empty).
-  const size_t table_bytes =
-      IsGather(task.kind()) && length > 0 ? AllgatherTableBytes(task.group().size()) : 0;
-  if (table_bytes > length) status = Status::Error(description() + " sent a truncated gather");
-  if (status.ok() && table_bytes) {
-    std::vector<char> table(table_bytes);
-    status = payload->Read(table.data(), table_bytes);
-  }
-  const size_t data_bytes = length - std::min<size_t>(table_bytes, length);
   void* dst = static_cast<char*>(task.output()) + pending.offset;
-  if (status.ok()) status = payload->Read(dst, data_bytes);
-  if (status.ok()) FinishPartition(task, dst, data_bytes);
+  Status status = payload->Read(dst, length);
+  if (status.ok()) FinishPartition(task, dst, length);
   task.EndIo();
   if (!status.ok()) return status;
   task.PartitionDone();
@@ -619,28 +608,25 @@ Status Worker::StartGatherData(const std::shared_ptr<Task>& task, const std::vec
   if (table[rank] != spec.op.shape[0]) return bad("another row count for this worker");
   std::vector<int64_t> out_shape = spec.op.shape;
   if (spec.op.kind == OpKind::kAllgather) {
-    int64_t total = 0, before = 0;
-    for (int r = 0; r < size; ++r) {
-      if (r < rank) before += table[r];
-      total += table[r];
-    }
+    int64_t total = 0;
+    for (int r = 0; r < size; ++r) total += table[r];
     out_shape[0] = total;
     Status status = task->AllocateOutput(out_shape);
     if (!status.ok()) return status;
-    // Partitions cut the concatenated result; each worker sends the part of its rows
-    // that falls into each (often none), and each reply lands at its place in the output.
-    const size_t result_bytes = static_cast<size_t>(total) * row_bytes;
-    const size_t mine_begin = static_cast<size_t>(before) * row_bytes;
-    const size_t mine_end = mine_begin + spec.bytes;
+    // Each worker's rows are cut into partitions of their own, in the result's
+    // order: a partition has one sender (the others push nothing), so the server
+    // passes it on as it came, and each reply lands at its place in the output.
     const size_t partition = std::max<size_t>(1, options_.partition_bytes);
     std::vector<PartitionTask> plan;
-    for (size_t offset = 0; offset < result_bytes; offset += partition) {
-      const size_t end = std::min(offset + partition, result_bytes);
-      const size_t from = std::max(offset, mine_begin), to = std::min(end, mine_end);
-      const char* data = task->source() + (from < to ? from - mine_begin : 0);
-      plan.push_back(Partition(task, static_cast<uint32_t>(plan.size()) + 1, offset, data,
-                               from < to ? to - from : 0,
-                               AllgatherTableBytes(size) + (end - offset)));
+    size_t offset = 0;
+    for (int r = 0; r < size; ++r) {
+      const size_t bytes = static_cast<size_t>(table[r]) * row_bytes;
+      for (size_t at = 0; at < bytes; at += partition) {
+        const size_t length = std::min(partition, bytes - at);
+        plan.push_back(Partition(task, static_cast<uint32_t>(plan.size()) + 1, offset + at,
+                                 task->source() + at, r == rank ? length : 0, length));
+      }
+      offset += bytes;
     }
     task->AddPartitions(static_cast<int>(plan.size()));
     for (PartitionTask& item : plan) LinkFor(task->tensor_id(), item.part).Enqueue(std::move(item));
@@ -666,9 +652,9 @@ Status Worker::StartGatherData(const std::shared_ptr<Task>& task, const std::vec
   size_t offset = 0;
   for (int owner = 0; owner < size; ++owner) {
     const size_t length = static_cast<size_t>(task->splits()[owner]) * row_bytes;
-    PartitionTask item = Partition(
-        task, static_cast<uint32_t>(owner) + 1, 0, task->source() + offset, length,
-        owner == rank ? AllgatherTableBytes(size) + static_cast<size_t>(total) * row_bytes : 0);
+    PartitionTask item =
+        Partition(task, static_cast<uint32_t>(owner) + 1, 0, task->source() + offset, length,
+                  owner == rank ? static_cast<size_t>(total) * row_bytes : 0);
     item.owner = group.ranks[owner];
     plan.push_back(std::move(item));
     offset += length;

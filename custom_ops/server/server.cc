@@ -597,9 +597,25 @@ const char* Server::Complete(const PartitionKey& id, KeyState* key, size_t* leng
     }
     case OpKind::kAllgather:
     case OpKind::kAlltoall: {
+      // The sizes step returns every member's row count, then what each pushed (an
+      // alltoall's splits); the data steps only the rows, in the group's order.
       const int size = static_cast<int>(key->members.size());
-      *length = AllgatherTableBytes(size);
-      for (const Contribution& c : key->by_rank) *length += c.length;
+      const bool sizes = id.part == kSizesPart;
+      *length = sizes ? AllgatherTableBytes(size) : 0;
+      const Contribution* only = nullptr;
+      int pieces = 0;
+      for (const Contribution& c : key->by_rank) {
+        *length += c.length;
+        if (c.length) {
+          ++pieces;
+          only = &c;
+        }
+      }
+      // An allgather partition holds one worker's rows: they go out from where they
+      // arrived (for same-host workers, that worker's shared memory) without a copy.
+      // Safe to share: that worker writes them again only in a later round, which
+      // starts once every member has read this one.
+      if (!sizes && pieces <= 1) return only ? only->data() : "";
       char* out = nullptr;
       if (any_local) {
         out = ResultSlot(id, *length);
@@ -608,11 +624,15 @@ const char* Server::Complete(const PartitionKey& id, KeyState* key, size_t* leng
         out = key->sum.data.get();
       }
       if (!out) return nullptr;
-      // In the group's order: its members' ranks ascending.
-      char* cursor = out + AllgatherTableBytes(size);
-      for (int i = 0; i < size; ++i) {
-        const Contribution& c = key->by_rank[key->members[i]];
-        std::memcpy(out + i * sizeof(int64_t), &c.rows, sizeof(int64_t));
+      char* cursor = out;
+      if (sizes) {
+        for (int i = 0; i < size; ++i)
+          std::memcpy(out + i * sizeof(int64_t), &key->by_rank[key->members[i]].rows,
+                      sizeof(int64_t));
+        cursor += AllgatherTableBytes(size);
+      }
+      for (uint32_t member : key->members) {  // ranks ascending: the group's order
+        const Contribution& c = key->by_rank[member];
         if (c.length) std::memcpy(cursor, c.data(), c.length);
         cursor += c.length;
       }

@@ -236,16 +236,19 @@ void TestStageServesByPriority() {
 // ---------------------------------------------------------------------------
 // Transports, over a socket pair
 
-// A channel pair over a Unix socket pair: `worker` side stages its pushes in
-// shared memory, `server` side shares what lies in `results`.
+// A channel pair over a Unix socket pair: the worker side stages its pushes in
+// shared memory; the server side shares what lies in `results`' table.
 void MakeSharedMemoryPair(std::shared_ptr<SharedSlots> results, std::unique_ptr<Channel>* worker,
                           std::unique_ptr<Channel>* server) {
   int fds[2];
   EXPECT(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
-  *worker = std::make_unique<SharedMemoryChannel>(std::make_unique<Connection>(fds[0], "server"),
-                                                  std::make_shared<SharedSlots>(), true);
-  *server = std::make_unique<SharedMemoryChannel>(std::make_unique<Connection>(fds[1], "worker"),
-                                                  std::move(results), false);
+  *worker = std::make_unique<SharedMemoryChannel>(
+      std::make_unique<Connection>(fds[0], "server"),
+      std::make_shared<SharedSlots>(std::make_shared<ArenaTable>()),
+      SharedMemoryChannel::Side::kWorker);
+  *server =
+      std::make_unique<SharedMemoryChannel>(std::make_unique<Connection>(fds[1], "worker"),
+                                            std::move(results), SharedMemoryChannel::Side::kServer);
 }
 
 FrameHeader DataHeader(FrameType type, size_t bytes) {
@@ -263,16 +266,28 @@ void TestTransports() {
   FrameHeader header;
   DataReader payload;
   bool eof = false;
+  auto read_reply = [&](Channel& channel) {
+    std::vector<float> got(data.size());
+    EXPECT(channel.Receive(&header, &payload, &eof).ok());
+    EXPECT(header.type == static_cast<uint8_t>(FrameType::kReply) && header.length == bytes);
+    EXPECT(payload.Read(got.data(), bytes).ok() && payload.remaining() == 0);
+    return got;
+  };
 
   // Shared memory: a push arrives as a view into the worker's slot, not a copy.
-  auto results = std::make_shared<SharedSlots>();
-  std::unique_ptr<Channel> worker, server;
+  auto results = std::make_shared<SharedSlots>(std::make_shared<ArenaTable>());
+  std::unique_ptr<Channel> worker, server, other_worker, other_server;
   MakeSharedMemoryPair(results, &worker, &server);
+  MakeSharedMemoryPair(results, &other_worker, &other_server);
   EXPECT(worker->SendData(DataHeader(FrameType::kPush, bytes), data.data(), key).ok());
   EXPECT(server->Receive(&header, &payload, &eof).ok());
   EXPECT(header.type == static_cast<uint8_t>(FrameType::kPush) && header.length == bytes);
-  const char* view = payload.View(bytes);
-  EXPECT(view && std::memcmp(view, data.data(), bytes) == 0);
+  const char* pushed = payload.View(bytes);
+  EXPECT(pushed && std::memcmp(pushed, data.data(), bytes) == 0);
+
+  // What one worker pushed reaches another worker as a location in its arena.
+  EXPECT(other_server->SendData(DataHeader(FrameType::kReply, bytes), pushed, key).ok());
+  EXPECT(read_reply(*other_worker) == data);
 
   // A result computed into the shared slots reaches the worker as a location; one
   // elsewhere goes over the socket; both read the same through the reader.
@@ -283,10 +298,7 @@ void TestTransports() {
   for (const void* source :
        {static_cast<const void*>(slot), static_cast<const void*>(data.data())}) {
     EXPECT(server->SendData(DataHeader(FrameType::kReply, bytes), source, key).ok());
-    EXPECT(worker->Receive(&header, &payload, &eof).ok());
-    EXPECT(header.type == static_cast<uint8_t>(FrameType::kReply) && header.length == bytes);
-    std::vector<float> got(data.size());
-    EXPECT(payload.Read(got.data(), bytes).ok() && got == data && payload.remaining() == 0);
+    EXPECT(read_reply(*worker) == data);
   }
 
   // A location outside what the peer announced drops the connection, not the process.
@@ -295,8 +307,21 @@ void TestTransports() {
   EXPECT(worker->Send(forged, &outside).ok());
   EXPECT(!server->Receive(&header, &payload, &eof).ok());
 
-  // Sockets: the bytes themselves, read in pieces.
+  // So does an arena announced larger than its descriptor.
+  std::shared_ptr<SharedArena> small;
+  EXPECT(SharedArena::Create(4096, &small).ok());
+  FrameHeader lie = DataHeader(FrameType::kArena, sizeof(ArenaAnnouncement));
+  const ArenaAnnouncement claim{7, 0, 1ull << 30};
   int fds[2];
+  EXPECT(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
+  Connection liar(fds[0], "server");
+  SharedMemoryChannel victim(std::make_unique<Connection>(fds[1], "liar"), results,
+                             SharedMemoryChannel::Side::kServer);
+  EXPECT(liar.Send(lie, &claim, small->fd()).ok());
+  Status refused = victim.Receive(&header, &payload, &eof);
+  EXPECT(!refused.ok() && refused.message().find("announced") != std::string::npos);
+
+  // Sockets: the bytes themselves, read in pieces.
   EXPECT(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
   SocketChannel a(std::make_unique<Connection>(fds[0], "b")),
       b(std::make_unique<Connection>(fds[1], "a"));
