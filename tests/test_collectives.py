@@ -179,3 +179,13 @@ def test_a_round_that_timed_out_never_mixes_with_the_next(procs):
     assert "worker rank 0 gave up round 1" in late["message"], late
     for rank in range(2):
         assert reports[rank, "next"].get("value") == [2.0] * 4, reports[rank, "next"]
+
+
+def test_back_to_back_rounds_each_get_their_own_data(procs):
+    # Shared memory is reused round after round and passed between workers; 3 workers
+    # on 2 servers, one of them over TCP, run as fast as they can.
+    status, output = procs.launch(3, "back_to_back.py", num_servers=2,
+                                  BYTEPS_PARTITION_BYTES=262144, TEST_TCP_WORKERS="2",
+                                  TEST_ROUNDS=40, timeout=180)
+    assert status == 0, output
+    assert "WRONG" not in output and output.count("DONE") == 3, output

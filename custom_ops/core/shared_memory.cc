@@ -79,8 +79,7 @@ bool ArenaTable::Locate(const void* data, size_t bytes, ShmLocation* location) c
   return false;
 }
 
-Status SharedSlots::Slot(const PartitionKey& key, size_t bytes, char** data,
-                         ShmLocation* location) {
+Status SharedSlots::Slot(const SlotKey& key, size_t bytes, char** data, ShmLocation* location) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto found = slots_.find(key);
   if (found == slots_.end() || found->second.length != bytes) {
@@ -99,6 +98,12 @@ Status SharedSlots::Slot(const PartitionKey& key, size_t bytes, char** data,
   *location = found->second;
   *data = table_->Get(location->arena)->data() + location->offset;
   return Status::OK();
+}
+
+void SharedSlots::Retire(uint64_t tensor_id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = slots_.begin(); it != slots_.end();)
+    it = it->first.partition.tensor_id == tensor_id ? slots_.erase(it) : std::next(it);
 }
 
 void PeerArenas::Add(uint32_t index, std::shared_ptr<SharedArena> arena) {

@@ -54,16 +54,36 @@ class ArenaTable {
   std::vector<std::shared_ptr<SharedArena>> arenas_;
 };
 
-// Memory this process writes for its same-host peers to read: one slot per
-// partition key, in arenas of `table`. A key's slot is reused round after round (a
-// key is written again only once every reader has finished with its last round)
-// and moves only when its size changes; slots are never freed, so a bump allocator
-// over a growing list of arenas does. Thread-safe.
+// Names a slot: a partition, and which of its copies. A sender whose data peers
+// may still read when its next round starts (a broadcast root) alternates between
+// two copies by round.
+struct SlotKey {
+  PartitionKey partition;
+  uint32_t copy = 0;
+  bool operator==(const SlotKey& other) const {
+    return partition == other.partition && copy == other.copy;
+  }
+};
+
+struct SlotKeyHash {
+  size_t operator()(const SlotKey& key) const {
+    return PartitionKeyHash()(key.partition) ^ (key.copy * 0xC2B2AE3D27D4EB4FULL);
+  }
+};
+
+// Memory this process writes for its same-host peers to read: slots by SlotKey, in
+// arenas of `table`. A slot is reused round after round (it is written again only
+// once every reader has finished with it) and moves only when its size changes or
+// it is retired; slots are never freed, so a bump allocator over a growing list of
+// arenas does. Thread-safe.
 class SharedSlots {
  public:
   explicit SharedSlots(std::shared_ptr<ArenaTable> table) : table_(std::move(table)) {}
   // The slot of `key`, `bytes` long.
-  Status Slot(const PartitionKey& key, size_t bytes, char** data, ShmLocation* location);
+  Status Slot(const SlotKey& key, size_t bytes, char** data, ShmLocation* location);
+  // The tensor's next writes go to fresh slots: after a failed round a peer may
+  // still be reading the old ones, and the usual ordering no longer protects them.
+  void Retire(uint64_t tensor_id);
   ArenaTable& table() const { return *table_; }
 
  private:
@@ -72,7 +92,7 @@ class SharedSlots {
   std::shared_ptr<SharedArena> current_;  // the arena slots are cut from
   uint32_t current_index_ = 0;
   size_t used_ = 0;  // in `current_`
-  std::unordered_map<PartitionKey, ShmLocation, PartitionKeyHash> slots_;
+  std::unordered_map<SlotKey, ShmLocation, SlotKeyHash> slots_;
 };
 
 // A peer's arenas by the peer's index, mapped as their descriptors arrive.

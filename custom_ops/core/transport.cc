@@ -71,7 +71,7 @@ Status Channel::ReceiveFromSocket(FrameHeader* header, DataReader* payload, bool
   return status;
 }
 
-Status SocketChannel::SendData(FrameHeader header, const void* data, const PartitionKey&) {
+Status SocketChannel::SendData(FrameHeader header, const void* data, const SlotKey&) {
   return Send(header, data);
 }
 
@@ -83,8 +83,7 @@ SharedMemoryChannel::SharedMemoryChannel(std::unique_ptr<Connection> conn,
                                          std::shared_ptr<SharedSlots> slots, Side side)
     : Channel(std::move(conn)), slots_(std::move(slots)), side_(side) {}
 
-Status SharedMemoryChannel::SendData(FrameHeader header, const void* data,
-                                     const PartitionKey& slot) {
+Status SharedMemoryChannel::SendData(FrameHeader header, const void* data, const SlotKey& slot) {
   ShmLocation location;
   bool shared = header.length > 0 && slots_->table().Locate(data, header.length, &location);
   if (!shared && header.length > 0 && side_ == Side::kWorker) {

@@ -56,9 +56,11 @@ class Channel {
   // errors, control). Safe from several threads.
   Status Send(const FrameHeader& header, const void* payload);
   // A push or a reply (`header.type` kPush or kReply) of `header.length` bytes of
-  // tensor data. `slot` names the partition, where a shared-memory transport may
-  // stage the bytes. Safe from several threads.
-  virtual Status SendData(FrameHeader header, const void* data, const PartitionKey& slot) = 0;
+  // tensor data. `slot` is where a shared-memory transport may stage the bytes.
+  // Safe from several threads.
+  virtual Status SendData(FrameHeader header, const void* data, const SlotKey& slot) = 0;
+  // See SharedSlots::Retire.
+  virtual void RetireSlots(uint64_t /*tensor_id*/) {}
   // The next frame for the caller and its payload. One thread receives.
   virtual Status Receive(FrameHeader* header, DataReader* payload, bool* eof) = 0;
   // True when data in shared memory (Listener::shared_results()) reaches this peer
@@ -81,7 +83,7 @@ class Channel {
 class SocketChannel : public Channel {
  public:
   explicit SocketChannel(std::unique_ptr<Connection> conn) : Channel(std::move(conn)) {}
-  Status SendData(FrameHeader header, const void* data, const PartitionKey& slot) override;
+  Status SendData(FrameHeader header, const void* data, const SlotKey& slot) override;
   Status Receive(FrameHeader* header, DataReader* payload, bool* eof) override;
 };
 
@@ -98,8 +100,9 @@ class SharedMemoryChannel : public Channel {
   };
   SharedMemoryChannel(std::unique_ptr<Connection> conn, std::shared_ptr<SharedSlots> slots,
                       Side side);
-  Status SendData(FrameHeader header, const void* data, const PartitionKey& slot) override;
+  Status SendData(FrameHeader header, const void* data, const SlotKey& slot) override;
   Status Receive(FrameHeader* header, DataReader* payload, bool* eof) override;
+  void RetireSlots(uint64_t tensor_id) override { slots_->Retire(tensor_id); }
   bool shares_memory() const override { return true; }
 
  private:

@@ -66,6 +66,7 @@ void ServerLink::SendProcessSet(uint32_t id, const std::vector<int32_t>& ranks) 
 }
 
 void ServerLink::Abandon(uint64_t tensor_id, uint32_t round, OpKind kind) {
+  channel_->RetireSlots(tensor_id);
   std::vector<uint32_t> parts;
   {
     std::lock_guard<std::mutex> lock(pending_mutex_);
@@ -133,8 +134,12 @@ Status ServerLink::SendPartition(const PartitionTask& partition, FrameHeader* he
   }
   header->type = static_cast<uint8_t>(FrameType::kPush);
   header->length = partition.push_length;
+  // A broadcast root's data goes to the receivers from where it lies; alternating
+  // copies keep its next round from overwriting what they may still be reading.
+  const Task& task = *partition.task;
+  const uint32_t copy = task.kind() == OpKind::kBroadcast ? task.round() % 2 : 0;
   return channel_->SendData(*header, partition.data,
-                            PartitionKey{partition.task->tensor_id(), partition.part});
+                            SlotKey{{task.tensor_id(), partition.part}, copy});
 }
 
 bool ServerLink::TakePending(const FrameHeader& header, Pending* pending) {

@@ -76,6 +76,7 @@ class ServerLink {
   void SendJoin();
   // Forgets `task`'s partitions still waiting here and tells the server this worker
   // gave up their round, so no other worker's contribution waits for it in vain.
+  // The tensor's next pushes get fresh shared memory: a peer may still be reading.
   void Abandon(uint64_t tensor_id, uint32_t round, OpKind kind);
   // Sends Bye and closes; pending partitions are failed by the caller.
   void Close(int rank);

@@ -547,7 +547,7 @@ void Server::Accumulate(KeyState* key, PushItem* item) {
 char* Server::ResultSlot(const PartitionKey& id, size_t length) {
   char* slot = nullptr;
   ShmLocation location;
-  Status status = listener_.shared_results().Slot(id, length, &slot, &location);
+  Status status = listener_.shared_results().Slot(SlotKey{id}, length, &slot, &location);
   if (!status.ok()) SetFailure(status.message());
   return slot;
 }
@@ -590,7 +590,9 @@ const char* Server::Complete(const PartitionKey& id, KeyState* key, size_t* leng
         if (c.length) root = &c;
       *length = root ? root->length : 0;
       if (!root) return "";  // An empty tensor: nothing to send but the acknowledgements.
-      if (!any_local) return root->data();
+      // Rows that came through a worker's shared memory go on from there (the root
+      // writes each partition's two copies in turn, so its next round leaves them be).
+      if (root->shared || !any_local) return root->data();
       char* out = ResultSlot(id, root->length);
       if (out) std::memcpy(out, root->data(), root->length);
       return out;
@@ -699,7 +701,7 @@ void Server::SendReply(uint32_t rank, const PartitionKey& id, uint32_t round, co
   header.round = round;
   header.length = length;
   std::shared_ptr<WorkerConn> worker = ConnOf(rank);
-  Status status = worker ? worker->channel->SendData(header, data, id) : Status::OK();
+  Status status = worker ? worker->channel->SendData(header, data, SlotKey{id}) : Status::OK();
   if (!status.ok()) BPS_LOG(kDebug) << status.message();  // As in SendToWorker.
 }
 

@@ -262,7 +262,7 @@ FrameHeader DataHeader(FrameType type, size_t bytes) {
 void TestTransports() {
   const std::vector<float> data = {1.5f, -2.0f, 3.25f, 8.0f};
   const size_t bytes = data.size() * sizeof(float);
-  const PartitionKey key{42, 1};
+  const SlotKey key{{42, 1}, 0};
   FrameHeader header;
   DataReader payload;
   bool eof = false;
