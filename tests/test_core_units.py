@@ -9,8 +9,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # The pieces under test, without the worker and the C API (which they do not need).
 SOURCES = [ROOT / "custom_ops" / "core" / f"{name}.cc"
-           for name in ("common", "logging", "protocol", "reduce", "shared_memory", "task",
-                        "transport", "socket")]
+           for name in ("common", "logging", "protocol", "reduce", "task")]
+SOURCES += [ROOT / "custom_ops" / "core" / "transport" / f"{name}.cc"
+            for name in ("socket", "shared_memory", "transport", "shared_memory_channel")]
 SOURCES.append(ROOT / "custom_ops" / "server" / "server.cc")
 
 

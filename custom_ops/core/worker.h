@@ -26,7 +26,7 @@
 #include "common.h"
 #include "stage.h"
 #include "task.h"
-#include "transport.h"
+#include "transport/transport.h"
 
 namespace bps {
 

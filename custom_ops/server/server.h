@@ -23,7 +23,7 @@
 
 #include "../core/common.h"
 #include "../core/protocol.h"
-#include "../core/transport.h"
+#include "../core/transport/transport.h"
 
 namespace bps {
 

@@ -19,7 +19,7 @@
 #include "../../custom_ops/core/reduce.h"
 #include "../../custom_ops/core/stage.h"
 #include "../../custom_ops/core/task.h"
-#include "../../custom_ops/core/transport.h"
+#include "../../custom_ops/core/transport/transport.h"
 #include "../../custom_ops/server/server.h"
 
 namespace bps {

@@ -8,8 +8,8 @@
 // have: ConnectToServer() and Listener pick it by where the peer runs. Frames keep
 // their logical types on both (kPush, kReply); the shared-memory variants on the
 // wire (kPushShm, kReplyShm, kArena) never leave this layer.
-#ifndef TF_BPS_CORE_TRANSPORT_H_
-#define TF_BPS_CORE_TRANSPORT_H_
+#ifndef TF_BPS_CORE_TRANSPORT_TRANSPORT_H_
+#define TF_BPS_CORE_TRANSPORT_TRANSPORT_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -17,8 +17,8 @@
 #include <mutex>
 #include <string>
 
-#include "common.h"
-#include "protocol.h"
+#include "../common.h"
+#include "../protocol.h"
 #include "shared_memory.h"
 #include "socket.h"
 
@@ -152,4 +152,4 @@ class Listener {
 
 }  // namespace bps
 
-#endif  // TF_BPS_CORE_TRANSPORT_H_
+#endif  // TF_BPS_CORE_TRANSPORT_TRANSPORT_H_
