@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import math
 import os
 import socket
 import struct
@@ -17,6 +18,10 @@ from dataclasses import dataclass
 ROLES = ("scheduler", "server", "worker")
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 DEFAULT_PARTITION_BYTES = 4096000
+# Upper bounds the code can honour: every wait in the core is an int of milliseconds.
+MAX_TIMEOUT_SECONDS = 1_000_000
+MAX_ENGINE_THREADS = 256
+MAX_NODES = 4096  # workers or servers in one job
 
 
 class ConfigError(ValueError):
@@ -38,16 +43,19 @@ def _int(env: Mapping[str, str], name: str, default: int | None, minimum: int = 
     return value
 
 
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
+def _seconds(env: Mapping[str, str], name: str, default: float,
+             maximum: float = MAX_TIMEOUT_SECONDS) -> float:
     raw = env.get(name, "").strip()
     if raw == "":
         return default
     try:
         value = float(raw)
     except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise ConfigError(f"{name}={raw!r} is not valid: expected a number of seconds > 0")
+        value = math.nan
+    # Not `value <= 0`, which NaN would pass.
+    if not 0 < value <= maximum:
+        raise ConfigError(f"{name}={raw!r} is not valid: expected a number of seconds greater "
+                          f"than 0 and at most {maximum:g}")
     return value
 
 
@@ -106,24 +114,34 @@ class Config:
             role=_choice(env, "DMLC_ROLE", ROLES, None),
             root_uri=env.get("DMLC_PS_ROOT_URI", "").strip() or None,
             root_port=_int(env, "DMLC_PS_ROOT_PORT", None, minimum=1, maximum=65535),
-            num_worker=_int(env, "DMLC_NUM_WORKER", 1, minimum=1),
-            num_server=_int(env, "DMLC_NUM_SERVER", 0, minimum=0),
+            num_worker=_int(env, "DMLC_NUM_WORKER", 1, minimum=1, maximum=MAX_NODES),
+            num_server=_int(env, "DMLC_NUM_SERVER", 0, minimum=0, maximum=MAX_NODES),
             worker_id=_int(env, "DMLC_WORKER_ID", 0),
             local_rank=_int(env, "BYTEPS_LOCAL_RANK", 0),
-            local_size=_int(env, "BYTEPS_LOCAL_SIZE", 1, minimum=1),
+            local_size=_int(env, "BYTEPS_LOCAL_SIZE", 1, minimum=1, maximum=MAX_NODES),
             partition_bytes=_int(env, "BYTEPS_PARTITION_BYTES", DEFAULT_PARTITION_BYTES,
-                                 minimum=8),
-            server_engine_threads=_int(env, "BYTEPS_SERVER_ENGINE_THREAD", 4, minimum=1),
+                                 minimum=8, maximum=2**31 - 1),
+            server_engine_threads=_int(env, "BYTEPS_SERVER_ENGINE_THREAD", 4, minimum=1,
+                                       maximum=MAX_ENGINE_THREADS),
             force_distributed=_flag(env, "BYTEPS_FORCE_DISTRIBUTED"),
             enable_ipc=_flag(env, "BYTEPS_ENABLE_IPC", default=True),
             log_level=_choice(env, "BYTEPS_LOG_LEVEL", LOG_LEVELS, "WARNING", upper=True),
             ps_verbose=int(_choice(env, "PS_VERBOSE", ("0", "1", "2"), "0")),
             node_host=env.get("DMLC_NODE_HOST", "").strip() or None,
             interface=env.get("DMLC_INTERFACE", "").strip() or None,
-            heartbeat_interval=_float(env, "PS_HEARTBEAT_INTERVAL", 1.0),
-            heartbeat_timeout=_float(env, "PS_HEARTBEAT_TIMEOUT", 10.0),
-            op_timeout=_float(env, "BYTEPS_OP_TIMEOUT", 300.0),
+            heartbeat_interval=_seconds(env, "PS_HEARTBEAT_INTERVAL", 1.0),
+            heartbeat_timeout=_seconds(env, "PS_HEARTBEAT_TIMEOUT", 10.0),
+            op_timeout=_seconds(env, "BYTEPS_OP_TIMEOUT", 300.0),
         )
+        if config.heartbeat_interval >= config.heartbeat_timeout:
+            raise ConfigError(
+                f"PS_HEARTBEAT_INTERVAL={config.heartbeat_interval:g} is not valid: it must be "
+                f"shorter than PS_HEARTBEAT_TIMEOUT={config.heartbeat_timeout:g}, or every "
+                "node would be declared dead between two heartbeats")
+        if config.size > MAX_NODES:
+            raise ConfigError(
+                f"DMLC_NUM_WORKER={config.num_worker} x BYTEPS_LOCAL_SIZE={config.local_size} "
+                f"is more than {MAX_NODES} worker processes")
         if config.worker_id >= config.num_worker:
             raise ConfigError(
                 f"DMLC_WORKER_ID={config.worker_id} is not valid: expected 0 to "
@@ -159,6 +177,11 @@ class Config:
         if self.num_server < 1:
             raise ConfigError(
                 "DMLC_NUM_SERVER must be set to at least 1: a distributed job needs servers")
+        try:
+            socket.getaddrinfo(self.root_uri, self.root_port, socket.AF_INET)
+        except OSError as error:
+            raise ConfigError(f"DMLC_PS_ROOT_URI={self.root_uri!r} is not valid: it does not "
+                              f"resolve to an IPv4 address ({error})") from None
         return self.root_uri, self.root_port
 
     def core_log_level(self) -> int:

@@ -1,0 +1,42 @@
+"""Settings a careless user might give: each is refused before anything starts, with
+a message naming the variable (in-process: the configuration needs no TensorFlow)."""
+
+import pytest
+
+from tf_bps.config import Config, ConfigError
+
+JOB = {"DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1", "DMLC_PS_ROOT_URI": "127.0.0.1",
+       "DMLC_PS_ROOT_PORT": "9000"}
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"BYTEPS_OP_TIMEOUT": "nan"}, "BYTEPS_OP_TIMEOUT='nan'"),
+    ({"BYTEPS_OP_TIMEOUT": "inf"}, "BYTEPS_OP_TIMEOUT='inf'"),
+    ({"BYTEPS_OP_TIMEOUT": "-1"}, "BYTEPS_OP_TIMEOUT='-1'"),
+    # Would overflow the core's waits (milliseconds in an int).
+    ({"BYTEPS_OP_TIMEOUT": "3000000"}, "at most 1e+06"),
+    ({"PS_HEARTBEAT_TIMEOUT": "NaN"}, "PS_HEARTBEAT_TIMEOUT='NaN'"),
+    ({"PS_HEARTBEAT_INTERVAL": "20"}, "shorter than PS_HEARTBEAT_TIMEOUT=10"),
+    ({"BYTEPS_SERVER_ENGINE_THREAD": "1000000"}, "BYTEPS_SERVER_ENGINE_THREAD='1000000'"),
+    ({"DMLC_NUM_WORKER": "100000"}, "DMLC_NUM_WORKER='100000'"),
+    ({"DMLC_NUM_WORKER": "100", "BYTEPS_LOCAL_SIZE": "100"}, "more than 4096 worker processes"),
+    ({"BYTEPS_PARTITION_BYTES": str(2**40)}, "BYTEPS_PARTITION_BYTES="),
+    ({"DMLC_WORKER_ID": "2"}, "DMLC_WORKER_ID=2 is not valid"),
+])
+def test_bad_settings_are_refused_naming_the_variable(env, message):
+    with pytest.raises(ConfigError) as refused:
+        Config.from_env({**JOB, **env})
+    assert message in str(refused.value)
+
+
+def test_a_scheduler_address_that_does_not_resolve_names_its_variable():
+    config = Config.from_env({**JOB, "DMLC_PS_ROOT_URI": "no-such-host.invalid"})
+    with pytest.raises(ConfigError) as refused:
+        config.require_rendezvous()
+    assert "DMLC_PS_ROOT_URI='no-such-host.invalid'" in str(refused.value)
+
+
+def test_good_settings_pass():
+    config = Config.from_env({**JOB, "BYTEPS_OP_TIMEOUT": "1000000", "PS_HEARTBEAT_INTERVAL": "2",
+                              "PS_HEARTBEAT_TIMEOUT": "3", "BYTEPS_SERVER_ENGINE_THREAD": "256"})
+    assert config.op_timeout == 1e6 and config.require_rendezvous() == ("127.0.0.1", 9000)
