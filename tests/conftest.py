@@ -75,8 +75,8 @@ class Processes:
     def start_job_by_role(self, num_workers: int, num_servers: int, script: str, *args: str,
                           **env) -> dict[str, subprocess.Popen]:
         """Starts every role separately, as on several machines (DMLC_ROLE + bpslaunch)."""
-        common = dict(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=free_port(),
-                      DMLC_NUM_WORKER=num_workers, DMLC_NUM_SERVER=num_servers, **env)
+        common = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": free_port(),
+                  "DMLC_NUM_WORKER": num_workers, "DMLC_NUM_SERVER": num_servers, **env}
         procs = {"scheduler": self.start(LAUNCH, base_env(DMLC_ROLE="scheduler", **common))}
         for server in range(num_servers):
             procs[f"server{server}"] = self.start(LAUNCH, base_env(DMLC_ROLE="server", **common))

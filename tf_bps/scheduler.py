@@ -16,6 +16,10 @@ from tf_bps.config import Config, ConfigError, configure_logging
 
 log = logging.getLogger("tf_bps.scheduler")
 
+# A node's messages are small JSON objects; anything larger is not one of ours, and
+# ZeroMQ drops the connection that sends it before allocating it.
+MAX_MESSAGE_BYTES = 64 * 1024
+
 
 @dataclass
 class Node:
@@ -58,17 +62,32 @@ class Scheduler:
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 2000)
         self._socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         self._socket.bind(f"tcp://*:{port}")
         self._nodes: dict[bytes, Node] = {}
 
-    def _send(self, node: Node, message: dict) -> None:
-        self._socket.send_multipart([node.identity, zmq.utils.jsonapi.dumps(message)])
+    def _send(self, identity: bytes, message: dict) -> None:
+        self._socket.send_multipart([identity, zmq.utils.jsonapi.dumps(message)])
 
     def _receive(self, timeout_s: float) -> tuple[bytes, dict] | None:
-        if not self._socket.poll(int(timeout_s * 1000)):
-            return None
-        identity, payload = self._socket.recv_multipart()
-        return identity, zmq.utils.jsonapi.loads(payload)
+        """The next well-formed message, or None once `timeout_s` passes. Anything else
+        that reaches the port (raw bytes, extra frames, not JSON, not an object with a
+        string "type") is logged and dropped: it must never end the loop."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._socket.poll(int(remaining * 1000) + 1):
+                return None
+            parts = self._socket.recv_multipart()
+            try:
+                identity, payload = parts
+                message = zmq.utils.jsonapi.loads(payload)
+                if isinstance(message, dict) and isinstance(message.get("type"), str):
+                    return identity, message
+            except ValueError:  # Unpacking or decoding.
+                pass
+            log.warning("dropped a malformed message (%d part(s), %d bytes)", len(parts),
+                        sum(len(p) for p in parts))
 
     def run(self) -> int:
         try:
@@ -78,7 +97,7 @@ class Scheduler:
         except JobFailed as error:
             log.error("%s", error)
             for node in self._nodes.values():
-                self._send(node, {"type": "abort", "reason": str(error)})
+                self._send(node.identity, {"type": "abort", "reason": str(error)})
             return 1
         finally:
             self._socket.close()
@@ -87,10 +106,52 @@ class Scheduler:
     # -- registration ---------------------------------------------------------------
 
     def _expected_workers(self, workers: list[Node]) -> int:
-        local_sizes = {node.local_size for node in workers}
-        if len(local_sizes) > 1:
-            raise JobFailed(f"workers disagree on BYTEPS_LOCAL_SIZE: {sorted(local_sizes)}")
-        return self._config.num_worker * (local_sizes.pop() if local_sizes else 1)
+        # Registration keeps BYTEPS_LOCAL_SIZE the same on every worker.
+        return self._config.num_worker * (workers[0].local_size if workers else 1)
+
+    def _registration(self, identity: bytes, message: dict, servers: list[Node],
+                      workers: list[Node]) -> tuple[Node | None, str]:
+        """The node a registration describes, or why it is refused: a malformed message,
+        a server beyond DMLC_NUM_SERVER, a worker rank outside the job or taken."""
+        config = self._config
+
+        def number(key: str, low: int, high: int) -> int | None:
+            value = message.get(key)
+            ok = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+            return value if ok else None
+
+        role, host = message.get("role"), message.get("host")
+        pid = number("pid", 1, 2**31)
+        port = number("port", 1, 65535) if role == "server" else 0  # Workers listen on none.
+        if role not in ("server", "worker") or not isinstance(host, str) or not host or \
+                len(host) > 255 or pid is None or port is None:
+            return None, f"a malformed registration: {str(message)[:200]}"
+        node = Node(identity, role, host, pid, port=port, last_seen=time.monotonic())
+        if role == "server":
+            if len(servers) >= config.num_server:
+                return None, (f"a server from {host} (pid {pid}) is one too many: the job has "
+                              f"DMLC_NUM_SERVER={config.num_server}")
+            node.rank = len(servers)
+            return node, ""
+        local_size = number("local_size", 1, 4096)
+        local_rank = number("local_rank", 0, (local_size or 1) - 1)
+        worker_id = number("worker_id", 0, config.num_worker - 1)
+        if local_size is None or local_rank is None:
+            return None, f"a malformed worker registration from {host} (pid {pid})"
+        if workers and local_size != workers[0].local_size:
+            return None, (f"the worker on {host} (pid {pid}) has BYTEPS_LOCAL_SIZE={local_size}"
+                          f", the others {workers[0].local_size}")
+        if worker_id is None:
+            return None, (f"DMLC_WORKER_ID={message.get('worker_id')!r} of the worker on {host} "
+                          f"(pid {pid}) is outside this job of DMLC_NUM_WORKER="
+                          f"{config.num_worker}")
+        node.local_size = local_size
+        node.rank = worker_id * local_size + local_rank
+        clash = [w for w in workers if w.rank == node.rank]
+        if clash:
+            return None, (f"rank {node.rank} is already taken by pid {clash[0].pid} on "
+                          f"{clash[0].host}; check DMLC_WORKER_ID and BYTEPS_LOCAL_RANK")
+        return node, ""
 
     def _rendezvous(self) -> None:
         config = self._config
@@ -108,22 +169,16 @@ class Scheduler:
                     "(BYTEPS_OP_TIMEOUT); check DMLC_NUM_WORKER, DMLC_NUM_SERVER and that "
                     "every node reaches the scheduler")
             identity, message = received
-            if message.get("type") != "register":
+            if message["type"] != "register" or identity in self._nodes:
                 continue
-            node = Node(identity, message["role"], message["host"], message["pid"],
-                        port=message.get("port", 0), last_seen=time.monotonic())
+            node, refusal = self._registration(identity, message, servers, workers)
+            if refusal:
+                log.warning("refused a registration: %s", refusal)
+                self._send(identity, {"type": "abort", "reason": refusal})
+                continue
             if node.role == "server":
-                node.rank = len(servers)
                 servers.append(node)
             else:
-                node.local_size = message["local_size"]
-                node.rank = message["worker_id"] * node.local_size + message["local_rank"]
-                clash = [w for w in workers if w.rank == node.rank]
-                if clash:
-                    self._send(node, {"type": "abort", "reason": (
-                        f"rank {node.rank} is already taken by pid {clash[0].pid} on "
-                        f"{clash[0].host}; check DMLC_WORKER_ID and BYTEPS_LOCAL_RANK")})
-                    continue
                 workers.append(node)
             self._nodes[identity] = node
             log.info("registered %s", node.describe())
@@ -131,15 +186,15 @@ class Scheduler:
         size = len(workers)
         addresses = [f"{s.host}:{s.port}" for s in servers]
         for server in servers:
-            self._send(server, {"type": "book", "server_id": server.rank, "num_workers": size,
-                                "servers": addresses})
+            self._send(server.identity, {"type": "book", "server_id": server.rank,
+                                         "num_workers": size, "servers": addresses})
         local = _local_placement(workers)
+        hosts = [w.host for w in sorted(workers, key=lambda w: w.rank)]
         for worker in workers:
             local_rank, local_size = local[worker.rank]
-            self._send(worker, {"type": "book", "rank": worker.rank, "size": size,
-                                "local_rank": local_rank, "local_size": local_size,
-                                "servers": addresses, "workers": [
-                                    w.host for w in sorted(workers, key=lambda w: w.rank)]})
+            self._send(worker.identity, {"type": "book", "rank": worker.rank, "size": size,
+                                         "local_rank": local_rank, "local_size": local_size,
+                                         "servers": addresses, "workers": hosts})
         log.info("job started: %d worker(s), %d server(s)", size, len(servers))
 
     # -- supervision ----------------------------------------------------------------
@@ -151,7 +206,7 @@ class Scheduler:
             if all(n.done for n in workers):
                 for node in self._nodes.values():
                     if node.role == "server":
-                        self._send(node, {"type": "exit"})
+                        self._send(node.identity, {"type": "exit"})
                 log.info("all workers finished; job complete")
                 return
             received = self._receive(config.heartbeat_interval)
@@ -164,12 +219,12 @@ class Scheduler:
                 node.last_seen = now
                 kind = message.get("type")
                 if kind == "heartbeat":
-                    self._send(node, {"type": "heartbeat_ack"})
+                    self._send(node.identity, {"type": "heartbeat_ack"})
                 elif kind == "done":
                     node.done = True
                     log.info("%s finished", node.describe())
                 elif kind == "failure":
-                    raise JobFailed(f"{node.describe()} reported: {message['reason']}")
+                    raise JobFailed(f"{node.describe()} reported: {str(message.get('reason'))}")
             for node in self._nodes.values():
                 silent = now - node.last_seen
                 if not node.done and silent > config.heartbeat_timeout:
