@@ -2,7 +2,9 @@
 stops naming the cause; no process dies from what reached its port."""
 
 import json
+import re
 import socket
+import struct
 import threading
 import time
 
@@ -66,3 +68,60 @@ def test_the_scheduler_survives_garbage_and_refuses_strangers(procs):
     log = results["scheduler"][1]
     assert "dropped a malformed message" in log, log
     assert "refused a registration" in log and "DMLC_WORKER_ID=7" in log, log
+
+
+HEADER = struct.Struct("<IBBBBIIIB3xiIQQqQ")  # custom_ops/core/protocol.h: FrameHeader
+MAGIC, HELLO = 0x32535042, 1
+
+
+def _frame(frame_type: int, rank: int = 0, length: int = 0) -> bytes:
+    return HEADER.pack(MAGIC, frame_type, 0, 0, 0, rank, 0, 0, 0, -1, 0, 0, 0, 0, length)
+
+
+def _wait_for(process, pattern: str) -> re.Match:
+    """Reads a process's output up to a line matching `pattern` (the test's timeout
+    bounds the wait); the rest stays for finish()."""
+    for line in process.stdout:
+        found = re.search(pattern, line)
+        if found:
+            return found
+    raise AssertionError(f"{process.args} ended before printing {pattern!r}")
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    sock.settimeout(5)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_a_server_drops_strangers_and_keeps_serving(procs):
+    job = procs.start_job_by_role(2, 1, "steady_sums.py", TEST_ROUNDS=250,
+                                  BYTEPS_LOG_LEVEL="INFO")
+    port = int(_wait_for(job["server0"], r"on port (\d+)").group(1))
+    for rank in range(2):
+        _wait_for(job[f"worker{rank}"], "READY")
+    address = ("127.0.0.1", port)
+    for frame in (b"\x00" * 64,  # not a frame
+                  _frame(HELLO, rank=0),  # a rank a worker of the job holds
+                  _frame(HELLO, rank=99),  # a rank outside the job
+                  _frame(7, rank=1, length=1 << 40)):  # not a Hello first
+        with socket.create_connection(address) as stranger:
+            stranger.sendall(frame)
+            assert _closed_by_peer(stranger), frame
+    # A connection flood: the server keeps a bounded number waiting and refuses the rest.
+    flood = [socket.create_connection(address) for _ in range(100)]
+    refused = sum(_closed_by_peer(sock) for sock in flood[-20:])
+    for sock in flood:
+        sock.close()
+    assert refused == 20
+    results = {name: finish(process, timeout=120) for name, process in job.items()}
+    for name, (status, output) in results.items():
+        assert status == 0, (name, output)
+    for rank in range(2):
+        assert f"SUMS OK {rank}" in results[f"worker{rank}"][1]
+    log = results["server0"][1]
+    assert "others have not said who they are yet" in log, log
+    assert "claims rank 0, which" in log, log
+    assert log.count("did not introduce itself as a worker of this job") >= 3, log

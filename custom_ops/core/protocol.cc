@@ -99,6 +99,15 @@ bool DecodeDeclaration(const std::string& payload, Declaration* d) {
   return in.GetBytes(d->shape.data(), dims * sizeof(int64_t)) && in.done();
 }
 
+uint64_t DeclaredBytes(const Declaration& d) {
+  uint64_t bytes = DataTypeSize(d.dtype);
+  for (int64_t dim : d.shape) {
+    if (dim < 0 || (dim > 0 && bytes > UINT64_MAX / static_cast<uint64_t>(dim))) return UINT64_MAX;
+    bytes *= static_cast<uint64_t>(dim);
+  }
+  return bytes;
+}
+
 uint64_t Signature(const Declaration& d) {
   Declaration agreed = d;
   agreed.name.clear();

@@ -126,6 +126,9 @@ inline bool IsGather(OpKind kind) {
 inline bool IsReduction(OpKind kind) {
   return kind == OpKind::kPushPull || kind == OpKind::kReduceScatter;
 }
+// Bytes of the tensor a declaration describes; UINT64_MAX when it overflows.
+uint64_t DeclaredBytes(const Declaration& d);
+
 inline size_t AllgatherTableBytes(int num_workers) {
   return static_cast<size_t>(num_workers) * sizeof(int64_t);
 }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 
 #include "../core/logging.h"
 #include "../core/reduce.h"
@@ -17,13 +18,18 @@ namespace {
 constexpr int kMaxOutstandingPerWorker = 16;
 constexpr size_t kMaxPooledBlocks = 64;
 constexpr uint64_t kMaxDeclarationBytes = 1 << 20;
+// A connection has this long to say which worker it is, and only so many may be
+// waiting to, so that strangers cannot hold threads and descriptors.
+constexpr int kHelloTimeoutMs = 10000;
+constexpr size_t kMaxUnintroduced = 64;
 
 }  // namespace
 
 struct Server::WorkerConn {
   explicit WorkerConn(std::unique_ptr<Channel> c) : channel(std::move(c)) {}
   std::unique_ptr<Channel> channel;
-  int rank = -1;
+  int rank = -1;                      // guarded by the server's conns_mutex_
+  std::atomic<bool> finished{false};  // its reader has returned
   std::mutex mutex;
   std::condition_variable cv;
   int outstanding = 0;
@@ -93,9 +99,35 @@ void Server::AcceptLoop() {
     if (!listener_.Accept(&channel).ok()) return;  // Stop() closed it.
     auto conn = std::make_shared<WorkerConn>(std::move(channel));
     std::lock_guard<std::mutex> lock(conns_mutex_);
-    accepted_.push_back(conn);
-    readers_.emplace_back([this, conn] { ReadLoop(conn); });
+    if (!ReapReaders()) {
+      BPS_LOG(kWarning) << "refusing a connection from " << conn->channel->peer() << ": "
+                        << kMaxUnintroduced << " others have not said who they are yet";
+      continue;  // Closes it.
+    }
+    conn->channel->SetReceiveTimeout(kHelloTimeoutMs);
+    readers_.push_back(Reader{conn, std::thread([this, conn] {
+                                ReadLoop(conn);
+                                std::lock_guard<std::mutex> lock(conns_mutex_);
+                                // A stranger's descriptor goes at once; a worker's stays
+                                // in conns_ for the replies still being sent.
+                                if (conn->rank < 0) conn->channel.reset();
+                                conn->finished = true;
+                              })});
   }
+}
+
+bool Server::ReapReaders() {
+  size_t unintroduced = 0;
+  for (auto it = readers_.begin(); it != readers_.end();) {
+    if (it->conn->finished) {
+      it->thread.join();
+      it = readers_.erase(it);  // A worker's connection lives on in conns_.
+    } else {
+      unintroduced += it->conn->rank < 0;
+      ++it;
+    }
+  }
+  return unintroduced < kMaxUnintroduced;
 }
 
 void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
@@ -114,13 +146,15 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
   {
     std::lock_guard<std::mutex> lock(conns_mutex_);
     if (conns_[rank]) {
-      SetFailure("two workers claim rank " + std::to_string(rank) + " (" +
-                 conns_[rank]->channel->peer() + " and " + conn.peer() + ")");
+      // The scheduler gives each rank to one worker: this is not one of the job's.
+      BPS_LOG(kWarning) << "dropping connection from " << conn.peer() << ": it claims rank " << rank
+                        << ", which " << conns_[rank]->channel->peer() << " holds";
       return;
     }
     worker->rank = static_cast<int>(rank);
     conns_[rank] = worker;
   }
+  conn.SetReceiveTimeout(0);  // A worker may be silent for as long as it computes.
   BPS_LOG(kDebug) << "worker rank " << rank << " connected from " << conn.peer();
 
   while (true) {
@@ -180,6 +214,8 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
       Enqueue(std::move(item));
       continue;
     }
+    status = CheckPushLength(header, rank);
+    if (!status.ok()) break;
     {
       std::unique_lock<std::mutex> lock(worker->mutex);
       worker->cv.wait(lock, [&] { return worker->outstanding < kMaxOutstandingPerWorker; });
@@ -258,8 +294,27 @@ Status Server::ReceivePush(const FrameHeader& header, DataReader* payload, PushI
   // Data in shared memory is used where it lies; from a socket it lands in a block.
   item->shared = payload->View(item->length);
   if (item->shared) return Status::OK();
-  item->block = pool_.Acquire(item->length);
+  try {
+    item->block = pool_.Acquire(item->length);
+  } catch (const std::bad_alloc&) {
+    return Status::Error("no memory for a push of " + std::to_string(item->length) + " bytes");
+  }
   return payload->Read(item->block.data.get(), item->length);
+}
+
+Status Server::CheckPushLength(const FrameHeader& header, uint32_t rank) {
+  // A gather's first step carries at most every worker's split.
+  uint64_t limit = AllgatherTableBytes(num_workers_);
+  {
+    std::lock_guard<std::mutex> lock(declarations_mutex_);
+    auto found = declarations_.find({header.tensor_id, rank});
+    if (found != declarations_.end()) limit = std::max(limit, DeclaredBytes(found->second));
+  }
+  if (header.length <= limit) return Status::OK();
+  return Status::Error("worker rank " + std::to_string(rank) + " pushed " +
+                       std::to_string(header.length) + " bytes of tensor " +
+                       Describe(header.tensor_id, rank) + ", more than the " +
+                       std::to_string(limit) + " it declared");
 }
 
 void Server::EngineLoop(Engine* engine) {
@@ -776,10 +831,11 @@ void Server::Stop() {
   if (stopping_.exchange(true)) return;
   listener_.Close();
   if (acceptor_.joinable()) acceptor_.join();
-  std::vector<std::thread> readers;
+  std::vector<Reader> readers;
   {
     std::lock_guard<std::mutex> lock(conns_mutex_);
-    for (auto& worker : accepted_) worker->channel->Shutdown();
+    for (auto& reader : readers_)
+      if (reader.conn->channel) reader.conn->channel->Shutdown();
     readers.swap(readers_);
   }
   for (auto& engine : engines_) {
@@ -789,12 +845,12 @@ void Server::Stop() {
     engine->cv.notify_all();
     if (engine->thread.joinable()) engine->thread.join();
   }
-  for (auto& worker : accepted_) {
-    std::lock_guard<std::mutex> lock(worker->mutex);
-    worker->outstanding = 0;
-    worker->cv.notify_all();
+  for (auto& reader : readers) {
+    std::lock_guard<std::mutex> lock(reader.conn->mutex);
+    reader.conn->outstanding = 0;
+    reader.conn->cv.notify_all();
   }
-  for (auto& reader : readers) reader.join();
+  for (auto& reader : readers) reader.thread.join();
   for (int fd : failure_pipe_)
     if (fd >= 0) ::close(fd);
 }

@@ -127,6 +127,9 @@ class Server {
   };
 
   void AcceptLoop();
+  // Joins the readers that ended and forgets connections no worker holds; true if
+  // another connection may wait for its introduction. Needs conns_mutex_.
+  bool ReapReaders();
   void ReadLoop(std::shared_ptr<WorkerConn> conn);
   void EngineLoop(Engine* engine);
   void Enqueue(PushItem item);
@@ -156,6 +159,8 @@ class Server {
   // Null, with the job failing, when shared memory runs out.
   char* ResultSlot(const PartitionKey& id, size_t length);
   Status ReceivePush(const FrameHeader& header, DataReader* payload, PushItem* item);
+  // A push may not exceed what its sender declared the tensor to hold.
+  Status CheckPushLength(const FrameHeader& header, uint32_t rank);
   std::shared_ptr<WorkerConn> ConnOf(uint32_t rank);
   void SendToWorker(uint32_t rank, const FrameHeader& header, const void* payload);
   void SendError(uint32_t rank, const PartitionKey& id, uint32_t round, ErrorKind kind,
@@ -178,9 +183,14 @@ class Server {
   std::vector<std::unique_ptr<Engine>> engines_;
 
   std::mutex conns_mutex_;
-  std::vector<std::shared_ptr<WorkerConn>> conns_;     // by rank
-  std::vector<std::shared_ptr<WorkerConn>> accepted_;  // every connection, for Stop()
-  std::vector<std::thread> readers_;
+  std::vector<std::shared_ptr<WorkerConn>> conns_;  // by rank
+  // Every open connection with its reading thread; a connection dropped before it
+  // became a worker's is reaped at the next accept, releasing its descriptor.
+  struct Reader {
+    std::shared_ptr<WorkerConn> conn;
+    std::thread thread;
+  };
+  std::vector<Reader> readers_;
   std::vector<bool> finished_;  // rank said Bye
   // Lets the per-push path skip the locked checks while every worker is alive and busy.
   std::atomic<int> finished_count_{0};

@@ -13,6 +13,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../../custom_ops/core/protocol.h"
@@ -360,6 +361,14 @@ class FakeWorker {
     EXPECT(conn_->Send(header, data.data()).ok());
   }
 
+  // A push header claiming `length` bytes, with none of them sent.
+  void ClaimPush(uint64_t tensor, uint64_t length) {
+    FrameHeader header = Header(FrameType::kPush, tensor, 1, OpKind::kPushPull);
+    header.dtype = static_cast<uint8_t>(DataType::kFloat32);
+    header.length = length;
+    EXPECT(conn_->Send(header, nullptr).ok());
+  }
+
   void Abandon(uint64_t tensor, uint32_t round) {
     EXPECT(
         conn_->Send(Header(FrameType::kAbandon, tensor, round, OpKind::kPushPull), nullptr).ok());
@@ -418,6 +427,23 @@ class FakeWorker {
   uint32_t rank_;
   std::unique_ptr<Connection> conn_;
 };
+
+// A push longer than its sender declared (here: nothing declared at all) costs the
+// sender its connection before the server allocates anything; the process lives on.
+void TestServerRefusesOversizedPushes() {
+  ServerOptions options;
+  options.timeout_ms = 5000;
+  Server server(options);
+  int port = 0;
+  EXPECT(server.Listen(&port).ok());
+  EXPECT(server.Serve(1).ok());
+  FakeWorker worker(port, 0);
+  worker.ClaimPush(9, 1ull << 42);
+  for (int i = 0; i < 100 && server.failure().empty(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT(server.failure().find("more than the") != std::string::npos);
+  server.Stop();
+}
 
 void TestServerRounds() {
   ServerOptions options;
@@ -520,6 +546,7 @@ int main() {
   bps::TestTaskSpecChecks();
   bps::TestTransports();
   bps::TestServerRounds();
+  bps::TestServerRefusesOversizedPushes();
   if (bps::failures) {
     std::cerr << bps::failures << " check(s) failed\n";
     return 1;

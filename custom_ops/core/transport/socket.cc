@@ -144,6 +144,11 @@ Status Connection::DiscardPayload(size_t bytes) {
   return Status::OK();
 }
 
+void Connection::SetReceiveTimeout(int ms) {
+  timeval tv{ms / 1000, (ms % 1000) * 1000};
+  ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+}
+
 void Connection::Shutdown() { ::shutdown(fd_, SHUT_RDWR); }
 
 void Connection::ShutdownWrite() { ::shutdown(fd_, SHUT_WR); }

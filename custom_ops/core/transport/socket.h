@@ -36,6 +36,7 @@ class Connection {
   int TakeReceivedFd();
   Status ReceivePayload(void* dst, size_t bytes);
   Status DiscardPayload(size_t bytes);
+  void SetReceiveTimeout(int ms);
   // Wakes a thread blocked in Receive*; the connection stays allocated.
   void Shutdown();
   // No more writes; the peer reads EOF after what was sent, and reads still work.

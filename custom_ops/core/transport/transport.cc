@@ -8,7 +8,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "../logging.h"
 
@@ -134,7 +136,19 @@ Status Listener::Accept(std::unique_ptr<Channel>* out) {
       sockaddr_storage addr{};
       socklen_t len = sizeof(addr);
       int fd = ::accept4(listeners[i].fd, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC);
-      if (fd < 0) continue;
+      if (fd < 0) {
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+          // Out of descriptors: the waiting peer stays queued, and polling again at
+          // once would spin. Serve the connections we have and retry shortly.
+          const auto now = std::chrono::steady_clock::now();
+          if (now - last_refusal_log_ > std::chrono::seconds(10)) {
+            BPS_LOG(kWarning) << "cannot accept a connection: " << std::strerror(errno);
+            last_refusal_log_ = now;
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+        continue;
+      }
       ConfigureSocket(fd, send_timeout_ms_);
       if (addr.ss_family == AF_UNIX) {
         *out = std::make_unique<SharedMemoryChannel>(

@@ -11,6 +11,7 @@
 #ifndef TF_BPS_CORE_TRANSPORT_TRANSPORT_H_
 #define TF_BPS_CORE_TRANSPORT_TRANSPORT_H_
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -66,6 +67,8 @@ class Channel {
   // True when data in shared memory (Listener::shared_results()) reaches this peer
   // without a copy.
   virtual bool shares_memory() const { return false; }
+  // Bounds each wait in Receive (0: none); a wait that runs out fails it.
+  void SetReceiveTimeout(int ms) { conn_->SetReceiveTimeout(ms); }
   // Wakes a thread blocked in Receive; the channel stays allocated.
   void Shutdown() { conn_->Shutdown(); }
   // No more sends; the peer reads EOF after what was sent, and receiving still works.
@@ -147,6 +150,7 @@ class Listener {
   int tcp_fd_ = -1;
   int local_fd_ = -1;
   int send_timeout_ms_ = 0;
+  std::chrono::steady_clock::time_point last_refusal_log_{};
   const std::shared_ptr<SharedSlots> shared_results_;
 };
 
