@@ -26,7 +26,7 @@ def sources(folder: str, *names: str) -> list[str]:
 # What both engines share: types, the wire format, sockets, shared memory, kernels.
 SHARED = [*sources("core", "common", "logging", "protocol", "reduce"),
           *sources("core/transport", "socket", "shared_memory", "transport",
-                   "shared_memory_channel")]
+                   "shared_memory_channel", "auth")]
 CORE_SOURCES = [*SHARED, *sources("core", "task", "worker", "c_api")]
 SERVER_SOURCES = [*SHARED, *sources("server", "server"), *sources("python", "server_module")]
 WORKER_MODULE_SOURCES = sources("python", "worker_module")

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = [ROOT / "custom_ops" / "core" / f"{name}.cc"
            for name in ("common", "logging", "protocol", "reduce", "task")]
 SOURCES += [ROOT / "custom_ops" / "core" / "transport" / f"{name}.cc"
-            for name in ("socket", "shared_memory", "transport", "shared_memory_channel")]
+            for name in ("socket", "shared_memory", "transport", "shared_memory_channel", "auth")]
 SOURCES.append(ROOT / "custom_ops" / "server" / "server.cc")
 
 

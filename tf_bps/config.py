@@ -102,6 +102,9 @@ class Config:
     heartbeat_interval: float
     heartbeat_timeout: float
     op_timeout: float
+    # Every node of a job proves it knows this (bpslaunch makes one per job); empty
+    # when a job started role by role sets none, and then nothing is proven.
+    job_token: str
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
@@ -132,6 +135,7 @@ class Config:
             heartbeat_interval=_seconds(env, "PS_HEARTBEAT_INTERVAL", 1.0),
             heartbeat_timeout=_seconds(env, "PS_HEARTBEAT_TIMEOUT", 10.0),
             op_timeout=_seconds(env, "BYTEPS_OP_TIMEOUT", 300.0),
+            job_token=env.get("BYTEPS_JOB_TOKEN", ""),
         )
         if config.heartbeat_interval >= config.heartbeat_timeout:
             raise ConfigError(
@@ -190,6 +194,13 @@ class Config:
             self.log_level]
         verbose = {0: 4, 1: 2, 2: 0}[self.ps_verbose]
         return min(level, verbose)
+
+    def listen_host(self) -> str:
+        """Where this node listens: its advertised address when it is one of this
+        machine's (so strangers on other interfaces see no port), else everywhere
+        (behind NAT, say)."""
+        host = self.advertised_host()
+        return host if is_local_address(host) else ""
 
     def advertised_host(self) -> str:
         """The address other nodes use to reach this one."""

@@ -61,7 +61,8 @@ def worker_init(rank: int, size: int, servers: list[str], config: Config) -> Non
         return f"{server}+local" if config.enable_ipc and is_local_address(host) else server
 
     worker_engine().init(rank, size, ",".join(entry(server) for server in servers),
-                         config.partition_bytes, int(config.op_timeout * 1000))
+                         config.partition_bytes, int(config.op_timeout * 1000),
+                         config.job_token)
 
 
 def worker_abort(reason: str) -> None:
@@ -92,4 +93,5 @@ def server_start(config: Config):
     starts it once the job's size is known."""
     engine = server_engine()
     set_logging(config, "tf_bps server", engine)
-    return engine.ServerEngine(config.server_engine_threads, int(config.op_timeout * 1000))
+    return engine.ServerEngine(config.server_engine_threads, int(config.op_timeout * 1000),
+                               config.job_token, config.listen_host())

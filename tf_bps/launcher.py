@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import queue
+import secrets
 import shutil
 import signal
 import socket
@@ -179,6 +180,8 @@ def _launch_local_job(num_workers: int, num_servers: int, command: list[str]) ->
     single = num_workers == 1 and not config.force_distributed
     supervisor = JobSupervisor()
     if not single:
+        # One token for every process of this job, unless the user brought one.
+        base.setdefault("BYTEPS_JOB_TOKEN", secrets.token_hex(16))
         base.update(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(_free_port()),
                     DMLC_NUM_WORKER=str(num_workers), DMLC_NUM_SERVER=str(num_servers),
                     BYTEPS_LOCAL_SIZE="1", BYTEPS_LOCAL_RANK="0")

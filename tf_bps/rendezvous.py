@@ -1,15 +1,24 @@
 """The control plane between nodes and the scheduler (pyzmq, JSON messages).
 
-Messages, node -> scheduler: register, heartbeat, done (a worker finished cleanly),
-failure (a node saw a peer die). Scheduler -> node: book (the address book and this
-node's rank), heartbeat_ack, abort (the job is failing: stop), exit (the job is over).
-No tensor data ever travels here.
+Messages, node -> scheduler: hello, register, heartbeat, done (a worker finished
+cleanly), failure (a node saw a peer die). Scheduler -> node: challenge, book (the
+address book and this node's rank), heartbeat_ack, abort (the job is failing: stop),
+exit (the job is over). No tensor data ever travels here.
+
+Registration proves the job token both ways (BYTEPS_JOB_TOKEN, a keyed hash over the
+other side's fresh nonce, never the token itself): the node says hello with a nonce,
+the scheduler answers with its proof and a nonce of its own, and the registration
+carries the node's proof. A node that cannot prove it is refused; a scheduler that
+cannot is not trusted.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +32,19 @@ log = logging.getLogger("tf_bps")
 
 class RendezvousError(RuntimeError):
     """The scheduler could not be reached, refused this node, or the job failed."""
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(16)
+
+
+def proof(token: str, side: str, nonce: str) -> str:
+    """What `side` ("node" or "scheduler") shows for the other side's `nonce`."""
+    return hmac.new(token.encode(), f"{side}|{nonce}".encode(), hashlib.sha256).hexdigest()
+
+
+def proof_matches(token: str, side: str, nonce: str, shown: object) -> bool:
+    return isinstance(shown, str) and hmac.compare_digest(proof(token, side, nonce), shown)
 
 
 def scheduler_endpoint(config: Config) -> str:
@@ -46,11 +68,26 @@ class SchedulerLink:
         self._wake_send: zmq.Socket | None = None
 
     def register(self, role: str, **fields) -> dict:
-        """Sends this node's registration and waits for the address book."""
-        message = {"type": "register", "role": role, "pid": os.getpid(),
-                   "host": self._config.advertised_host(), **fields}
-        self._socket.send_json(message)
+        """Proves the job token, registers this node and waits for the address book."""
         deadline = time.monotonic() + self._config.op_timeout
+        mine = new_nonce()
+        self._socket.send_json({"type": "hello", "nonce": mine})
+        challenge = self._next_reply(deadline, "challenge")
+        if not proof_matches(self._config.job_token, "scheduler", mine, challenge.get("proof")):
+            raise RendezvousError(
+                f"the scheduler at {self._endpoint} does not know this job's token "
+                "(BYTEPS_JOB_TOKEN): it is not this job's scheduler")
+        message = {"type": "register", "role": role, "pid": os.getpid(),
+                   "host": self._config.advertised_host(),
+                   "proof": proof(self._config.job_token, "node", str(challenge.get("nonce"))),
+                   **fields}
+        self._socket.send_json(message)
+        book = self._next_reply(deadline, "book")
+        self._last_ack = time.monotonic()
+        return book
+
+    def _next_reply(self, deadline: float, kind: str) -> dict:
+        """The scheduler's next message of `kind`; an abort or the deadline raises."""
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not self._socket.poll(int(remaining * 1000)):
@@ -60,11 +97,13 @@ class SchedulerLink:
                     f"{self._config.num_worker} worker(s) and {self._config.num_server} "
                     "server(s) started? see BYTEPS_OP_TIMEOUT)")
             reply = self._socket.recv_json()
-            if reply["type"] == "book":
-                self._last_ack = time.monotonic()
+            if not isinstance(reply, dict):
+                continue
+            if reply.get("type") == kind:
                 return reply
-            if reply["type"] == "abort":
-                raise RendezvousError(f"the scheduler refused this node: {reply['reason']}")
+            if reply.get("type") == "abort":
+                raise RendezvousError(
+                    f"the scheduler refused this node: {reply.get('reason')}")
 
     def poll_once(self, extra: list | None = None) -> tuple[list, list]:
         """Sends a heartbeat when one is due, then waits until the next is due for

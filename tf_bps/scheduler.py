@@ -6,19 +6,23 @@ Start it with `DMLC_ROLE=scheduler bpslaunch` or `python -m tf_bps.scheduler`.
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 import time
 from dataclasses import dataclass
 
 import zmq
 
-from tf_bps.config import Config, ConfigError, configure_logging
+from tf_bps.config import Config, ConfigError, configure_logging, is_local_address
+from tf_bps.rendezvous import new_nonce, proof, proof_matches
 
 log = logging.getLogger("tf_bps.scheduler")
 
 # A node's messages are small JSON objects; anything larger is not one of ours, and
 # ZeroMQ drops the connection that sends it before allocating it.
 MAX_MESSAGE_BYTES = 64 * 1024
+# Challenges waiting for their registration; strangers cannot grow this without bound.
+MAX_PENDING_CHALLENGES = 1024
 
 
 @dataclass
@@ -57,14 +61,17 @@ def _local_placement(workers: list[Node]) -> dict[int, tuple[int, int]]:
 class Scheduler:
     def __init__(self, config: Config):
         self._config = config
-        _, port = config.require_rendezvous()
+        root_uri, port = config.require_rendezvous()
         self._context = zmq.Context()
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 2000)
         self._socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
         self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-        self._socket.bind(f"tcp://*:{port}")
+        # Only the address the job knows the scheduler by, when it is this machine's.
+        address = socket.gethostbyname(root_uri)
+        self._socket.bind(f"tcp://{address if is_local_address(address) else '*'}:{port}")
         self._nodes: dict[bytes, Node] = {}
+        self._challenges: dict[bytes, str] = {}  # connection -> the nonce it must sign
 
     def _send(self, identity: bytes, message: dict) -> None:
         self._socket.send_multipart([identity, zmq.utils.jsonapi.dumps(message)])
@@ -114,6 +121,12 @@ class Scheduler:
         """The node a registration describes, or why it is refused: a malformed message,
         a server beyond DMLC_NUM_SERVER, a worker rank outside the job or taken."""
         config = self._config
+        nonce = self._challenges.pop(identity, None)
+        if nonce is None or not proof_matches(config.job_token, "node", nonce,
+                                              message.get("proof")):
+            return None, (f"a node on {str(message.get('host'))[:64]} (pid "
+                          f"{str(message.get('pid'))[:16]}) does not know this job's token "
+                          "(BYTEPS_JOB_TOKEN)")
 
         def number(key: str, low: int, high: int) -> int | None:
             value = message.get(key)
@@ -153,6 +166,19 @@ class Scheduler:
                           f"{clash[0].host}; check DMLC_WORKER_ID and BYTEPS_LOCAL_RANK")
         return node, ""
 
+    def _challenge(self, identity: bytes, message: dict) -> None:
+        """Answers a hello: the scheduler's proof for the node's nonce, and a nonce of its
+        own for the node to sign in its registration."""
+        theirs = message.get("nonce")
+        if not isinstance(theirs, str) or len(theirs) > 64:
+            log.warning("dropped a malformed hello")
+            return
+        if len(self._challenges) >= MAX_PENDING_CHALLENGES:
+            self._challenges.pop(next(iter(self._challenges)))  # the oldest
+        self._challenges[identity] = mine = new_nonce()
+        self._send(identity, {"type": "challenge", "nonce": mine,
+                              "proof": proof(self._config.job_token, "scheduler", theirs)})
+
     def _rendezvous(self) -> None:
         config = self._config
         deadline = time.monotonic() + config.op_timeout
@@ -169,7 +195,12 @@ class Scheduler:
                     "(BYTEPS_OP_TIMEOUT); check DMLC_NUM_WORKER, DMLC_NUM_SERVER and that "
                     "every node reaches the scheduler")
             identity, message = received
-            if message["type"] != "register" or identity in self._nodes:
+            if identity in self._nodes:
+                continue
+            if message["type"] == "hello":
+                self._challenge(identity, message)
+                continue
+            if message["type"] != "register":
                 continue
             node, refusal = self._registration(identity, message, servers, workers)
             if refusal:

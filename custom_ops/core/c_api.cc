@@ -150,8 +150,9 @@ int bps_worker_init_local(void) {
 }
 
 int bps_worker_init(int rank, int size, const char* servers, long long partition_bytes,
-                    int timeout_ms) {
+                    int timeout_ms, const char* token) {
   bps::WorkerOptions options;
+  options.token = token ? token : "";
   options.rank = rank;
   options.size = size;
   options.partition_bytes = static_cast<size_t>(partition_bytes);

@@ -17,8 +17,9 @@ void bps_set_logging(int level, const char* prefix);
 
 /* Worker. Exactly one of the two init calls, then bps_worker_shutdown. */
 int bps_worker_init_local(void);
+/* `token`: the job's (BYTEPS_JOB_TOKEN), proven to every server and by it. */
 int bps_worker_init(int rank, int size, const char* servers, long long partition_bytes,
-                    int timeout_ms);
+                    int timeout_ms, const char* token);
 void bps_worker_abort(const char* reason);
 /* Copies why the worker failed (a server died, say; empty when healthy) into buf. */
 int bps_worker_failure(char* buf, int capacity);

@@ -14,7 +14,8 @@
 namespace bps {
 
 enum class FrameType : uint8_t {
-  kHello = 1,    // worker -> server, first frame: `rank` identifies the worker.
+  // The handshake (transport/auth.h): kChallenge, kHello, kWelcome, before anything else.
+  kHello = 1,  // worker -> server: `rank` identifies the worker; payload its proof.
   kDeclare = 2,  // worker -> server: payload is a Declaration of the tensor.
   kPush = 3,     // worker -> server: one partition's data for this round.
   kReply = 4,    // server -> worker: the round's result for one partition.
@@ -33,6 +34,8 @@ enum class FrameType : uint8_t {
   // (int32), then (tensor id uint64, last round uint32) pairs for workers to catch up.
   kJoin = 12,
   kJoined = 13,
+  kChallenge = 14,  // server -> worker, on connecting: payload the server's nonce.
+  kWelcome = 15,    // server -> worker: payload the server's proof.
 };
 
 // What a server does with a round's contributions. Wire values.

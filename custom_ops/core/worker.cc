@@ -335,16 +335,12 @@ Status Worker::Start() {
     const std::string peer = "server " + std::to_string(i) + " (" + address.host + ":" +
                              std::to_string(address.port) + ")";
     std::unique_ptr<Channel> channel;
-    Status status = ConnectToServer(address, peer, options_.timeout_ms, &channel);
+    Status status = ConnectToServer(address, peer, options_.token, options_.rank,
+                                    options_.timeout_ms, &channel);
     if (!status.ok())
       return Status::Error(ErrorKind::kPeerGone, "worker " + std::to_string(options_.rank) +
                                                      " cannot reach " + peer + ": " +
                                                      status.message());
-    FrameHeader hello;
-    hello.type = static_cast<uint8_t>(FrameType::kHello);
-    hello.rank = static_cast<uint32_t>(options_.rank);
-    status = channel->Send(hello, nullptr);
-    if (!status.ok()) return status;
     links_.push_back(
         std::make_unique<ServerLink>(this, static_cast<int>(i), address, std::move(channel)));
   }

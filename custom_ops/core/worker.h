@@ -36,6 +36,7 @@ struct WorkerOptions {
   std::vector<ServerAddress> servers;
   size_t partition_bytes = 4096000;
   int timeout_ms = 300000;
+  std::string token;  // the job's, proven to every server (transport/auth.h)
 };
 
 // The unit of work in the push stage: one partition of one task bound for one server.

@@ -17,11 +17,14 @@ namespace {
 // and serves once the scheduler has said how many workers the job has.
 class ServerEngine {
  public:
-  ServerEngine(int engine_threads, int timeout_ms, int port) {
+  ServerEngine(int engine_threads, int timeout_ms, const std::string& token,
+               const std::string& host, int port) {
     bps::ServerOptions options;
+    options.host = host;
     options.port = port;
     options.engine_threads = engine_threads;
     options.timeout_ms = timeout_ms;
+    options.token = token;
     server_ = std::make_unique<bps::Server>(options);
     bps::ThrowIfError(server_->Listen(&port_));
   }
@@ -59,8 +62,9 @@ PYBIND11_MODULE(_bps_server, m) {
       },
       py::arg("level"), py::arg("prefix"));
   py::class_<ServerEngine>(m, "ServerEngine")
-      .def(py::init<int, int, int>(), py::arg("engine_threads"), py::arg("timeout_ms"),
-           py::arg("port") = 0)
+      .def(py::init<int, int, const std::string&, const std::string&, int>(),
+           py::arg("engine_threads"), py::arg("timeout_ms"), py::arg("token"),
+           py::arg("host") = "", py::arg("port") = 0)
       .def_property_readonly("port", &ServerEngine::port)
       .def("serve", &ServerEngine::Serve, py::arg("num_workers"))
       .def("failure_fd", &ServerEngine::FailureFd,

@@ -41,16 +41,17 @@ PYBIND11_MODULE(_bps_worker, m) {
   m.def(
       "init",
       [](int rank, int size, const std::string& servers, long long partition_bytes,
-         int timeout_ms) {
+         int timeout_ms, const std::string& token) {
         int result;
         {
           py::gil_scoped_release unlocked;  // Connecting may take up to the timeout.
-          result = bps_worker_init(rank, size, servers.c_str(), partition_bytes, timeout_ms);
+          result = bps_worker_init(rank, size, servers.c_str(), partition_bytes, timeout_ms,
+                                   token.c_str());
         }
         Check(result);
       },
       py::arg("rank"), py::arg("size"), py::arg("servers"), py::arg("partition_bytes"),
-      py::arg("timeout_ms"),
+      py::arg("timeout_ms"), py::arg("token"),
       "Connects to the servers ('host:port' list, '+local' for same-host ones).");
   m.def(
       "abort", [](const std::string& reason) { bps_worker_abort(reason.c_str()); },

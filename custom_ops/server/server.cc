@@ -9,6 +9,7 @@
 
 #include "../core/logging.h"
 #include "../core/reduce.h"
+#include "../core/transport/auth.h"
 
 namespace bps {
 namespace {
@@ -72,7 +73,7 @@ Server::~Server() { Stop(); }
 Status Server::Listen(int* bound_port) {
   if (::pipe2(failure_pipe_, O_CLOEXEC) != 0)
     return Status::Error(std::string("pipe() failed: ") + std::strerror(errno));
-  return listener_.Listen(options_.port, options_.timeout_ms, bound_port);
+  return listener_.Listen(options_.host, options_.port, options_.timeout_ms, bound_port);
 }
 
 Status Server::Serve(int num_workers) {
@@ -104,7 +105,6 @@ void Server::AcceptLoop() {
                         << kMaxUnintroduced << " others have not said who they are yet";
       continue;  // Closes it.
     }
-    conn->channel->SetReceiveTimeout(kHelloTimeoutMs);
     readers_.push_back(Reader{conn, std::thread([this, conn] {
                                 ReadLoop(conn);
                                 std::lock_guard<std::mutex> lock(conns_mutex_);
@@ -135,14 +135,12 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
   FrameHeader header;
   DataReader payload;
   bool eof = false;
-  Status status = conn.Receive(&header, &payload, &eof);
-  if (!status.ok() || header.type != static_cast<uint8_t>(FrameType::kHello) ||
-      header.rank >= static_cast<uint32_t>(num_workers_)) {
-    BPS_LOG(kWarning) << "dropping connection from " << conn.peer()
-                      << ": it did not introduce itself as a worker of this job";
+  uint32_t rank = 0;
+  Status status = AuthenticateWorker(conn, options_.token, num_workers_, kHelloTimeoutMs, &rank);
+  if (!status.ok()) {
+    BPS_LOG(kWarning) << "dropping connection from " << conn.peer() << ": " << status.message();
     return;
   }
-  const uint32_t rank = header.rank;
   {
     std::lock_guard<std::mutex> lock(conns_mutex_);
     if (conns_[rank]) {
@@ -154,7 +152,6 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
     worker->rank = static_cast<int>(rank);
     conns_[rank] = worker;
   }
-  conn.SetReceiveTimeout(0);  // A worker may be silent for as long as it computes.
   BPS_LOG(kDebug) << "worker rank " << rank << " connected from " << conn.peer();
 
   while (true) {
@@ -336,7 +333,7 @@ void Server::EngineLoop(Engine* engine) {
         continue;
       case PushItem::Kind::kJoined:
         for (auto& [id, key] : engine->keys)
-          if (key.active) MaybeComplete(engine, id, &key);
+          if (key.active) MaybeComplete(id, &key);
         continue;
       case PushItem::Kind::kJoinReport:
         ReportRounds(engine);
@@ -465,10 +462,10 @@ void Server::Process(Engine* engine, PushItem item) {
                   Describe(item.tensor_id, item.rank) + " cannot complete");
     return;
   }
-  MaybeComplete(engine, id, &key);
+  MaybeComplete(id, &key);
 }
 
-bool Server::MaybeComplete(Engine* engine, const PartitionKey& id, KeyState* key) {
+bool Server::MaybeComplete(const PartitionKey& id, KeyState* key) {
   // Members that joined take part with nothing: no contribution, no rows.
   size_t present = key->contributors.size();
   if (joined_any_.load() > 0) {

@@ -28,9 +28,11 @@
 namespace bps {
 
 struct ServerOptions {
-  int port = 0;  // 0: any free port.
+  std::string host;  // the address to listen on; empty: every interface.
+  int port = 0;      // 0: any free port.
   int engine_threads = 4;
   int timeout_ms = 300000;
+  std::string token;  // the job's; every worker must prove it knows it (transport/auth.h)
 };
 
 // Receive buffers, recycled so that steady-state training allocates nothing.
@@ -137,7 +139,7 @@ class Server {
   void EnqueueEverywhere(PushItem::Kind kind);
   void OnJoin(uint32_t rank);
   // Ends the round if every member has contributed or joined; true if it ended.
-  bool MaybeComplete(Engine* engine, const PartitionKey& id, KeyState* key);
+  bool MaybeComplete(const PartitionKey& id, KeyState* key);
   void ReportRounds(Engine* engine);
   Status ReceiveProcessSet(const FrameHeader& header, DataReader* payload);
   // The ranks of a process set (0: every worker); false if it is not registered.

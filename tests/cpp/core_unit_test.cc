@@ -3,6 +3,7 @@
 // sockets.
 // Built and run by tests/test_core_units.py.
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -20,6 +21,7 @@
 #include "../../custom_ops/core/reduce.h"
 #include "../../custom_ops/core/stage.h"
 #include "../../custom_ops/core/task.h"
+#include "../../custom_ops/core/transport/auth.h"
 #include "../../custom_ops/core/transport/transport.h"
 #include "../../custom_ops/server/server.h"
 
@@ -27,6 +29,7 @@ namespace bps {
 namespace {
 
 int failures = 0;
+const char kToken[] = "unit-test-token";
 
 #define EXPECT(condition)                                                        \
   do {                                                                           \
@@ -336,19 +339,57 @@ void TestTransports() {
 }
 
 // ---------------------------------------------------------------------------
+// The job token
+
+std::string Hex(const Digest& digest) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string text;
+  for (uint8_t byte : digest) text += {kDigits[byte >> 4], kDigits[byte & 15]};
+  return text;
+}
+
+void TestTokenProofs() {
+  // FIPS 180-2 and RFC 4231 (test case 2) vectors.
+  EXPECT(Hex(Sha256("", 0)) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT(Hex(Sha256("abc", 3)) ==
+         "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  const std::string long_input(1000, 'a');  // several blocks and a two-block tail
+  EXPECT(Hex(Sha256(long_input.data(), 56)) ==
+         "b35439a4ac6f0948b6d6f9e3c6af0f5f590ce20f1bde7090ef7970686ec6738a");
+  const std::string data = "what do ya want for nothing?";
+  EXPECT(Hex(HmacSha256("Jefe", data.data(), data.size())) ==
+         "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+
+  // A worker without the token is refused, and a server without it is not trusted.
+  for (const char* worker_token : {kToken, "wrong"}) {
+    int fds[2];
+    EXPECT(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
+    SocketChannel server(std::make_unique<Connection>(fds[0], "worker"));
+    SocketChannel worker(std::make_unique<Connection>(fds[1], "server"));
+    Status worker_side = Status::OK();
+    std::thread client([&] { worker_side = AuthenticateServer(worker, worker_token, 1, 2000); });
+    uint32_t rank = 99;
+    Status server_side = AuthenticateWorker(server, kToken, 2, 2000, &rank);
+    if (std::string(worker_token) == kToken) {
+      EXPECT(server_side.ok() && rank == 1);
+    } else {
+      EXPECT(!server_side.ok() && server_side.message().find("token") != std::string::npos);
+    }
+    server.Shutdown();  // A refused worker waits for no welcome.
+    client.join();
+    EXPECT(worker_side.ok() == (std::string(worker_token) == kToken));
+  }
+}
+
+// ---------------------------------------------------------------------------
 // Server rounds, through real sockets
 
 class FakeWorker {
  public:
   FakeWorker(int port, uint32_t rank) : rank_(rank) {
-    int fd = -1;
-    Status status = ConnectTcp("127.0.0.1", port, 5000, 5000, &fd);
-    EXPECT(status.ok());
-    conn_ = std::make_unique<Connection>(fd, "test server");
-    FrameHeader hello;
-    hello.type = static_cast<uint8_t>(FrameType::kHello);
-    hello.rank = rank;
-    EXPECT(conn_->Send(hello, nullptr).ok());
+    EXPECT(
+        ConnectToServer(ServerAddress{"127.0.0.1", port}, "test server", kToken, rank, 5000, &conn_)
+            .ok());
   }
 
   void Push(uint64_t tensor, uint32_t round, OpKind kind, uint64_t signature,
@@ -378,9 +419,10 @@ class FakeWorker {
   FrameHeader Receive(std::string* payload) {
     FrameHeader header;
     bool eof = false;
-    EXPECT(conn_->ReceiveHeader(&header, &eof).ok());
+    DataReader reader;
+    EXPECT(conn_->Receive(&header, &reader, &eof).ok());
     payload->resize(header.length);
-    EXPECT(conn_->ReceivePayload(payload->data(), payload->size()).ok());
+    EXPECT(reader.Read(payload->data(), payload->size()).ok());
     return header;
   }
 
@@ -425,13 +467,14 @@ class FakeWorker {
   }
 
   uint32_t rank_;
-  std::unique_ptr<Connection> conn_;
+  std::unique_ptr<Channel> conn_;
 };
 
 // A push longer than its sender declared (here: nothing declared at all) costs the
 // sender its connection before the server allocates anything; the process lives on.
 void TestServerRefusesOversizedPushes() {
   ServerOptions options;
+  options.token = kToken;
   options.timeout_ms = 5000;
   Server server(options);
   int port = 0;
@@ -445,8 +488,41 @@ void TestServerRefusesOversizedPushes() {
   server.Stop();
 }
 
+// Someone on this host bound the server's local socket name first: the worker sees it
+// cannot prove the token and reaches the real server over TCP instead.
+void TestSquattedLocalSocketIsNotTrusted() {
+  int probe = -1, port = 0;
+  EXPECT(ListenTcp("127.0.0.1", 0, &probe, &port).ok());
+  ::close(probe);
+  int squatter_fd = -1;
+  EXPECT(ListenLocal(port, &squatter_fd).ok());
+  std::thread squatter([&] {
+    int fd = ::accept(squatter_fd, nullptr, nullptr);
+    if (fd < 0) return;
+    SocketChannel fake(std::make_unique<Connection>(fd, "worker"));
+    uint32_t rank = 0;
+    AuthenticateWorker(fake, "a guess", 1, 2000, &rank);  // Sees a proof it cannot check.
+  });
+  ServerOptions options;
+  options.token = kToken;
+  options.port = port;
+  Server server(options);
+  int bound = 0;
+  EXPECT(server.Listen(&bound).ok() && bound == port);  // TCP only: the name is taken.
+  EXPECT(server.Serve(1).ok());
+  std::unique_ptr<Channel> channel;
+  EXPECT(
+      ConnectToServer(ServerAddress{"127.0.0.1", port, true}, "server", kToken, 0, 5000, &channel)
+          .ok());
+  EXPECT(channel && !channel->shares_memory());
+  squatter.join();
+  ::close(squatter_fd);
+  server.Stop();
+}
+
 void TestServerRounds() {
   ServerOptions options;
+  options.token = kToken;
   options.engine_threads = 2;
   options.timeout_ms = 5000;
   Server server(options);
@@ -545,7 +621,9 @@ int main() {
   bps::TestScatterSplits();
   bps::TestTaskSpecChecks();
   bps::TestTransports();
+  bps::TestTokenProofs();
   bps::TestServerRounds();
+  bps::TestSquattedLocalSocketIsNotTrusted();
   bps::TestServerRefusesOversizedPushes();
   if (bps::failures) {
     std::cerr << bps::failures << " check(s) failed\n";

@@ -196,14 +196,16 @@ Status ConnectTcp(const std::string& host, int port, int timeout_ms, int send_ti
                        std::to_string(timeout_ms / 1000) + " s: " + last_error);
 }
 
-Status ListenTcp(int port, int* fd_out, int* bound_port) {
+Status ListenTcp(const std::string& host, int port, int* fd_out, int* bound_port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  if (!host.empty() && ::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1)
+    return Status::Error("cannot listen on " + host + ": not an IPv4 address");
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return Status::Error("socket() failed: " + ErrnoText());
   int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
   addr.sin_port = htons(static_cast<uint16_t>(port));
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, 128) != 0) {
     std::string error = ErrnoText();

@@ -53,8 +53,9 @@ class Connection {
 Status ConnectTcp(const std::string& host, int port, int timeout_ms, int send_timeout_ms,
                   int* fd_out);
 
-// Listens on all interfaces; port 0 picks a free one. Writes the bound port.
-Status ListenTcp(int port, int* fd_out, int* bound_port);
+// Listens on `host` (an IPv4 address; empty: every interface); port 0 picks a free
+// one. Writes the bound port.
+Status ListenTcp(const std::string& host, int port, int* fd_out, int* bound_port);
 
 // Peers on the same host skip TCP/IP: the server also listens on a Unix socket in
 // the abstract namespace, named after its TCP port (unique per network namespace).

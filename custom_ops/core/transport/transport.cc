@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "../logging.h"
+#include "auth.h"
 
 namespace bps {
 
@@ -85,20 +86,32 @@ Status SocketChannel::Receive(FrameHeader* header, DataReader* payload, bool* eo
 // ---------------------------------------------------------------------------
 // Connecting and listening
 
-Status ConnectToServer(const ServerAddress& address, const std::string& peer, int timeout_ms,
+Status ConnectToServer(const ServerAddress& address, const std::string& peer,
+                       const std::string& token, uint32_t rank, int timeout_ms,
                        std::unique_ptr<Channel>* out) {
   int fd = -1;
   if (address.same_host && ConnectLocal(address.port, timeout_ms, &fd).ok()) {
-    BPS_LOG(kDebug) << peer << " is on this host: using its Unix socket and shared memory";
-    *out = std::make_unique<SharedMemoryChannel>(
+    auto channel = std::make_unique<SharedMemoryChannel>(
         std::make_unique<Connection>(fd, peer),
         std::make_shared<SharedSlots>(std::make_shared<ArenaTable>()),
         SharedMemoryChannel::Side::kWorker);
-    return Status::OK();
+    // Anyone on this host may have bound the socket's name first: trust it only once
+    // it has proven the token, and otherwise take the TCP way in.
+    Status status = AuthenticateServer(*channel, token, rank, timeout_ms);
+    if (status.ok()) {
+      BPS_LOG(kDebug) << peer << " is on this host: using its Unix socket and shared memory";
+      *out = std::move(channel);
+      return Status::OK();
+    }
+    BPS_LOG(kWarning) << "the local socket of " << peer << " is not the server's ("
+                      << status.message() << "); using TCP";
   }
   Status status = ConnectTcp(address.host, address.port, timeout_ms, timeout_ms, &fd);
   if (!status.ok()) return status;
-  *out = std::make_unique<SocketChannel>(std::make_unique<Connection>(fd, peer));
+  auto channel = std::make_unique<SocketChannel>(std::make_unique<Connection>(fd, peer));
+  status = AuthenticateServer(*channel, token, rank, timeout_ms);
+  if (!status.ok()) return status;
+  *out = std::move(channel);
   return Status::OK();
 }
 
@@ -111,9 +124,9 @@ Listener::~Listener() {
     if (fd >= 0) ::close(fd);
 }
 
-Status Listener::Listen(int port, int send_timeout_ms, int* bound_port) {
+Status Listener::Listen(const std::string& host, int port, int send_timeout_ms, int* bound_port) {
   send_timeout_ms_ = send_timeout_ms;
-  Status status = ListenTcp(port, &tcp_fd_, bound_port);
+  Status status = ListenTcp(host, port, &tcp_fd_, bound_port);
   if (!status.ok()) return status;
   status = ListenLocal(*bound_port, &local_fd_);
   if (!status.ok()) BPS_LOG(kWarning) << status.message() << "; local workers will use TCP";

@@ -124,10 +124,12 @@ struct ServerAddress {
   bool same_host = false;  // Try the server's local Unix socket before TCP.
 };
 
-// Connects to a server: through its Unix socket and shared memory when it runs on
+// Connects to a server as worker `rank` and makes sure it is the job's (both prove
+// `token`, see auth.h): through its Unix socket and shared memory when it runs on
 // this host, else (or if that fails) over TCP, retrying until `timeout_ms` passes.
 // `peer` names the server in errors.
-Status ConnectToServer(const ServerAddress& address, const std::string& peer, int timeout_ms,
+Status ConnectToServer(const ServerAddress& address, const std::string& peer,
+                       const std::string& token, uint32_t rank, int timeout_ms,
                        std::unique_ptr<Channel>* out);
 
 // A server's listening side: TCP on every interface, and a Unix socket (named after
@@ -136,8 +138,9 @@ class Listener {
  public:
   Listener();
   ~Listener();
-  // Port 0 picks a free one; `send_timeout_ms` bounds every send on accepted channels.
-  Status Listen(int port, int send_timeout_ms, int* bound_port);
+  // On `host` (empty: every interface); port 0 picks a free one. `send_timeout_ms`
+  // bounds every send on accepted channels.
+  Status Listen(const std::string& host, int port, int send_timeout_ms, int* bound_port);
   // Blocks for the next worker; an error once Close() ran.
   Status Accept(std::unique_ptr<Channel>* out);
   // Wakes Accept() for good.

@@ -1,0 +1,41 @@
+// Proof of the job token on every data connection. bpslaunch gives each job a random
+// token (BYTEPS_JOB_TOKEN); a worker and a server each show that they know it by a
+// keyed hash (HMAC-SHA256) over a fresh nonce of the other side, never the token
+// itself, so neither a stranger at the server's port nor one squatting its local
+// socket name takes part in the job.
+//
+//   server -> worker  kChallenge  server nonce
+//   worker -> server  kHello      rank, worker nonce, HMAC(token, "worker", server nonce, rank)
+//   server -> worker  kWelcome    HMAC(token, "server", worker nonce, rank)
+#ifndef TF_BPS_CORE_TRANSPORT_AUTH_H_
+#define TF_BPS_CORE_TRANSPORT_AUTH_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "../common.h"
+#include "transport.h"
+
+namespace bps {
+
+using Digest = std::array<uint8_t, 32>;
+using Nonce = std::array<uint8_t, 16>;
+
+Digest Sha256(const void* data, size_t bytes);
+Digest HmacSha256(const std::string& key, const void* data, size_t bytes);
+
+// The server's side, on a freshly accepted channel: the worker's rank once it has
+// proven the token (within `timeout_ms`), or why it is refused.
+Status AuthenticateWorker(Channel& channel, const std::string& token, int num_workers,
+                          int timeout_ms, uint32_t* rank);
+
+// The worker's side, on a freshly opened channel: OK once the server has proven the
+// token too.
+Status AuthenticateServer(Channel& channel, const std::string& token, uint32_t rank,
+                          int timeout_ms);
+
+}  // namespace bps
+
+#endif  // TF_BPS_CORE_TRANSPORT_AUTH_H_
