@@ -69,6 +69,7 @@ class SchedulerLink:
 
     def register(self, role: str, **fields) -> dict:
         """Proves the job token, registers this node and waits for the address book."""
+        host = self._config.advertised_host()  # Settings fail here, before any wait.
         deadline = time.monotonic() + self._config.op_timeout
         mine = new_nonce()
         self._socket.send_json({"type": "hello", "nonce": mine})
@@ -77,8 +78,7 @@ class SchedulerLink:
             raise RendezvousError(
                 f"the scheduler at {self._endpoint} does not know this job's token "
                 "(BYTEPS_JOB_TOKEN): it is not this job's scheduler")
-        message = {"type": "register", "role": role, "pid": os.getpid(),
-                   "host": self._config.advertised_host(),
+        message = {"type": "register", "role": role, "pid": os.getpid(), "host": host,
                    "proof": proof(self._config.job_token, "node", str(challenge.get("nonce"))),
                    **fields}
         self._socket.send_json(message)
