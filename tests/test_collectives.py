@@ -95,15 +95,23 @@ def test_collectives_match_numpy(procs, tmp_path, num_workers, num_servers, part
             all_rows([np.full((r % 2, 3), r, np.int32) for r in range(size)]))
         assert got["broadcast_scalar"] == root * 1.5
 
+        np.testing.assert_array_equal(got["grouped_allgather"], np.concatenate(
+            [np.full(r + 1, r) for r in range(size)] + [np.full(2, r) for r in range(size)]))
+        np.testing.assert_array_equal(got["broadcast_inplace"], np.full(6, root))
+        np.testing.assert_array_equal(got["rank_ops"], [rank, size, rank, size, 1])
+        assert got["indexed_slices_refusals"].tolist() == ["NotImplementedError"] * 3
+        assert str(got["graph_allgather_object"]) == repr([{"r": r} for r in range(size)])
+        assert str(got["graph_broadcast_object"]) == repr({"from": root})
+
         offsets = np.cumsum([0] + [gather_rows(r) for r in range(size)])
         weights = np.arange(offsets[-1] * 2, dtype=np.float32).reshape(-1, 2) + 1
         for mode in ("eager", "graph"):
-            # Allgather: the summed gradient (size x each worker's), own rows only.
+            # Allgather: the gradient averaged over workers, own rows only.
             np.testing.assert_array_equal(got[f"grad/{mode}/allgather"],
-                                          size * weights[offsets[rank]:offsets[rank + 1]])
-            # Broadcast: the root gets the sum of every worker's gradient, others zeros.
-            want = sum(r + 1.0 for r in range(size)) if rank == root else 0.0
-            np.testing.assert_array_equal(got[f"grad/{mode}/broadcast"], np.full(2, want))
+                                          weights[offsets[rank]:offsets[rank + 1]])
+            # Broadcast: the root gets the average of every worker's gradient, others zeros.
+            want = sum(r + 1.0 for r in range(size)) / size if rank == root else 0.0
+            np.testing.assert_allclose(got[f"grad/{mode}/broadcast"], np.full(2, want))
             # Allreduce: the same reduction and factors applied to the gradients.
             np.testing.assert_array_equal(got[f"grad/{mode}/scaled"],
                                           np.full(3, 6.0 * sum(r + 1.0 for r in range(size))))
@@ -111,9 +119,10 @@ def test_collectives_match_numpy(procs, tmp_path, num_workers, num_servers, part
             want = np.concatenate([np.full((n, 2), j + 1.0) for j, n in
                                    enumerate(alltoall_splits(rank, size))])
             np.testing.assert_array_equal(got[f"grad/{mode}/alltoall"], want)
-            # Reducescatter: each row's gradient is its owner's (owner rank + 1).
+            # Reducescatter (a Sum): each row's gradient is its owner's (owner rank + 1),
+            # times the number of workers.
             want = np.concatenate([np.full((scatter_slice(r, size).stop -
-                                            scatter_slice(r, size).start, 3), r + 1.0)
+                                            scatter_slice(r, size).start, 3), (r + 1.0) * size)
                                    for r in range(size)])
             np.testing.assert_array_equal(got[f"grad/{mode}/reducescatter"], want)
         assert "Adasum" in str(got["adasum_error"])

@@ -49,11 +49,12 @@ __version__ = "0.1.0"
 
 # Names that need TensorFlow, imported on first use: module -> names.
 _LAZY = {
-    "tf_bps.ops": ("push_pull", "allreduce", "grouped_allreduce", "broadcast",
-                   "broadcast_variables", "broadcast_object", "allgather", "allgather_object",
-                   "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier",
-                   "Average", "Sum",
-                   "Adasum", "Min", "Max", "Product", "ReduceOp"),
+    "tf_bps.ops": ("push_pull", "allreduce", "grouped_allreduce", "broadcast", "broadcast_",
+                   "broadcast_variables", "broadcast_global_variables", "broadcast_object",
+                   "allgather", "grouped_allgather", "allgather_object", "alltoall",
+                   "reducescatter", "grouped_reducescatter", "join", "barrier", "rank_op",
+                   "local_rank_op", "size_op", "local_size_op", "process_set_included_op",
+                   "Average", "Sum", "Adasum", "Min", "Max", "Product", "ReduceOp"),
     "tf_bps.training": ("DistributedOptimizer", "DistributedGradientTape", "load_model"),
     "tf_bps.strategies": ("ParameterServerStrategy",),
 }

@@ -197,7 +197,8 @@ def _launch_local_job(num_workers: int, num_servers: int, command: list[str]) ->
     # worker's index), unless the user set one.
     cluster = {"worker": [f"127.0.0.1:{_free_port()}" for _ in range(num_workers)]}
     for rank in range(num_workers):
-        env = {**base, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(rank)}
+        env = {**base, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(rank),
+               **_horovod_variables(rank, num_workers, rank, num_workers)}
         if "TF_CONFIG" not in base and num_workers > 1:
             env["TF_CONFIG"] = json.dumps({"cluster": cluster,
                                            "task": {"type": "worker", "index": rank}})
@@ -205,12 +206,19 @@ def _launch_local_job(num_workers: int, num_servers: int, command: list[str]) ->
     return _supervise(supervisor)
 
 
+def _horovod_variables(rank: int, size: int, local_rank: int, local_size: int) -> dict:
+    """What horovodrun tells each process, for scripts and tests that read it."""
+    return {"HOROVOD_RANK": str(rank), "HOROVOD_SIZE": str(size),
+            "HOROVOD_LOCAL_RANK": str(local_rank), "HOROVOD_LOCAL_SIZE": str(local_size)}
+
+
 def _launch_local_ranks(config: Config, command: list[str]) -> int:
     """DMLC_ROLE=worker with BYTEPS_LOCAL_SIZE > 1: one process per local rank."""
     supervisor = JobSupervisor()
     for local_rank in range(config.local_size):
-        env = {**os.environ, "BYTEPS_LOCAL_RANK": str(local_rank)}
         rank = config.worker_id * config.local_size + local_rank
+        env = {**os.environ, "BYTEPS_LOCAL_RANK": str(local_rank),
+               **_horovod_variables(rank, config.size, local_rank, config.local_size)}
         supervisor.start(f"worker {rank}", command, env, is_worker=True, prefix=f"[{rank}]: ")
     return _supervise(supervisor)
 

@@ -11,6 +11,7 @@ import contextlib
 import enum
 import pickle
 
+import numpy as np
 import tensorflow as tf
 
 from tf_bps import basics, core
@@ -124,16 +125,20 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
     """
     reduce_op = _resolve_op(average, op)
     if isinstance(tensor, tf.IndexedSlices):
-        if process_set_id(process_set) != 0:
-            raise ValueError("allreduce of tf.IndexedSlices runs over every worker: pass "
-                             "process_set=global_process_set or densify the gradient")
+        # As Horovod: only what gathering the rows can compute.
+        if reduce_op not in (Sum, Average):
+            raise NotImplementedError(f"allreduce of tf.IndexedSlices supports Sum and Average "
+                                      f"only, not {reduce_op.name}; densify the gradient "
+                                      "(tf.convert_to_tensor) to use it")
         for argument, factor in (("prescale_factor", prescale_factor),
                                  ("postscale_factor", postscale_factor)):
             if factor != 1.0:
-                raise ValueError(f"{argument}={factor!r} is not supported for tf.IndexedSlices")
+                raise NotImplementedError(
+                    f"{argument}={factor!r} is not supported for tf.IndexedSlices")
         with _placed(device_sparse):
-            name = name or _default_name("IndexedSlices", tensor.values)
-            return _allreduce_indexed_slices(tensor, name, reduce_op)
+            set_id = process_set_id(process_set)
+            name = name or _default_name("IndexedSlices", tensor.values, set_id)
+            return _allreduce_indexed_slices(tensor, name, reduce_op, set_id)
     with _placed(device_dense):
         return push_pull(tensor, name=name, compression=compression, op=reduce_op,
                          prescale_factor=prescale_factor, postscale_factor=postscale_factor,
@@ -154,12 +159,15 @@ def _scale(tensor: tf.Tensor, factor) -> tf.Tensor:
     return tf.cast(tf.cast(tensor, tf.float64) * factor, tensor.dtype)
 
 
-def _allreduce_indexed_slices(grad: tf.IndexedSlices, name: str, op) -> tf.IndexedSlices:
+def _allreduce_indexed_slices(grad: tf.IndexedSlices, name: str, op,
+                              set_id: int) -> tf.IndexedSlices:
     """A sparse tensor stays sparse: the rows and indices of all workers, gathered."""
-    values = allgather(grad.values, name=f"{name}.values")
-    indices = allgather(grad.indices, name=f"{name}.indices")
+    values = _library.byteps_allgather(grad.values, tensor_name=f"{name}.values",
+                                       process_set=set_id)
+    indices = _library.byteps_allgather(grad.indices, tensor_name=f"{name}.indices",
+                                        process_set=set_id)
     if op == Average:
-        values = values / tf.cast(basics.size(), values.dtype)
+        values = values / tf.cast(len(ranks_of(set_id)), values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=grad.dense_shape)
 
 
@@ -186,25 +194,26 @@ def _push_pull_gradient(op, grad):
 
 @tf.RegisterGradient("BytepsBroadcast")
 def _broadcast_gradient(op, grad):
-    """Horovod's definition: the root receives the sum of every worker's gradient,
+    """Horovod's definition: the root receives the average of every worker's gradient,
     the other ranks zeros (their input did not affect the result)."""
-    summed = _push_pull(grad, f"{_attr_name(op)}.grad", Sum, set_id=op.get_attr("process_set"))
+    averaged = _push_pull(grad, f"{_attr_name(op)}.grad", Average,
+                          set_id=op.get_attr("process_set"))
     if basics.rank() != op.get_attr("root_rank"):
-        return summed * 0
-    return summed
+        return averaged * 0
+    return averaged
 
 
 @tf.RegisterGradient("BytepsAllgather")
 def _allgather_gradient(op, grad):
-    """Horovod's definition: sum the gradient over workers, then each worker takes
+    """Horovod's definition: average the gradient over workers, then each worker takes
     the rows that its own input contributed."""
     name, set_id = _attr_name(op), op.get_attr("process_set")
-    summed = _push_pull(grad, f"{name}.grad", Sum, set_id=set_id)
+    averaged = _push_pull(grad, f"{name}.grad", Average, set_id=set_id)
     rows = tf.shape(op.inputs[0], out_type=tf.int64)[:1]
     all_rows = _library.byteps_allgather(rows, tensor_name=f"{name}.grad.rows",
                                          process_set=set_id)
     ranks = ranks_of(set_id)
-    return tf.split(summed, all_rows, axis=0, num=len(ranks))[ranks.index(basics.rank())]
+    return tf.split(averaged, all_rows, axis=0, num=len(ranks))[ranks.index(basics.rank())]
 
 
 def broadcast(tensor, root_rank: int, name: str | None = None, ignore_name_scope=False,
@@ -238,15 +247,17 @@ def allgather(tensor, name: str | None = None, ignore_name_scope=False,
 def alltoall(tensor, splits=None, name: str | None = None, ignore_name_scope=False,
              process_set=global_process_set):
     """Sends `splits[r]` rows of `tensor` to each rank r and concatenates the rows every
-    rank sent here, in rank order; returns (received rows, received splits).
-
-    Without `splits` the first dimension is divided evenly (it must divide by the size).
+    rank sent here, in rank order. As Horovod: with `splits`, returns (received rows,
+    received splits); without, the first dimension is divided evenly (it must divide
+    by the size) and only the received rows are returned.
     """
     set_id = process_set_id(process_set)
     tensor = tf.convert_to_tensor(tensor)
-    splits = tf.zeros([0], tf.int64) if splits is None else tf.cast(splits, tf.int64)
+    sizes = tf.zeros([0], tf.int64) if splits is None else tf.cast(splits, tf.int64)
     name = name or _default_name("Alltoall", tensor, set_id)
-    return tuple(_library.byteps_alltoall(tensor, splits, tensor_name=name, process_set=set_id))
+    received, received_splits = _library.byteps_alltoall(tensor, sizes, tensor_name=name,
+                                                         process_set=set_id)
+    return received if splits is None else (received, received_splits)
 
 
 def reducescatter(tensor, op=Average, name: str | None = None, ignore_name_scope=False,
@@ -294,30 +305,53 @@ def grouped_reducescatter(tensors, op=Average, process_set=global_process_set,
             for t, n in zip(tensors, names, strict=True)]
 
 
+def _evaluate(tensor: tf.Tensor, session) -> np.ndarray:
+    """A tensor's value: eagerly, or in a TF1-style graph through `session` (or the
+    default session), as Horovod's object collectives do."""
+    if tf.executing_eagerly():
+        return tensor.numpy()
+    session = session or tf.compat.v1.get_default_session()
+    if session is None:
+        raise ValueError("object collectives in graph mode need a session: pass session= or "
+                         "call them under a default session (or eagerly)")
+    return session.run(tensor)
+
+
+def grouped_allgather(tensors, name=None, ignore_name_scope=False,
+                      process_set=global_process_set):
+    """allgather of every tensor of the list, all in flight at once."""
+    names = _group_names(name, "GroupedAllgather", tensors)
+    return [allgather(t, name=n, process_set=process_set)
+            for t, n in zip(tensors, names, strict=True)]
+
+
 def broadcast_object(obj, root_rank: int = 0, session=None, name: str | None = None,
                      process_set=global_process_set):
-    """Any picklable object of `root_rank`, on every worker (eagerly)."""
+    """Any picklable object of `root_rank`, on every worker (eagerly, or in a graph
+    through `session`)."""
     name = name or f"BroadcastObject.{type(obj).__name__}"
     payload = pickle.dumps(obj) if basics.rank() == root_rank else b""
-    length = broadcast(tf.constant([len(payload)], tf.int64), root_rank, name=f"{name}.length",
-                       process_set=process_set)
+    length = _evaluate(broadcast(tf.constant([len(payload)], tf.int64), root_rank,
+                                 name=f"{name}.length", process_set=process_set), session)
     data = (tf.constant(list(payload), tf.uint8, shape=[len(payload)])
             if basics.rank() == root_rank else tf.zeros([int(length[0])], tf.uint8))
-    received = broadcast(data, root_rank, name=f"{name}.data", process_set=process_set)
-    return obj if basics.rank() == root_rank else pickle.loads(received.numpy().tobytes())
+    received = _evaluate(broadcast(data, root_rank, name=f"{name}.data",
+                                   process_set=process_set), session)
+    return obj if basics.rank() == root_rank else pickle.loads(received.tobytes())
 
 
 def allgather_object(obj, session=None, name: str | None = None,
                      process_set=global_process_set):
-    """Every worker's picklable `obj`, as a list in rank order (eagerly)."""
+    """Every worker's picklable `obj`, as a list in rank order (eagerly, or in a graph
+    through `session`)."""
     name = name or f"AllgatherObject.{type(obj).__name__}"
     payload = pickle.dumps(obj)
-    lengths = allgather(tf.constant([len(payload)], tf.int64), name=f"{name}.lengths",
-                        process_set=process_set)
-    data = allgather(tf.constant(list(payload), tf.uint8, shape=[len(payload)]),
-                     name=f"{name}.data", process_set=process_set).numpy().tobytes()
+    lengths = _evaluate(allgather(tf.constant([len(payload)], tf.int64), name=f"{name}.lengths",
+                                  process_set=process_set), session)
+    data = _evaluate(allgather(tf.constant(list(payload), tf.uint8, shape=[len(payload)]),
+                               name=f"{name}.data", process_set=process_set), session).tobytes()
     objects, offset = [], 0
-    for length in lengths.numpy().tolist():
+    for length in lengths.tolist():
         objects.append(pickle.loads(data[offset:offset + length]))
         offset += length
     return objects
@@ -334,8 +368,9 @@ def _alltoall_gradient(op, grad, _received_splits_grad):
 
 @tf.RegisterGradient("BytepsReducescatter")
 def _reducescatter_gradient(op, grad):
-    """Horovod's definition: every worker's share of the gradient, gathered, with the
-    reduction's scaling applied."""
+    """Horovod's definition: every worker's share of the gradient, gathered; for a Sum
+    scaled by the number of workers, for an Average as it is (and by the scale
+    factors, which Horovod's reducescatter does not have)."""
     reduce_op = _REDUCE_OP_OF_CORE[op.get_attr("reduce_op")]
     if reduce_op not in (Sum, Average):
         raise NotImplementedError(f"the gradient of a {reduce_op.name} reducescatter is not "
@@ -344,8 +379,8 @@ def _reducescatter_gradient(op, grad):
     gathered = _library.byteps_allgather(grad, tensor_name=f"{_attr_name(op)}.grad",
                                          process_set=set_id)
     scale = op.get_attr("prescale_factor") * op.get_attr("postscale_factor")
-    if reduce_op == Average:
-        scale /= len(ranks_of(set_id))
+    if reduce_op == Sum:
+        scale *= len(ranks_of(set_id))
     return _scale(gathered, scale)
 
 
@@ -383,3 +418,48 @@ def broadcast_variables(variables, root_rank: int, process_set=global_process_se
     if tf.executing_eagerly():
         return None
     return tf.group(*assigns)
+
+
+def broadcast_(variables, root_rank: int, name: str | None = None,
+               process_set=global_process_set):
+    """Horovod's in-place broadcast: `root_rank`'s values are assigned to `variables`
+    on every worker; returns their new values."""
+    prefix = name or "BroadcastInplace"
+    values = []
+    for index, variable in enumerate(variables):
+        value = broadcast(tf.convert_to_tensor(variable), root_rank,
+                          name=f"{prefix}.{index}.{_variable_name(variable)}",
+                          process_set=process_set)
+        with tf.control_dependencies([variable.assign(value)]):
+            values.append(tf.identity(value))
+    return values
+
+
+def broadcast_global_variables(root_rank: int):
+    """TensorFlow 1's graph-mode broadcast of every global variable (Horovod's API)."""
+    if tf.executing_eagerly():
+        raise RuntimeError("broadcast_global_variables() does not support eager execution: "
+                           "use broadcast_variables(model.variables, root_rank) instead")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
+# Horovod's *_op functions: the job's numbers as int32 tensors.
+def rank_op(name=None) -> tf.Tensor:
+    return tf.constant(basics.rank(), tf.int32, name=name)
+
+
+def local_rank_op(name=None) -> tf.Tensor:
+    return tf.constant(basics.local_rank(), tf.int32, name=name)
+
+
+def size_op(process_set_id=0, name=None) -> tf.Tensor:
+    return tf.constant(len(ranks_of(process_set_id)), tf.int32, name=name)
+
+
+def local_size_op(name=None) -> tf.Tensor:
+    return tf.constant(basics.local_size(), tf.int32, name=name)
+
+
+def process_set_included_op(process_set_id=0, name=None) -> tf.Tensor:
+    """1 if this worker belongs to the process set, else 0."""
+    return tf.constant(int(basics.rank() in ranks_of(process_set_id)), tf.int32, name=name)

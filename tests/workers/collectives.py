@@ -65,7 +65,8 @@ for mode, fn in (("eager", bps.alltoall), ("graph", tf.function(bps.alltoall))):
     received, received_splits = fn(tf.constant(alltoall_rows(rank, size)), splits)
     results[f"{mode}/alltoall"] = received.numpy()
     results[f"{mode}/alltoall_splits"] = received_splits.numpy()
-    received, _ = fn(tf.constant(value("bool", rank, shape=(2 * size, 3))))
+    # Without splits, as Horovod: only the received rows come back.
+    received = fn(tf.constant(value("bool", rank, shape=(2 * size, 3))))
     results[f"{mode}/alltoall_even_bool"] = received.numpy()
     grouped = tf.function(bps.grouped_allreduce) if mode == "graph" else bps.grouped_allreduce
     first, second = grouped([tf.fill([3], rank + 1.0), tf.fill([2, 2], rank * 2)], op=bps.Sum)
@@ -80,6 +81,29 @@ results["allgather_object"] = np.array(repr(bps.allgather_object(("rank", rank, 
 results["allgather_named"] = bps.allgather(
     tf.ones([rank % 2, 3], tf.int32) * rank, name="sparse_rows").numpy()
 results["broadcast_scalar"] = bps.broadcast(tf.constant(rank * 1.5), root, name="scalar").numpy()
+
+# Horovod's smaller APIs.
+first, second = bps.grouped_allgather([tf.fill([rank + 1], rank), tf.fill([1, 2], float(rank))])
+results["grouped_allgather"] = np.concatenate([first.numpy().astype(np.float32),
+                                               second.numpy().ravel()])
+variable = tf.Variable(tf.fill([3], float(rank)))
+results["broadcast_inplace"] = np.concatenate([bps.broadcast_([variable], root)[0].numpy(),
+                                               variable.numpy()])
+results["rank_ops"] = np.array([op().numpy() for op in (
+    bps.rank_op, bps.size_op, bps.local_rank_op, bps.local_size_op, bps.process_set_included_op)])
+refusals = []
+slices = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([0]), tf.constant([2, 2]))
+for arguments in ({"op": bps.Min}, {"op": bps.Product}, {"prescale_factor": 2.0}):
+    try:
+        bps.allreduce(slices, **arguments)
+        refusals.append("accepted")
+    except NotImplementedError:
+        refusals.append("NotImplementedError")
+results["indexed_slices_refusals"] = np.array(refusals)
+# Object collectives in a TensorFlow 1 style graph, run by the default session.
+with tf.Graph().as_default(), tf.compat.v1.Session():
+    results["graph_allgather_object"] = np.array(repr(bps.allgather_object({"r": rank})))
+    results["graph_broadcast_object"] = np.array(repr(bps.broadcast_object({"from": rank}, root)))
 
 # Gradients, eagerly and in a graph (Horovod's definitions).
 rows = gather_rows(rank)
