@@ -95,6 +95,9 @@ def test_collectives_match_numpy(procs, tmp_path, num_workers, num_servers, part
             all_rows([np.full((r % 2, 3), r, np.int32) for r in range(size)]))
         assert got["broadcast_scalar"] == root * 1.5
 
+        np.testing.assert_array_equal(got["growing_allgather"], np.concatenate(
+            [np.full(3 * sum(r + 1 + 5 * step for r in range(size)), step)
+             for step in range(3)]))
         np.testing.assert_array_equal(got["grouped_allgather"], np.concatenate(
             [np.full(r + 1, r) for r in range(size)] + [np.full(2, r) for r in range(size)]))
         np.testing.assert_array_equal(got["broadcast_inplace"], np.full(6, root))

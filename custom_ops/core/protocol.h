@@ -15,7 +15,7 @@ namespace bps {
 
 enum class FrameType : uint8_t {
   // The handshake (transport/auth.h): kChallenge, kHello, kWelcome, before anything else.
-  kHello = 1,  // worker -> server: `rank` identifies the worker; payload its proof.
+  kHello = 1,    // worker -> server: `rank` identifies the worker; payload its proof.
   kDeclare = 2,  // worker -> server: payload is a Declaration of the tensor.
   kPush = 3,     // worker -> server: one partition's data for this round.
   kReply = 4,    // server -> worker: the round's result for one partition.

@@ -377,7 +377,8 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
   }
   if (spec.op.kind == OpKind::kAlltoall && spec.splits.empty())
     spec.splits.assign(group.size(), spec.op.shape[0] / group.size());
-  const uint64_t signature = Signature(spec.op);
+  const std::string encoded = EncodeDeclaration(spec.op);
+  const uint64_t declaration = StableHash(encoded.data(), encoded.size());
   TensorEntry entry;
   bool declare;
   {
@@ -400,8 +401,8 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
     }
     it->second.in_flight = true;
     ++it->second.round;
-    declare = it->second.signature != signature;
-    it->second.signature = signature;
+    declare = it->second.declared != declaration;
+    it->second.declared = declaration;
     entry = it->second;
   }
   const OpKind kind = spec.op.kind;

@@ -158,7 +158,9 @@ class Worker {
   struct TensorEntry {
     uint64_t id;
     uint64_t order;
-    uint64_t signature = 0;
+    // Of the declaration servers last heard: sent again whenever anything in it
+    // changes (a gather's first dimension too, which bounds what a server accepts).
+    uint64_t declared = 0;
     uint32_t round = 0;  // of the latest task on this tensor
     bool in_flight = false;
   };

@@ -82,6 +82,12 @@ results["allgather_named"] = bps.allgather(
     tf.ones([rank % 2, 3], tf.int32) * rank, name="sparse_rows").numpy()
 results["broadcast_scalar"] = bps.broadcast(tf.constant(rank * 1.5), root, name="scalar").numpy()
 
+# One unnamed eager allgather whose rows grow from call to call (servers must accept
+# the longer pushes).
+results["growing_allgather"] = np.concatenate([
+    bps.allgather(tf.fill([rank + 1 + 5 * step, 3], step)).numpy().ravel()
+    for step in range(3)])
+
 # Horovod's smaller APIs.
 first, second = bps.grouped_allgather([tf.fill([rank + 1], rank), tf.fill([1, 2], float(rank))])
 results["grouped_allgather"] = np.concatenate([first.numpy().astype(np.float32),
