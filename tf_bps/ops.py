@@ -55,8 +55,9 @@ def _resolve_op(average: bool | None, op) -> ReduceOp:
         raise ValueError(f"op={op!r} is not a reduce op: use bps.Average, bps.Sum, bps.Min, "
                          "bps.Max or bps.Product") from None
     if op == Adasum:
-        raise ValueError("op=bps.Adasum is not supported by tf_bps: its servers reduce with "
-                         "Average, Sum, Min, Max or Product")
+        # NotImplementedError, as Horovod raises where it lacks Adasum.
+        raise NotImplementedError("op=bps.Adasum is not supported by tf_bps: its servers "
+                                  "reduce with Average, Sum, Min, Max or Product")
     return op
 
 

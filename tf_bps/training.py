@@ -164,8 +164,14 @@ class _LocalVariables:
         size = options.group_size()
         if self._bps_scale_local and len(shared) < len(results) and size > 1:
             for i, variable in enumerate(variables):
-                if self._bps_is_local(variable) and results[i] is not None:
-                    results[i] = results[i] / size
+                grad = results[i]
+                if not self._bps_is_local(variable) or grad is None:
+                    continue
+                if isinstance(grad, tf.IndexedSlices):  # An embedding's gradient stays sparse.
+                    results[i] = tf.IndexedSlices(grad.values / size, grad.indices,
+                                                  grad.dense_shape)
+                else:
+                    results[i] = grad / size
         return results
 
 

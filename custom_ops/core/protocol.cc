@@ -34,7 +34,7 @@ class Reader {
   }
   bool GetBytes(void* dst, size_t bytes) {
     if (bytes > in_.size() - pos_) return false;
-    std::memcpy(dst, in_.data() + pos_, bytes);
+    if (bytes) std::memcpy(dst, in_.data() + pos_, bytes);  // An empty vector's data() is null.
     pos_ += bytes;
     return true;
   }

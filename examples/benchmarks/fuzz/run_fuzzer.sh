@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Fuzzes every decoder of peer input (frame_fuzzer.cc) with libFuzzer, AddressSanitizer
+# and UndefinedBehaviorSanitizer. Needs clang (Debian: apt-get install clang-14).
+#   examples/benchmarks/fuzz/run_fuzzer.sh [seconds]   (default 180)
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../../.." && pwd)"
+seconds="${1:-180}"
+clang="$(command -v clang++ || command -v clang++-14)"
+work="$(mktemp -d)"
+core="$root/custom_ops/core"
+# The reduction kernels use _Float16, which this clang lacks on x86: g++ builds them
+# (they read no peer input), clang the rest, instrumented.
+g++ -std=c++17 -O2 -c "$core/reduce.cc" -o "$work/reduce.o"
+"$clang" -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+  -pthread "$root/examples/benchmarks/fuzz/frame_fuzzer.cc" "$work/reduce.o" \
+  "$core"/{common,logging,protocol}.cc \
+  "$core"/transport/{socket,shared_memory,transport,shared_memory_channel,auth}.cc \
+  "$root/custom_ops/server/server.cc" -o "$work/frame_fuzzer"
+mkdir -p "$work/corpus"
+# stderr of the target (its log lines) is closed; libFuzzer still reports crashes.
+"$work/frame_fuzzer" -max_total_time="$seconds" -max_len=4096 -rss_limit_mb=4096 \
+  -close_fd_mask=2 "$work/corpus" 2>&1 | tail -n 25
+echo "corpus and binary in $work"
