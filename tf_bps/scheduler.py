@@ -97,6 +97,10 @@ class Scheduler:
                         sum(len(p) for p in parts))
 
     def run(self) -> int:
+        if not self._config.job_token:
+            log.warning("BYTEPS_JOB_TOKEN is not set: any process that reaches this job's "
+                        "ports can join it (bpslaunch -np sets one; set the same on every "
+                        "node of a job started role by role)")
         try:
             self._rendezvous()
             self._supervise()
