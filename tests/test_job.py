@@ -179,3 +179,35 @@ def test_launcher_starts_one_process_per_local_rank(procs):
     assert sorted(got) == [0, 1] and all(r["size"] == 2 for r in got.values()), output
     assert output.count("[0]: REPORT") == 1 and output.count("[1]: REPORT") == 1
     assert finish(scheduler, 20)[0] == 0 and finish(server, 20)[0] == 0
+
+
+# A server that registers and vanishes before serving: it never listens on the port it
+# gave, and sends no heartbeat.
+VANISHING_SERVER = """
+import os
+from tf_bps.config import Config
+from tf_bps.rendezvous import SchedulerLink
+link = SchedulerLink(Config.from_env())
+link.register("server", port=int(os.environ["TEST_DEAD_PORT"]))
+os._exit(0)
+"""
+
+
+def test_an_abort_stops_workers_that_are_still_connecting(procs):
+    # The workers would retry the vanished server for BYTEPS_OP_TIMEOUT (300 s); the
+    # scheduler's abort, PS_HEARTBEAT_TIMEOUT after it went silent, must stop them.
+    common = dict(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=free_port(), DMLC_NUM_WORKER=2,
+                  DMLC_NUM_SERVER=2, PS_HEARTBEAT_TIMEOUT=3, BYTEPS_JOB_TOKEN="token",
+                  TEST_DEAD_PORT=free_port())
+    procs.start(LAUNCH, base_env(DMLC_ROLE="scheduler", **common))
+    procs.start(LAUNCH, base_env(DMLC_ROLE="server", **common))
+    procs.start([sys.executable, "-c", VANISHING_SERVER], base_env(DMLC_ROLE="server", **common))
+    workers = [procs.start([*LAUNCH, *worker_command("steady_sums.py")],
+                           base_env(DMLC_ROLE="worker", DMLC_WORKER_ID=rank, **common))
+               for rank in range(2)]
+    started = time.monotonic()
+    for worker in workers:
+        status, output = finish(worker, timeout=60)
+        assert status != 0 and "sent no heartbeat" in output, output
+        assert "READY" not in output, output
+    assert time.monotonic() - started < 30

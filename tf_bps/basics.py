@@ -63,11 +63,13 @@ def _join() -> None:
             try:
                 book = link.register("worker", worker_id=config.worker_id,
                                      local_rank=config.local_rank, local_size=config.local_size)
+                # Heartbeats and the job's abort from here on: connecting to the servers
+                # may take a while, and an abort must stop it.
+                link.start_monitor(on_abort=_on_abort)
                 core.worker_init(book["rank"], book["size"], book["servers"], config)
-            except BaseException:
-                link.close(failure="worker could not start")
+            except BaseException as error:
+                link.close(failure=f"worker could not start: {error}")
                 raise
-            link.start_monitor(on_abort=_on_abort)
             _job = _Job(config, rank=book["rank"], size=book["size"],
                         local_rank=book["local_rank"], local_size=book["local_size"], link=link,
                         worker_hosts=tuple(book["workers"]))

@@ -18,7 +18,8 @@ namespace {
 struct WorkerState {
   std::mutex mutex;
   bool initialised = false;
-  std::shared_ptr<Worker> worker;  // null on the single-worker local path.
+  std::shared_ptr<Worker> worker;    // null on the single-worker local path.
+  std::shared_ptr<Worker> starting;  // connecting to its servers: an abort may stop it.
 };
 
 WorkerState& State() {
@@ -160,10 +161,15 @@ int bps_worker_init(int rank, int size, const char* servers, long long partition
   Status status = bps::ParseServers(servers, &options.servers);
   if (!status.ok()) return bps::Fail(status);
   auto& state = bps::State();
-  std::lock_guard<std::mutex> lock(state.mutex);
-  if (state.initialised) return bps::Fail("tf_bps is already initialised");
   auto worker = std::make_shared<bps::Worker>(options);
-  status = worker->Start();
+  {
+    std::lock_guard<std::mutex> lock(state.mutex);
+    if (state.initialised || state.starting) return bps::Fail("tf_bps is already initialised");
+    state.starting = worker;
+  }
+  status = worker->Start();  // Without the lock: bps_worker_abort may stop it.
+  std::lock_guard<std::mutex> lock(state.mutex);
+  state.starting.reset();
   if (!status.ok()) return bps::Fail(status);
   state.worker = std::move(worker);
   state.initialised = true;
@@ -172,7 +178,11 @@ int bps_worker_init(int rank, int size, const char* servers, long long partition
 
 void bps_worker_abort(const char* reason) {
   std::shared_ptr<bps::Worker> worker;
-  bps::CurrentWorker(&worker);
+  {
+    auto& state = bps::State();
+    std::lock_guard<std::mutex> lock(state.mutex);
+    worker = state.worker ? state.worker : state.starting;
+  }
   if (worker) worker->Abort(reason ? reason : "aborted");
 }
 

@@ -336,7 +336,8 @@ Status Worker::Start() {
                              std::to_string(address.port) + ")";
     std::unique_ptr<Channel> channel;
     Status status = ConnectToServer(address, peer, options_.token, options_.rank,
-                                    options_.timeout_ms, &channel);
+                                    options_.timeout_ms, &channel, &start_cancel_);
+    if (status.kind() == ErrorKind::kAborted) return status;  // The job's abort, as it came.
     if (!status.ok())
       return Status::Error(ErrorKind::kPeerGone, "worker " + std::to_string(options_.rank) +
                                                      " cannot reach " + peer + ": " +
@@ -734,6 +735,7 @@ void Worker::OnLinkFailure(const std::string& reason) {
 }
 
 void Worker::Abort(const std::string& reason) {
+  start_cancel_.Cancel(reason);
   const Status status = Status::Error(ErrorKind::kPeerGone, reason);
   {
     std::lock_guard<std::mutex> lock(fatal_mutex_);

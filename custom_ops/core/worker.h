@@ -204,6 +204,7 @@ class Worker {
   Status fatal_ = Status::OK();
 
   std::atomic<bool> stopping_{false};
+  Cancellation start_cancel_;  // An abort during Start() ends its connection attempts.
   std::mutex watchdog_mutex_;
   std::condition_variable watchdog_cv_;
   std::thread watchdog_;

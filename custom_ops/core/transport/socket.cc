@@ -10,6 +10,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
@@ -163,8 +164,33 @@ void ConfigureSocket(int fd, int send_timeout_ms) {
   }
 }
 
+void Cancellation::Cancel(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (cancelled_) return;
+  cancelled_ = true;
+  reason_ = reason;
+  for (int fd : watched_) ::shutdown(fd, SHUT_RDWR);
+}
+
+bool Cancellation::cancelled(std::string* reason) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (reason) *reason = reason_;
+  return cancelled_;
+}
+
+bool Cancellation::Watch(int fd) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!cancelled_) watched_.push_back(fd);
+  return !cancelled_;
+}
+
+void Cancellation::Unwatch(int fd) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  watched_.erase(std::remove(watched_.begin(), watched_.end(), fd), watched_.end());
+}
+
 Status ConnectTcp(const std::string& host, int port, int timeout_ms, int send_timeout_ms,
-                  int* fd_out) {
+                  int* fd_out, const Cancellation* cancel) {
   addrinfo hints{};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
@@ -188,6 +214,11 @@ Status ConnectTcp(const std::string& host, int port, int timeout_ms, int send_ti
     }
     last_error = ErrnoText();
     ::close(fd);
+    std::string why;
+    if (cancel && cancel->cancelled(&why)) {
+      ::freeaddrinfo(found);
+      return Status::Error(ErrorKind::kAborted, why);
+    }
     if (std::chrono::steady_clock::now() >= deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }

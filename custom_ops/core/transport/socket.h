@@ -49,9 +49,27 @@ class Connection {
   std::mutex write_mutex_;
 };
 
-// Connects to host:port, retrying until `timeout_ms` passes.
+// Lets another thread stop connections being set up (a job's abort while a worker
+// is still starting): retries end, and watched sockets are shut down, waking any wait.
+class Cancellation {
+ public:
+  void Cancel(const std::string& reason);
+  // Whether it was cancelled, and why.
+  bool cancelled(std::string* reason = nullptr) const;
+  // False (and nothing watched) once cancelled.
+  bool Watch(int fd);
+  void Unwatch(int fd);
+
+ private:
+  mutable std::mutex mutex_;
+  bool cancelled_ = false;
+  std::string reason_;
+  std::vector<int> watched_;
+};
+
+// Connects to host:port, retrying until `timeout_ms` passes or `cancel` is cancelled.
 Status ConnectTcp(const std::string& host, int port, int timeout_ms, int send_timeout_ms,
-                  int* fd_out);
+                  int* fd_out, const Cancellation* cancel = nullptr);
 
 // Listens on `host` (an IPv4 address; empty: every interface); port 0 picks a free
 // one. Writes the bound port.

@@ -86,9 +86,29 @@ Status SocketChannel::Receive(FrameHeader* header, DataReader* payload, bool* eo
 // ---------------------------------------------------------------------------
 // Connecting and listening
 
+namespace {
+
+// The handshake, with the socket shut down if `cancel` fires meanwhile.
+Status AuthenticateCancellably(Channel& channel, int fd, const std::string& token, uint32_t rank,
+                               int timeout_ms, Cancellation* cancel) {
+  std::string why;
+  if (cancel && !cancel->Watch(fd)) {
+    cancel->cancelled(&why);
+    return Status::Error(ErrorKind::kAborted, why);
+  }
+  Status status = AuthenticateServer(channel, token, rank, timeout_ms);
+  if (cancel) {
+    cancel->Unwatch(fd);
+    if (cancel->cancelled(&why)) return Status::Error(ErrorKind::kAborted, why);
+  }
+  return status;
+}
+
+}  // namespace
+
 Status ConnectToServer(const ServerAddress& address, const std::string& peer,
                        const std::string& token, uint32_t rank, int timeout_ms,
-                       std::unique_ptr<Channel>* out) {
+                       std::unique_ptr<Channel>* out, Cancellation* cancel) {
   int fd = -1;
   if (address.same_host && ConnectLocal(address.port, timeout_ms, &fd).ok()) {
     auto channel = std::make_unique<SharedMemoryChannel>(
@@ -97,7 +117,8 @@ Status ConnectToServer(const ServerAddress& address, const std::string& peer,
         SharedMemoryChannel::Side::kWorker);
     // Anyone on this host may have bound the socket's name first: trust it only once
     // it has proven the token, and otherwise take the TCP way in.
-    Status status = AuthenticateServer(*channel, token, rank, timeout_ms);
+    Status status = AuthenticateCancellably(*channel, fd, token, rank, timeout_ms, cancel);
+    if (status.kind() == ErrorKind::kAborted) return status;
     if (status.ok()) {
       BPS_LOG(kDebug) << peer << " is on this host: using its Unix socket and shared memory";
       *out = std::move(channel);
@@ -106,10 +127,10 @@ Status ConnectToServer(const ServerAddress& address, const std::string& peer,
     BPS_LOG(kWarning) << "the local socket of " << peer << " is not the server's ("
                       << status.message() << "); using TCP";
   }
-  Status status = ConnectTcp(address.host, address.port, timeout_ms, timeout_ms, &fd);
+  Status status = ConnectTcp(address.host, address.port, timeout_ms, timeout_ms, &fd, cancel);
   if (!status.ok()) return status;
   auto channel = std::make_unique<SocketChannel>(std::make_unique<Connection>(fd, peer));
-  status = AuthenticateServer(*channel, token, rank, timeout_ms);
+  status = AuthenticateCancellably(*channel, fd, token, rank, timeout_ms, cancel);
   if (!status.ok()) return status;
   *out = std::move(channel);
   return Status::OK();

@@ -128,9 +128,10 @@ struct ServerAddress {
 // `token`, see auth.h): through its Unix socket and shared memory when it runs on
 // this host, else (or if that fails) over TCP, retrying until `timeout_ms` passes.
 // `peer` names the server in errors.
+// `cancel` (optional) ends the attempt early.
 Status ConnectToServer(const ServerAddress& address, const std::string& peer,
                        const std::string& token, uint32_t rank, int timeout_ms,
-                       std::unique_ptr<Channel>* out);
+                       std::unique_ptr<Channel>* out, Cancellation* cancel = nullptr);
 
 // A server's listening side: TCP on every interface, and a Unix socket (named after
 // the TCP port) for workers on this host, which get shared-memory channels.
