@@ -154,3 +154,42 @@ def test_nodes_without_the_token_are_refused_and_the_job_goes_on(procs):
         assert f"SUMS OK {rank}" in results[f"worker{rank}"][1]
     # Each stranger saw that the scheduler cannot prove the token, and left; strangers
     # that register anyway are refused (test_the_scheduler_survives_garbage...).
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_server_out_of_descriptors_keeps_serving_without_spinning(procs):
+    # The server may hold 64 descriptors; a flood of connections takes the rest. Its
+    # workers (over TCP: shared memory would need new descriptors) must go on.
+    common = dict(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=free_port(), DMLC_NUM_WORKER=2,
+                  DMLC_NUM_SERVER=1, BYTEPS_JOB_TOKEN="token", BYTEPS_ENABLE_IPC=0,
+                  TEST_ROUNDS=400)
+    scheduler = procs.start(LAUNCH, base_env(DMLC_ROLE="scheduler", **common))
+    server = procs.start(["prlimit", "--nofile=64:64", *LAUNCH],
+                         base_env(DMLC_ROLE="server", BYTEPS_LOG_LEVEL="INFO", **common))
+    workers = [procs.start([*LAUNCH, *worker_command("steady_sums.py")],
+                           base_env(DMLC_ROLE="worker", DMLC_WORKER_ID=rank, **common))
+               for rank in range(2)]
+    port = int(_wait_for(server, r"on port (\d+)").group(1))
+    for worker in workers:
+        _wait_for(worker, "READY")
+    flood = []
+    try:
+        for _ in range(150):
+            flood.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        before = _cpu_seconds(server.pid)
+        time.sleep(3)
+        spent = _cpu_seconds(server.pid) - before
+    finally:
+        for sock in flood:
+            sock.close()
+    for name, process in (("scheduler", scheduler), ("server", server), ("worker0", workers[0]),
+                          ("worker1", workers[1])):
+        status, output = finish(process, timeout=120)
+        assert status == 0, (name, output)
+        if name == "server":
+            assert "cannot accept a connection: Too many open files" in output, output
+    assert spent < 1.0, f"the server spent {spent:.2f} s of CPU in 3 s of flood"
