@@ -441,6 +441,7 @@ void Server::Process(Engine* engine, PushItem item) {
     pool_.Release(std::move(item.block));
     return;
   }
+  key.bytes_in += item.length;
   Accumulate(&key, &item);
   key.contributors.push_back(item.rank);
 
@@ -490,7 +491,7 @@ bool Server::MaybeComplete(const PartitionKey& id, KeyState* key) {
     FailRound(id, key, ErrorKind::kInternal, "the server ran out of shared memory: " + failure());
     return true;
   }
-  Reply(id, *key, result, length);
+  key->bytes_out += length * Reply(id, *key, result, length);
   key->closed_error.clear();
   key->last_closed = key->round;
   CloseRound(key);
@@ -696,7 +697,8 @@ const char* Server::Complete(const PartitionKey& id, KeyState* key, size_t* leng
   return nullptr;
 }
 
-void Server::Reply(const PartitionKey& id, const KeyState& key, const char* result, size_t length) {
+size_t Server::Reply(const PartitionKey& id, const KeyState& key, const char* result,
+                     size_t length) {
   // Who receives the result: the owner, a broadcast's receivers, or everyone. The
   // others get an empty acknowledgement, sent last: a broadcast root may overwrite its
   // pushed data once it is answered.
@@ -704,10 +706,28 @@ void Server::Reply(const PartitionKey& id, const KeyState& key, const char* resu
     if (key.owner >= 0) return static_cast<int32_t>(r) == key.owner;
     return key.kind != OpKind::kBroadcast || key.by_rank[r].length == 0;
   };
-  for (uint32_t r : key.contributors)
-    if (receives(r)) SendReply(r, id, key.round, result, length);
+  size_t receivers = 0;
+  for (uint32_t r : key.contributors) {
+    if (!receives(r)) continue;
+    SendReply(r, id, key.round, result, length);
+    ++receivers;
+  }
   for (uint32_t r : key.contributors)
     if (!receives(r)) SendReply(r, id, key.round, nullptr, 0);
+  return receivers;
+}
+
+void Server::LogTraffic() {
+  if (!LogEnabled(LogLevel::kDebug)) return;
+  std::map<uint64_t, std::pair<uint64_t, uint64_t>> by_tensor;  // id -> (in, out)
+  for (auto& engine : engines_)
+    for (const auto& [id, key] : engine->keys) {
+      by_tensor[id.tensor_id].first += key.bytes_in;
+      by_tensor[id.tensor_id].second += key.bytes_out;
+    }
+  for (const auto& [tensor_id, traffic] : by_tensor)
+    BPS_LOG(kDebug) << "tensor " << Describe(tensor_id, 0) << " moved " << traffic.first
+                    << " bytes in and " << traffic.second << " bytes out";
 }
 
 void Server::FailRound(const PartitionKey& id, KeyState* key, ErrorKind kind,
@@ -842,6 +862,7 @@ void Server::Stop() {
     engine->cv.notify_all();
     if (engine->thread.joinable()) engine->thread.join();
   }
+  LogTraffic();  // The engines' state is still and ours now.
   for (auto& reader : readers) {
     std::lock_guard<std::mutex> lock(reader.conn->mutex);
     reader.conn->outstanding = 0;

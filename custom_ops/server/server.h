@@ -119,6 +119,9 @@ class Server {
     std::vector<const char*> shared;    // push_pull: shared-slot pushes, reduced at the end
     std::vector<Contribution> by_rank;  // broadcast and allgather
     std::vector<uint32_t> contributors;
+    // Tensor data pushed here and sent back, over all rounds (logged at the end).
+    uint64_t bytes_in = 0;
+    uint64_t bytes_out = 0;
   };
   struct Engine {
     std::mutex mutex;
@@ -152,7 +155,10 @@ class Server {
   // same-host worker receives it, so that it reads it without a copy over a socket.
   const char* Complete(const PartitionKey& id, KeyState* key, size_t* length);
   // Sends the result to every contributor; broadcast receivers get the root's data.
-  void Reply(const PartitionKey& id, const KeyState& key, const char* result, size_t length);
+  // Returns how many received the result (the others an acknowledgement).
+  size_t Reply(const PartitionKey& id, const KeyState& key, const char* result, size_t length);
+  // Logs, per tensor, the data that came in and went out (DEBUG).
+  void LogTraffic();
   // Ends the round in progress with an error for each contributor (and `also`, when
   // it is a worker whose push is refused with the round).
   void FailRound(const PartitionKey& id, KeyState* key, ErrorKind kind, const std::string& message,

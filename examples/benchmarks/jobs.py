@@ -19,7 +19,9 @@ def _read(path: str) -> dict:
 
 
 def run_tf_bps(worker_command: list[str], out_path: str, num_workers: int,
-               num_servers: int | None = None, env: dict[str, str] | None = None) -> dict:
+               num_servers: int | None = None, env: dict[str, str] | None = None,
+               output: list[str] | None = None) -> dict:
+    """The figures rank 0 wrote; the job's printed output goes to `output` if given."""
     command = [sys.executable, "-m", "tf_bps.launcher", "-np", str(num_workers)]
     if num_servers is not None:
         command += ["--num-servers", str(num_servers)]
@@ -27,6 +29,8 @@ def run_tf_bps(worker_command: list[str], out_path: str, num_workers: int,
                           timeout=TIMEOUT_S, env={**os.environ, **(env or {})})
     if done.returncode != 0:
         raise RuntimeError(f"the tf_bps job failed:\n{done.stdout}{done.stderr}")
+    if output is not None:
+        output.append(done.stdout + done.stderr)
     return _read(out_path)
 
 
