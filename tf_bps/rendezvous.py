@@ -91,8 +91,9 @@ class SchedulerLink:
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not self._socket.poll(int(remaining * 1000)):
+                what = "address book" if kind == "book" else "answer"
                 raise RendezvousError(
-                    f"no address book from the scheduler at {self._endpoint} within "
+                    f"no {what} from the scheduler at {self._endpoint} within "
                     f"{self._config.op_timeout:g} s (is it running, and have all "
                     f"{self._config.num_worker} worker(s) and {self._config.num_server} "
                     "server(s) started? see BYTEPS_OP_TIMEOUT)")

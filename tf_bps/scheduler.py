@@ -170,6 +170,18 @@ class Scheduler:
                           f"{clash[0].host}; check DMLC_WORKER_ID and BYTEPS_LOCAL_RANK")
         return node, ""
 
+    def _answer_latecomer(self, identity: bytes, message: dict) -> None:
+        """A node that was not part of the rendezvous: it may check this scheduler's
+        proof (and leave if it is not its job's), but it cannot join."""
+        if message["type"] == "hello":
+            self._challenge(identity, message)
+        elif message["type"] == "register":
+            self._challenges.pop(identity, None)
+            log.warning("refused a registration after the job started (pid %s on %s)",
+                        str(message.get("pid"))[:16], str(message.get("host"))[:64])
+            self._send(identity, {"type": "abort", "reason": "the job has already started: "
+                                  "every node of it has registered"})
+
     def _challenge(self, identity: bytes, message: dict) -> None:
         """Answers a hello: the scheduler's proof for the node's nonce, and a nonce of its
         own for the node to sign in its registration."""
@@ -250,6 +262,7 @@ class Scheduler:
                 identity, message = received
                 node = self._nodes.get(identity)
                 if node is None:
+                    self._answer_latecomer(identity, message)
                     continue
                 node.last_seen = now
                 kind = message.get("type")

@@ -17,6 +17,7 @@ def serve(config: Config) -> int:
     """Runs one server until the scheduler ends the job; returns the exit status."""
     engine = core.server_start(config)
     link = SchedulerLink(config)
+    stop_reason = ""  # What the workers hear when the server stops, if it fails.
     try:
         book = link.register("server", port=engine.port)
         engine.serve(book["num_workers"])
@@ -31,6 +32,7 @@ def serve(config: Config) -> int:
                     return 0
                 if message["type"] == "abort":
                     print(f"tf_bps server: job aborted: {message['reason']}", file=sys.stderr)
+                    stop_reason = f"the job is failing: {message['reason']}"
                     return 1
             if ready and not reported:
                 link.send({"type": "failure", "reason": engine.failure()})
@@ -40,7 +42,7 @@ def serve(config: Config) -> int:
         return 1
     finally:
         failure = engine.failure()
-        engine.stop()
+        engine.stop(stop_reason or failure)
         link.close(failure=failure or None, say_done=False)
 
 

@@ -114,9 +114,9 @@ def synchronise_gradients(grads, names, options: SyncOptions = SyncOptions()):
         if grad is None:
             continue
         if isinstance(grad, tf.IndexedSlices):
-            if not options.sparse_as_dense and set_id == 0:
+            if not options.sparse_as_dense:
                 with _placed(options.device_sparse):
-                    results[index] = _allreduce_indexed_slices(grad, name, options.op)
+                    results[index] = _allreduce_indexed_slices(grad, name, options.op, set_id)
                 continue
             grad = tf.convert_to_tensor(grad)
         compressed, context = options.compression.compress(_scale(grad, prescale))

@@ -20,7 +20,9 @@ enum class FrameType : uint8_t {
   kPush = 3,     // worker -> server: one partition's data for this round.
   kReply = 4,    // server -> worker: the round's result for one partition.
   kError = 5,    // server -> worker: the round failed; payload is the message.
-  kBye = 6,      // worker -> server: clean shutdown, no more pushes from this rank.
+  // worker -> server: clean shutdown, no more pushes from this rank. server -> worker:
+  // the server is stopping; payload why.
+  kBye = 6,
   // Same-host peers (Unix socket) only:
   kArena = 7,     // either way: a shared-memory arena; payload ArenaAnnouncement, fd attached.
   kPushShm = 8,   // like kPush, but the data lies in the worker's arena (payload ShmLocation).

@@ -260,6 +260,10 @@ void ServerLink::ReceiveLoop() {
         status = HandleReply(header, &payload);
       } else if (type == FrameType::kJoined) {
         status = HandleJoined(header, &payload);
+      } else if (type == FrameType::kBye && header.length <= (1u << 20)) {
+        std::string why(header.length, '\0');
+        status = payload.Read(why.data(), why.size());
+        if (status.ok()) status = Status::Error(description() + " is stopping: " + why);
       } else {
         status = Status::Error("unexpected frame type " + std::to_string(header.type) + " from " +
                                description());

@@ -33,8 +33,9 @@ class ServerEngine {
   void Serve(int num_workers) { bps::ThrowIfError(Get().Serve(num_workers)); }
   int FailureFd() { return Get().failure_fd(); }
   std::string Failure() { return Get().failure(); }
-  void Stop() {
+  void Stop(const std::string& reason) {
     py::gil_scoped_release unlocked;  // Joins the engine's threads.
+    if (server_) server_->Stop(reason);
     server_.reset();
   }
 
@@ -63,12 +64,13 @@ PYBIND11_MODULE(_bps_server, m) {
       py::arg("level"), py::arg("prefix"));
   py::class_<ServerEngine>(m, "ServerEngine")
       .def(py::init<int, int, const std::string&, const std::string&, int>(),
-           py::arg("engine_threads"), py::arg("timeout_ms"), py::arg("token"),
-           py::arg("host") = "", py::arg("port") = 0)
+           py::arg("engine_threads"), py::arg("timeout_ms"), py::arg("token"), py::arg("host") = "",
+           py::arg("port") = 0)
       .def_property_readonly("port", &ServerEngine::port)
       .def("serve", &ServerEngine::Serve, py::arg("num_workers"))
       .def("failure_fd", &ServerEngine::FailureFd,
            "A descriptor that turns readable when the server hits a fatal failure.")
       .def("failure", &ServerEngine::Failure)
-      .def("stop", &ServerEngine::Stop);
+      .def("stop", &ServerEngine::Stop, py::arg("reason") = "",
+           "Stops serving; with a reason, every worker hears it first.");
 }

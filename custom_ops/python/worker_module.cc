@@ -40,8 +40,8 @@ PYBIND11_MODULE(_bps_worker, m) {
       "One worker and no servers: every collective is local.");
   m.def(
       "init",
-      [](int rank, int size, const std::string& servers, long long partition_bytes,
-         int timeout_ms, const std::string& token) {
+      [](int rank, int size, const std::string& servers, long long partition_bytes, int timeout_ms,
+         const std::string& token) {
         int result;
         {
           py::gil_scoped_release unlocked;  // Connecting may take up to the timeout.

@@ -844,10 +844,21 @@ std::string Server::failure() {
   return failure_;
 }
 
-void Server::Stop() {
+void Server::Stop(const std::string& reason) {
   if (stopping_.exchange(true)) return;
   listener_.Close();
   if (acceptor_.joinable()) acceptor_.join();
+  if (!reason.empty()) {
+    FrameHeader bye;
+    bye.type = static_cast<uint8_t>(FrameType::kBye);
+    bye.length = reason.size();
+    for (int r = 0; r < num_workers_; ++r) {
+      std::shared_ptr<WorkerConn> worker = ConnOf(static_cast<uint32_t>(r));
+      if (!worker) continue;
+      worker->channel->SetSendTimeout(200);  // Best effort: a stuck worker must not hold us.
+      worker->channel->Send(bye, reason.data());
+    }
+  }
   std::vector<Reader> readers;
   {
     std::lock_guard<std::mutex> lock(conns_mutex_);

@@ -63,7 +63,8 @@ class Server {
   // vanished), so a control loop can wait on it alongside its other sockets.
   int failure_fd() const { return failure_pipe_[0]; }
   std::string failure();
-  void Stop();
+  // Stops serving; with a `reason`, each worker hears it before its connection closes.
+  void Stop(const std::string& reason = "");
 
  private:
   struct WorkerConn;

@@ -150,6 +150,11 @@ void Connection::SetReceiveTimeout(int ms) {
   ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 }
 
+void Connection::SetSendTimeout(int ms) {
+  timeval tv{ms / 1000, (ms % 1000) * 1000};
+  ::setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
 void Connection::Shutdown() { ::shutdown(fd_, SHUT_RDWR); }
 
 void Connection::ShutdownWrite() { ::shutdown(fd_, SHUT_WR); }

@@ -37,6 +37,7 @@ class Connection {
   Status ReceivePayload(void* dst, size_t bytes);
   Status DiscardPayload(size_t bytes);
   void SetReceiveTimeout(int ms);
+  void SetSendTimeout(int ms);
   // Wakes a thread blocked in Receive*; the connection stays allocated.
   void Shutdown();
   // No more writes; the peer reads EOF after what was sent, and reads still work.

@@ -67,8 +67,9 @@ class Channel {
   // True when data in shared memory (Listener::shared_results()) reaches this peer
   // without a copy.
   virtual bool shares_memory() const { return false; }
-  // Bounds each wait in Receive (0: none); a wait that runs out fails it.
+  // Bound each wait in Receive or Send (0: none); a wait that runs out fails it.
   void SetReceiveTimeout(int ms) { conn_->SetReceiveTimeout(ms); }
+  void SetSendTimeout(int ms) { conn_->SetSendTimeout(ms); }
   // Wakes a thread blocked in Receive; the channel stays allocated.
   void Shutdown() { conn_->Shutdown(); }
   // No more sends; the peer reads EOF after what was sent, and receiving still works.
