@@ -22,6 +22,8 @@ JOB = {"DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1", "DMLC_PS_ROOT_URI": "127.
     ({"DMLC_NUM_WORKER": "100", "BYTEPS_LOCAL_SIZE": "100"}, "more than 4096 worker processes"),
     ({"BYTEPS_PARTITION_BYTES": str(2**40)}, "BYTEPS_PARTITION_BYTES="),
     ({"DMLC_WORKER_ID": "2"}, "DMLC_WORKER_ID=2 is not valid"),
+    ({"BYTEPS_MAX_TENSOR_BYTES": "1000"}, "BYTEPS_MAX_TENSOR_BYTES='1000'"),
+    ({"BYTEPS_LISTEN_ANY": "yes"}, "BYTEPS_LISTEN_ANY='yes'"),
 ])
 def test_bad_settings_are_refused_naming_the_variable(env, message):
     with pytest.raises(ConfigError) as refused:
@@ -40,3 +42,6 @@ def test_good_settings_pass():
     config = Config.from_env({**JOB, "BYTEPS_OP_TIMEOUT": "1000000", "PS_HEARTBEAT_INTERVAL": "2",
                               "PS_HEARTBEAT_TIMEOUT": "3", "BYTEPS_SERVER_ENGINE_THREAD": "256"})
     assert config.op_timeout == 1e6 and config.require_rendezvous() == ("127.0.0.1", 9000)
+    # Servers listen on the address they advertise, or everywhere when told so.
+    assert config.listen_host() == "127.0.0.1"
+    assert Config.from_env({**JOB, "BYTEPS_LISTEN_ANY": "1"}).listen_host() == ""

@@ -91,6 +91,17 @@ def _wait_for(process, pattern: str) -> re.Match:
     raise AssertionError(f"{process.args} ended before printing {pattern!r}")
 
 
+def _listening_addresses(port: int) -> list[str]:
+    """The IPv4 addresses a TCP socket listens on at `port` (from /proc/net/tcp)."""
+    found = []
+    for line in open("/proc/net/tcp").read().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, local_port = local.split(":")
+        if int(local_port, 16) == port and state == "0A":  # LISTEN
+            found.append(socket.inet_ntoa(struct.pack("<I", int(address, 16))))
+    return found
+
+
 def _closed_by_peer(sock: socket.socket) -> bool:
     """Whether the peer closes the connection within 5 s (after its challenge, if any)."""
     sock.settimeout(5)
@@ -110,6 +121,8 @@ def test_a_server_drops_strangers_and_keeps_serving(procs):
     port = int(_wait_for(job["server0"], r"on port (\d+)").group(1))
     for rank in range(2):
         _wait_for(job[f"worker{rank}"], "READY")
+    # It listens on the address it advertises (127.0.0.1 here), not on every interface.
+    assert _listening_addresses(port) == ["127.0.0.1"]
     address = ("127.0.0.1", port)
     for frame in (b"\x00" * 64,  # not a frame
                   _frame(HELLO, rank=0, length=48) + os.urandom(48),  # a guessed proof

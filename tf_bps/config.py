@@ -22,6 +22,7 @@ DEFAULT_PARTITION_BYTES = 4096000
 MAX_TIMEOUT_SECONDS = 1_000_000
 MAX_ENGINE_THREADS = 256
 MAX_NODES = 4096  # workers or servers in one job
+DEFAULT_MAX_TENSOR_BYTES = 2**36
 
 
 class ConfigError(ValueError):
@@ -105,6 +106,8 @@ class Config:
     # Every node of a job proves it knows this (bpslaunch makes one per job); empty
     # when a job started role by role sets none, and then nothing is proven.
     job_token: str
+    max_tensor_bytes: int  # the largest tensor a server accepts a declaration of
+    listen_any: bool  # servers and the scheduler listen on every interface
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
@@ -136,6 +139,9 @@ class Config:
             heartbeat_timeout=_seconds(env, "PS_HEARTBEAT_TIMEOUT", 10.0),
             op_timeout=_seconds(env, "BYTEPS_OP_TIMEOUT", 300.0),
             job_token=env.get("BYTEPS_JOB_TOKEN", ""),
+            max_tensor_bytes=_int(env, "BYTEPS_MAX_TENSOR_BYTES", DEFAULT_MAX_TENSOR_BYTES,
+                                  minimum=2**20, maximum=2**48),
+            listen_any=_flag(env, "BYTEPS_LISTEN_ANY"),
         )
         if config.heartbeat_interval >= config.heartbeat_timeout:
             raise ConfigError(
@@ -199,6 +205,8 @@ class Config:
         """Where this node listens: its advertised address when it is one of this
         machine's (so strangers on other interfaces see no port), else everywhere
         (behind NAT, say)."""
+        if self.listen_any:
+            return ""
         host = self.advertised_host()
         return host if is_local_address(host) else ""
 

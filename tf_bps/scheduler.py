@@ -69,7 +69,8 @@ class Scheduler:
         self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         # Only the address the job knows the scheduler by, when it is this machine's.
         address = socket.gethostbyname(root_uri)
-        self._socket.bind(f"tcp://{address if is_local_address(address) else '*'}:{port}")
+        local = is_local_address(address) and not config.listen_any
+        self._socket.bind(f"tcp://{address if local else '*'}:{port}")
         self._nodes: dict[bytes, Node] = {}
         self._challenges: dict[bytes, str] = {}  # connection -> the nonce it must sign
 

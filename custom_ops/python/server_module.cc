@@ -18,8 +18,9 @@ namespace {
 class ServerEngine {
  public:
   ServerEngine(int engine_threads, int timeout_ms, const std::string& token,
-               const std::string& host, int port) {
+               uint64_t max_tensor_bytes, const std::string& host, int port) {
     bps::ServerOptions options;
+    options.max_tensor_bytes = max_tensor_bytes;
     options.host = host;
     options.port = port;
     options.engine_threads = engine_threads;
@@ -63,9 +64,9 @@ PYBIND11_MODULE(_bps_server, m) {
       },
       py::arg("level"), py::arg("prefix"));
   py::class_<ServerEngine>(m, "ServerEngine")
-      .def(py::init<int, int, const std::string&, const std::string&, int>(),
-           py::arg("engine_threads"), py::arg("timeout_ms"), py::arg("token"), py::arg("host") = "",
-           py::arg("port") = 0)
+      .def(py::init<int, int, const std::string&, uint64_t, const std::string&, int>(),
+           py::arg("engine_threads"), py::arg("timeout_ms"), py::arg("token"),
+           py::arg("max_tensor_bytes"), py::arg("host") = "", py::arg("port") = 0)
       .def_property_readonly("port", &ServerEngine::port)
       .def("serve", &ServerEngine::Serve, py::arg("num_workers"))
       .def("failure_fd", &ServerEngine::FailureFd,

@@ -179,6 +179,13 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
             Status::Error("malformed tensor declaration from worker rank " + std::to_string(rank));
         break;
       }
+      if (DeclaredBytes(declaration) > options_.max_tensor_bytes) {
+        status = Status::Error(
+            "worker rank " + std::to_string(rank) + " declared tensor '" + declaration.name +
+            "' of " + bps::Describe(declaration) +
+            ", more than BYTEPS_MAX_TENSOR_BYTES=" + std::to_string(options_.max_tensor_bytes));
+        break;
+      }
       std::lock_guard<std::mutex> lock(declarations_mutex_);
       declarations_[{header.tensor_id, rank}] = std::move(declaration);
       continue;

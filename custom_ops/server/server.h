@@ -33,6 +33,8 @@ struct ServerOptions {
   int engine_threads = 4;
   int timeout_ms = 300000;
   std::string token;  // the job's; every worker must prove it knows it (transport/auth.h)
+  // The largest tensor a worker may declare: bounds every push before it is read.
+  uint64_t max_tensor_bytes = uint64_t{1} << 36;
 };
 
 // Receive buffers, recycled so that steady-state training allocates nothing.

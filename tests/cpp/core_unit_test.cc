@@ -402,6 +402,13 @@ class FakeWorker {
     EXPECT(conn_->Send(header, data.data()).ok());
   }
 
+  void Declare(uint64_t tensor, const Declaration& declaration) {
+    const std::string frame = EncodeDeclaration(declaration);
+    FrameHeader header = Header(FrameType::kDeclare, tensor, 1, OpKind::kPushPull);
+    header.length = frame.size();
+    EXPECT(conn_->Send(header, frame.data()).ok());
+  }
+
   // A push header claiming `length` bytes, with none of them sent.
   void ClaimPush(uint64_t tensor, uint64_t length) {
     FrameHeader header = Header(FrameType::kPush, tensor, 1, OpKind::kPushPull);
@@ -486,6 +493,20 @@ void TestServerRefusesOversizedPushes() {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT(server.failure().find("more than the") != std::string::npos);
   server.Stop();
+
+  // So does a declaration of a tensor beyond the configured maximum.
+  options.max_tensor_bytes = 1 << 20;
+  Server small(options);
+  EXPECT(small.Listen(&port).ok() && small.Serve(1).ok());
+  FakeWorker declarer(port, 0);
+  Declaration huge;
+  huge.name = "huge";
+  huge.shape = {1 << 20, 2};
+  declarer.Declare(11, huge);
+  for (int i = 0; i < 100 && small.failure().empty(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT(small.failure().find("BYTEPS_MAX_TENSOR_BYTES") != std::string::npos);
+  small.Stop();
 }
 
 // Someone on this host bound the server's local socket name first: the worker sees it
