@@ -13,6 +13,18 @@ import zmq
 from conftest import LAUNCH, base_env, finish, free_port, worker_command
 
 
+def _completes_with_right_sums(job: dict) -> dict[str, str]:
+    """Waits for every process of a steady_sums.py job: each must exit 0, and every
+    worker must have checked all its sums. Returns each process's output."""
+    outputs = {}
+    for name, process in job.items():
+        status, outputs[name] = finish(process, timeout=120)
+        assert status == 0, (name, outputs[name])
+        if name.startswith("worker"):
+            assert f"SUMS OK {name.removeprefix('worker')}" in outputs[name], outputs[name]
+    return outputs
+
+
 def _send_raw(port: int, data: bytes) -> None:
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(data)
@@ -59,15 +71,11 @@ def test_the_scheduler_survives_garbage_and_refuses_strangers(procs):
     sender = threading.Thread(target=_junk, args=(port, stop), daemon=True)
     sender.start()
     try:
-        results = {name: finish(process, timeout=120) for name, process in job.items()}
+        outputs = _completes_with_right_sums(job)
     finally:
         stop.set()
         sender.join(timeout=10)
-    for name, (status, output) in results.items():
-        assert status == 0, (name, output)
-    for rank in range(2):
-        assert f"SUMS OK {rank}" in results[f"worker{rank}"][1]
-    log = results["scheduler"][1]
+    log = outputs["scheduler"]
     assert "dropped a malformed message" in log, log
     # Garbage registrations are refused before any field is believed.
     assert "does not know this job's token" in log, log
@@ -137,12 +145,7 @@ def test_a_server_drops_strangers_and_keeps_serving(procs):
     for sock in flood:
         sock.close()
     assert refused == 20
-    results = {name: finish(process, timeout=120) for name, process in job.items()}
-    for name, (status, output) in results.items():
-        assert status == 0, (name, output)
-    for rank in range(2):
-        assert f"SUMS OK {rank}" in results[f"worker{rank}"][1]
-    log = results["server0"][1]
+    log = _completes_with_right_sums(job)["server0"]
     assert "others have not said who they are yet" in log, log
     assert "does not know this job's token" in log, log
     assert log.count("did not introduce itself as a worker of this job") >= 2, log
@@ -160,11 +163,7 @@ def test_nodes_without_the_token_are_refused_and_the_job_goes_on(procs):
     for name, process in (("foreign server", foreign_server), ("foreign worker", foreign_worker)):
         status, output = finish(process, timeout=60)
         assert status != 0 and "does not know this job's token" in output, (name, output)
-    results = {name: finish(process, timeout=120) for name, process in job.items()}
-    for name, (status, output) in results.items():
-        assert status == 0, (name, output)
-    for rank in range(2):
-        assert f"SUMS OK {rank}" in results[f"worker{rank}"][1]
+    _completes_with_right_sums(job)
     # Each stranger saw that the scheduler cannot prove the token, and left; strangers
     # that register anyway are refused (test_the_scheduler_survives_garbage...).
 
@@ -199,10 +198,7 @@ def test_a_server_out_of_descriptors_keeps_serving_without_spinning(procs):
     finally:
         for sock in flood:
             sock.close()
-    for name, process in (("scheduler", scheduler), ("server", server), ("worker0", workers[0]),
-                          ("worker1", workers[1])):
-        status, output = finish(process, timeout=120)
-        assert status == 0, (name, output)
-        if name == "server":
-            assert "cannot accept a connection: Too many open files" in output, output
+    outputs = _completes_with_right_sums({"scheduler": scheduler, "server": server,
+                                          "worker0": workers[0], "worker1": workers[1]})
+    assert "cannot accept a connection: Too many open files" in outputs["server"]
     assert spent < 1.0, f"the server spent {spent:.2f} s of CPU in 3 s of flood"
