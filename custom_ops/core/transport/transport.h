@@ -127,15 +127,14 @@ struct ServerAddress {
 
 // Connects to a server as worker `rank` and makes sure it is the job's (both prove
 // `token`, see auth.h): through its Unix socket and shared memory when it runs on
-// this host, else (or if that fails) over TCP, retrying until `timeout_ms` passes.
-// `peer` names the server in errors.
-// `cancel` (optional) ends the attempt early.
+// this host, else (or if that fails) over TCP, retrying until `timeout_ms` passes or
+// `cancel` (optional) fires. `peer` names the server in errors.
 Status ConnectToServer(const ServerAddress& address, const std::string& peer,
                        const std::string& token, uint32_t rank, int timeout_ms,
                        std::unique_ptr<Channel>* out, Cancellation* cancel = nullptr);
 
-// A server's listening side: TCP on every interface, and a Unix socket (named after
-// the TCP port) for workers on this host, which get shared-memory channels.
+// A server's listening side: TCP, and a Unix socket (named after the TCP port) for
+// workers on this host, which get shared-memory channels.
 class Listener {
  public:
   Listener();
