@@ -105,6 +105,9 @@ def test_collectives_match_numpy(procs, tmp_path, num_workers, num_servers, part
         assert got["indexed_slices_refusals"].tolist() == ["NotImplementedError"] * 3
         assert str(got["graph_allgather_object"]) == repr([{"r": r} for r in range(size)])
         assert str(got["graph_broadcast_object"]) == repr({"from": root})
+        assert "does not support eager execution" in str(got["global_variables_eagerly"])
+        np.testing.assert_array_equal(got["global_variables"], [root, root])
+        np.testing.assert_array_equal(got["horovod_variables"], [rank, size, rank, size])
 
         offsets = np.cumsum([0] + [gather_rows(r) for r in range(size)])
         weights = np.arange(offsets[-1] * 2, dtype=np.float32).reshape(-1, 2) + 1

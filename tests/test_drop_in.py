@@ -160,6 +160,8 @@ def test_keyword_arguments_are_honoured_or_refused_by_name(surface):
     # A registered local variable keeps its own gradient (rank + 1), scaled by 1/size.
     assert [got[r]["optimizer_local_var"] for r in (0, 1)] == [[-0.5, -0.5], [-1.0, -1.0]]
     assert [got[r]["optimizer_local_unscaled"] for r in (0, 1)] == [[-1.0, -1.0], [-2.0, -2.0]]
+    assert [got[r]["tape_local_sparse"] for r in (0, 1)] == [
+        ["IndexedSlices", [[0.5, 0.5]]], ["IndexedSlices", [[1.0, 1.0]]]]
 
 
 def test_load_model_restores_a_distributed_optimizer(surface):

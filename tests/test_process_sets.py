@@ -30,6 +30,7 @@ def test_process_sets(procs):
         assert got["alltoall"] == want
         assert got["reducescatter"] == ([[4.0, 4.0], [4.0, 4.0]] if rank == 0 else [[4.0, 4.0]])
         assert got["objects"] == ["r0", "r2"]
+        assert got["sparse"] == ["IndexedSlices", [[0.0, 0.0], [1.0, 1.0]], [0, 2]]
         assert got["tape"] == [5.0, 5.0]  # the average of (rank + 1)^2 over ranks 0 and 2
     outsider = reports[1]
     assert "rank 1 is not a member of process set 1" in outsider["outsider"], outsider

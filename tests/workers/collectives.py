@@ -106,10 +106,23 @@ for arguments in ({"op": bps.Min}, {"op": bps.Product}, {"prescale_factor": 2.0}
     except NotImplementedError:
         refusals.append("NotImplementedError")
 results["indexed_slices_refusals"] = np.array(refusals)
-# Object collectives in a TensorFlow 1 style graph, run by the default session.
-with tf.Graph().as_default(), tf.compat.v1.Session():
+# TensorFlow 1 style graphs, run by the default session: object collectives, and the
+# broadcast of every global variable (which eager code must not call).
+try:
+    bps.broadcast_global_variables(root)
+    results["global_variables_eagerly"] = np.array("accepted")
+except RuntimeError as error:
+    results["global_variables_eagerly"] = np.array(str(error))
+with tf.Graph().as_default(), tf.compat.v1.Session() as session:
     results["graph_allgather_object"] = np.array(repr(bps.allgather_object({"r": rank})))
     results["graph_broadcast_object"] = np.array(repr(bps.broadcast_object({"from": rank}, root)))
+    weights = tf.compat.v1.Variable(tf.fill([2], float(rank)))
+    session.run(tf.compat.v1.global_variables_initializer())
+    session.run(bps.broadcast_global_variables(root))
+    results["global_variables"] = session.run(weights)
+# What bpslaunch tells each process, as horovodrun does.
+results["horovod_variables"] = np.array([int(os.environ[f"HOROVOD_{name}"]) for name in (
+    "RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE")])
 
 # Gradients, eagerly and in a graph (Horovod's definitions).
 rows = gather_rows(rank)

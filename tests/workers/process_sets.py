@@ -41,6 +41,11 @@ if even.included():
     report["reducescatter"] = bps.reducescatter(tf.ones([3, 2]) * (rank + 1), op=bps.Sum,
                                                 process_set=even).numpy().tolist()
     report["objects"] = bps.allgather_object(f"r{rank}", process_set=even)
+    # A sparse gradient stays sparse in a set: the set's rows, averaged over its size.
+    sparse = bps.allreduce(tf.IndexedSlices(tf.fill([1, 2], float(rank)), tf.constant([rank])),
+                           process_set=even)
+    report["sparse"] = [type(sparse).__name__, sparse.values.numpy().tolist(),
+                        sparse.indices.numpy().tolist()]
 else:
     try:
         bps.allreduce(value, process_set=even)

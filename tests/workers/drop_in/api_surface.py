@@ -146,6 +146,14 @@ tape = bps.DistributedGradientTape(tape, device_dense="", device_sparse="",
                                    groups=None, process_set=bps.global_process_set,
                                    scale_local_gradients=True)
 report["tape_every_argument"] = tape.gradient(loss, [source])[0].numpy().tolist()
+# A local embedding (model parallel): its sparse gradient stays sparse, scaled by 1/size.
+table = tf.Variable(tf.ones([3, 2]))
+with tf.GradientTape() as tape:
+    loss = tf.reduce_sum(tf.gather(table, [rank]) * float(rank + 1))
+tape = bps.DistributedGradientTape(tape)
+tape.register_local_source(table)
+grad = tape.gradient(loss, table)
+report["tape_local_sparse"] = [type(grad).__name__, grad.values.numpy().tolist()]
 
 # 5. load_model: the optimizer comes back distributed, with its state.
 keras.utils.set_random_seed(0)  # The same model everywhere: updates compare exactly.
