@@ -404,36 +404,32 @@ def _variable_name(variable) -> str:
     return getattr(variable, "path", None) or variable.name
 
 
-def broadcast_variables(variables, root_rank: int, process_set=global_process_set,
-                        inplace=False):
-    """Assigns `root_rank`'s values to `variables` on every worker (of the set).
-
-    The variables must be listed in the same order on every worker.
-    """
+def _assign_broadcasts(variables, root_rank: int, prefix: str, process_set) -> list:
+    """Assigns `root_rank`'s value to each variable; returns the assign operations.
+    The variables must be listed in the same order on every worker."""
     assigns = []
     for index, variable in enumerate(variables):
         value = broadcast(tf.convert_to_tensor(variable), root_rank,
-                          name=f"Variable.{index}.{_variable_name(variable)}",
+                          name=f"{prefix}.{index}.{_variable_name(variable)}",
                           process_set=process_set)
         assigns.append(variable.assign(value))
-    if tf.executing_eagerly():
-        return None
-    return tf.group(*assigns)
+    return assigns
+
+
+def broadcast_variables(variables, root_rank: int, process_set=global_process_set,
+                        inplace=False):
+    """Assigns `root_rank`'s values to `variables` on every worker (of the set)."""
+    assigns = _assign_broadcasts(variables, root_rank, "Variable", process_set)
+    return None if tf.executing_eagerly() else tf.group(*assigns)
 
 
 def broadcast_(variables, root_rank: int, name: str | None = None,
                process_set=global_process_set):
     """Horovod's in-place broadcast: `root_rank`'s values are assigned to `variables`
     on every worker; returns their new values."""
-    prefix = name or "BroadcastInplace"
-    values = []
-    for index, variable in enumerate(variables):
-        value = broadcast(tf.convert_to_tensor(variable), root_rank,
-                          name=f"{prefix}.{index}.{_variable_name(variable)}",
-                          process_set=process_set)
-        with tf.control_dependencies([variable.assign(value)]):
-            values.append(tf.identity(value))
-    return values
+    assigns = _assign_broadcasts(variables, root_rank, name or "BroadcastInplace", process_set)
+    with tf.control_dependencies(assigns):
+        return [tf.identity(variable) for variable in variables]
 
 
 def broadcast_global_variables(root_rank: int):

@@ -425,7 +425,7 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
     task->Fail(status);
     return;
   }
-  if (declare) Declare(*task, &plan);
+  if (declare) Declare(*task, encoded, &plan);
   task->Launch(static_cast<int>(plan.size()));
   for (PartitionTask& item : plan) LinkFor(task->tensor_id(), item.part).Enqueue(std::move(item));
 }
@@ -571,10 +571,9 @@ Status Worker::Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask
   return Status::Error(ErrorKind::kInternal, "unknown operation kind");
 }
 
-void Worker::Declare(const Task& task, std::vector<PartitionTask>* plan) {
+void Worker::Declare(const Task& task, const std::string& frame, std::vector<PartitionTask>* plan) {
   // Every server that will see the tensor learns what it is with its first push
   // there; a gather's later partitions may go to any server, so all learn it now.
-  const std::string frame = EncodeDeclaration(task.op());
   std::vector<bool> declared(links_.size(), false);
   for (PartitionTask& item : *plan) {
     const size_t server = (task.tensor_id() % links_.size() + item.part) % links_.size();

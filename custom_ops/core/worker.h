@@ -176,7 +176,8 @@ class Worker {
   PartitionTask Partition(const std::shared_ptr<Task>& task, uint32_t part, size_t offset,
                           const char* data, size_t push_length, size_t reply_length) const;
   // Attaches the tensor's declaration to the first partition for each server.
-  void Declare(const Task& task, std::vector<PartitionTask>* plan);
+  // `frame`: the task's encoded Declaration.
+  void Declare(const Task& task, const std::string& frame, std::vector<PartitionTask>* plan);
   size_t PartitionBytes(DataType dtype) const;
   static size_t RowBytes(const Declaration& op);
   // Partitions of a tensor are spread over the servers, starting at its id's.
