@@ -4,6 +4,7 @@ import re
 import sys
 import time
 
+import pytest
 from conftest import LAUNCH, base_env, finish, free_port, worker_command
 from conftest import marked_json as reports
 
@@ -140,11 +141,16 @@ def test_killed_worker_fails_the_others_quickly(procs):
     assert finish(job["server0"], timeout=20)[0] == 1
 
 
-def test_push_pull_without_partner_times_out_naming_tensor(procs):
-    job = procs.start_job_by_role(2, 1, "loop.py", "0", BYTEPS_OP_TIMEOUT=3)
+@pytest.mark.parametrize("merge,waits_for", [("1", "worker rank 1"), ("0", "server 0")],
+                         ids=["local-merge", "flat"])
+def test_push_pull_without_partner_times_out_naming_tensor(procs, merge, waits_for):
+    # With the local merge, worker 0 waits for its partner on this host; without, for
+    # the server that never heard from it.
+    job = procs.start_job_by_role(2, 1, "loop.py", "0", BYTEPS_OP_TIMEOUT=3,
+                                  BYTEPS_LOCAL_MERGE=merge)
     status, output = finish(job["worker0"], timeout=30)
     assert status == 3, output
-    assert "timed out after 3 s" in output and "tensor 'loop0'" in output and "server 0" in output
+    assert "timed out after 3 s" in output and "tensor 'loop0'" in output and waits_for in output
 
 
 def test_clean_shutdown_ends_every_process(procs):

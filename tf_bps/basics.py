@@ -62,11 +62,13 @@ def _join() -> None:
             link = SchedulerLink(config)
             try:
                 book = link.register("worker", worker_id=config.worker_id,
-                                     local_rank=config.local_rank, local_size=config.local_size)
+                                     local_rank=config.local_rank, local_size=config.local_size,
+                                     local_merge=config.local_merge and config.enable_ipc)
                 # Heartbeats and the job's abort from here on: connecting to the servers
                 # may take a while, and an abort must stop it.
                 link.start_monitor(on_abort=_on_abort)
-                core.worker_init(book["rank"], book["size"], book["servers"], config)
+                core.worker_init(book["rank"], book["size"], book["servers"],
+                                 book["merge_with"], config)
             except BaseException as error:
                 link.close(failure=f"worker could not start: {error}")
                 raise

@@ -96,6 +96,9 @@ class Config:
     server_engine_threads: int
     force_distributed: bool
     enable_ipc: bool
+    # The workers of one host sum push_pull partitions among themselves before one of
+    # them pushes (custom_ops/core/local_merge.h); it needs shared memory (IPC).
+    local_merge: bool
     log_level: str
     ps_verbose: int
     node_host: str | None
@@ -131,6 +134,7 @@ class Config:
                                        maximum=MAX_ENGINE_THREADS),
             force_distributed=_flag(env, "BYTEPS_FORCE_DISTRIBUTED"),
             enable_ipc=_flag(env, "BYTEPS_ENABLE_IPC", default=True),
+            local_merge=_flag(env, "BYTEPS_LOCAL_MERGE", default=True),
             log_level=_choice(env, "BYTEPS_LOG_LEVEL", LOG_LEVELS, "WARNING", upper=True),
             ps_verbose=int(_choice(env, "PS_VERBOSE", ("0", "1", "2"), "0")),
             node_host=env.get("DMLC_NODE_HOST", "").strip() or None,

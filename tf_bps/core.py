@@ -54,15 +54,22 @@ def worker_init_local() -> None:
     worker_engine().init_local()
 
 
-def worker_init(rank: int, size: int, servers: list[str], config: Config) -> None:
-    """Connects to the servers ("host:port"); same-host ones over a Unix socket."""
+def worker_init(rank: int, size: int, servers: list[str], merge_with: list[int],
+                config: Config) -> None:
+    """Connects to the servers ("host:port"); same-host ones over a Unix socket. With
+    other workers in `merge_with` (ranks of this host, this one included, that the
+    scheduler found merging), push_pull partitions are summed among them first."""
     def entry(server: str) -> str:
         host = server.rsplit(":", 1)[0]
         return f"{server}+local" if config.enable_ipc and is_local_address(host) else server
 
+    local_ranks = ",".join(str(r) for r in sorted(merge_with))
+    # Abstract socket names are per network namespace; the scheduler's address makes
+    # them per job as well.
+    prefix = f"tf_bps-{config.root_uri}:{config.root_port}-"
     worker_engine().init(rank, size, ",".join(entry(server) for server in servers),
                          config.partition_bytes, int(config.op_timeout * 1000),
-                         config.job_token)
+                         config.job_token, local_ranks, prefix)
 
 
 def worker_abort(reason: str) -> None:

@@ -33,6 +33,7 @@ class Node:
     pid: int
     port: int = 0
     local_size: int = 1
+    merges: bool = False  # sums push_pull locally with the workers of its host that do
     rank: int = -1
     last_seen: float = 0.0
     done: bool = False
@@ -56,6 +57,19 @@ def _local_placement(workers: list[Node]) -> dict[int, tuple[int, int]]:
         by_host.setdefault(worker.host, []).append(worker.rank)
     return {rank: (index, len(ranks)) for ranks in by_host.values()
             for index, rank in enumerate(ranks)}
+
+
+def _merge_groups(workers: list[Node]) -> list[int]:
+    """By rank, a number per group of workers that merge push_pull partitions before
+    pushing them (custom_ops/core/local_merge.h): those of one host that all have the
+    merge on; a worker with it off is a group of its own. Workers and servers get the
+    same numbers, so the servers count a host's merged push for exactly its group."""
+    numbers: dict[str, int] = {}
+    groups = []
+    for worker in sorted(workers, key=lambda w: w.rank):
+        key = worker.host if worker.merges else f"rank {worker.rank}"
+        groups.append(numbers.setdefault(key, len(numbers)))
+    return groups
 
 
 class Scheduler:
@@ -164,6 +178,7 @@ class Scheduler:
                           f"(pid {pid}) is outside this job of DMLC_NUM_WORKER="
                           f"{config.num_worker}")
         node.local_size = local_size
+        node.merges = message.get("local_merge") is True
         node.rank = worker_id * local_size + local_rank
         clash = [w for w in workers if w.rank == node.rank]
         if clash:
@@ -233,16 +248,20 @@ class Scheduler:
 
         size = len(workers)
         addresses = [f"{s.host}:{s.port}" for s in servers]
+        hosts = [w.host for w in sorted(workers, key=lambda w: w.rank)]
+        groups = _merge_groups(workers)
         for server in servers:
             self._send(server.identity, {"type": "book", "server_id": server.rank,
-                                         "num_workers": size, "servers": addresses})
+                                         "num_workers": size, "servers": addresses,
+                                         "merge_groups": groups})
         local = _local_placement(workers)
-        hosts = [w.host for w in sorted(workers, key=lambda w: w.rank)]
         for worker in workers:
             local_rank, local_size = local[worker.rank]
             self._send(worker.identity, {"type": "book", "rank": worker.rank, "size": size,
                                          "local_rank": local_rank, "local_size": local_size,
-                                         "servers": addresses, "workers": hosts})
+                                         "servers": addresses, "workers": hosts,
+                                         "merge_with": [r for r in range(size)
+                                                        if groups[r] == groups[worker.rank]]})
         log.info("job started: %d worker(s), %d server(s)", size, len(servers))
 
     # -- supervision ----------------------------------------------------------------

@@ -20,7 +20,7 @@ def serve(config: Config) -> int:
     stop_reason = ""  # What the workers hear when the server stops, if it fails.
     try:
         book = link.register("server", port=engine.port)
-        engine.serve(book["num_workers"])
+        engine.serve(book["merge_groups"])
         log.info("server %d serving %d worker(s) on port %d", book["server_id"],
                  book["num_workers"], engine.port)
         failure_fd = engine.failure_fd()

@@ -1,6 +1,8 @@
 #include "c_api.h"
 
+#include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -72,6 +74,20 @@ Status ParseServers(const char* text, std::vector<ServerAddress>* servers) {
 }
 
 }  // namespace
+
+Status ParseRanks(const std::string& text, std::vector<int32_t>* ranks) {
+  std::stringstream stream(text);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    char* end = nullptr;
+    const long rank = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || rank < 0 || rank > INT32_MAX ||
+        (!ranks->empty() && rank <= ranks->back()))
+      return Status::Error(ErrorKind::kInvalidArgument, "bad local rank list '" + text + "'");
+    ranks->push_back(static_cast<int32_t>(rank));
+  }
+  return Status::OK();
+}
 
 // One worker and no servers: every collective is the tensor itself (scaled).
 void RunLocally(const TaskSpec& spec, const AllocateFn& allocate, const DoneFn& done) {
@@ -151,9 +167,13 @@ int bps_worker_init_local(void) {
 }
 
 int bps_worker_init(int rank, int size, const char* servers, long long partition_bytes,
-                    int timeout_ms, const char* token) {
+                    int timeout_ms, const char* token, const char* local_ranks,
+                    const char* local_socket_prefix) {
   bps::WorkerOptions options;
   options.token = token ? token : "";
+  options.local_socket_prefix = local_socket_prefix ? local_socket_prefix : "";
+  Status parsed = bps::ParseRanks(local_ranks ? local_ranks : "", &options.local_ranks);
+  if (!parsed.ok()) return bps::Fail(parsed);
   options.rank = rank;
   options.size = size;
   options.partition_bytes = static_cast<size_t>(partition_bytes);

@@ -140,4 +140,10 @@ uint64_t StableHash(const void* data, size_t bytes, uint64_t seed) {
   return hash;
 }
 
+std::string MismatchText(const Declaration& a, uint32_t rank_a, const Declaration& b,
+                         uint32_t rank_b) {
+  return "tensor '" + a.name + "' does not match across workers: rank " + std::to_string(rank_a) +
+         " sent " + Describe(a) + ", rank " + std::to_string(rank_b) + " sent " + Describe(b);
+}
+
 }  // namespace bps

@@ -67,7 +67,11 @@ struct FrameHeader {
   // mixes contributions of different rounds, and replies carry the round they end.
   uint32_t round = 0;
   uint8_t reduce_op = 0;  // push_pull, reducescatter: how the server combines (a ReduceOp).
-  uint8_t reserved[3] = {};
+  uint8_t flags = 0;      // FrameFlags
+  // Between the workers of one host (local_merge.h): how many joins the sender has
+  // seen complete, so that a contribution made after a join is never taken as
+  // one made before it.
+  uint16_t join_epoch = 0;
   // The one rank that receives this partition's result (alltoall, reducescatter); the
   // others get an empty acknowledgement. -1: every worker receives it.
   int32_t owner = -1;
@@ -79,6 +83,12 @@ struct FrameHeader {
   uint64_t length = 0;  // payload bytes that follow.
 };
 static_assert(sizeof(FrameHeader) == 64, "frame header layout is part of the wire format");
+
+enum FrameFlags : uint8_t {
+  // A push_pull push that sums every worker of the sender's host (local_merge.h):
+  // the server counts it for all of them.
+  kFlagHostMerged = 1,
+};
 
 struct ArenaAnnouncement {
   uint32_t index = 0;
@@ -115,6 +125,9 @@ bool DecodeDeclaration(const std::string& payload, Declaration* declaration);
 uint64_t Signature(const Declaration& declaration);
 // For error messages: "allreduce(sum) of float32[2,3]", "broadcast from rank 1 of ...".
 std::string Describe(const Declaration& declaration);
+// "tensor 'g' does not match across workers: rank 0 sent ..., rank 1 sent ...".
+std::string MismatchText(const Declaration& a, uint32_t rank_a, const Declaration& b,
+                         uint32_t rank_b);
 
 // Gathers (allgather, alltoall) take two steps under one round. Partition 0 exchanges
 // sizes: an allgather's push is empty and carries its row count in `rows`; an

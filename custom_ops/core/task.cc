@@ -67,6 +67,8 @@ Task::Task(TaskSpec spec, Group group, uint64_t tensor_id, uint64_t order, uint3
       order_(order),
       round_(round),
       signature_(Signature(spec_.op)),
+      declaration_frame_(EncodeDeclaration(spec_.op)),
+      declaration_hash_(StableHash(declaration_frame_.data(), declaration_frame_.size())),
       timeout_ms_(timeout_ms),
       deadline_(std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms)),
       allocate_(std::move(allocate)),

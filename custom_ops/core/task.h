@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -67,6 +68,10 @@ class Task {
   uint64_t tensor_id() const { return tensor_id_; }
   uint64_t order() const { return order_; }
   uint64_t signature() const { return signature_; }
+  // The operation as a kDeclare payload, and its hash: a peer hears the declaration
+  // again whenever the hash differs from the one it last heard for the tensor.
+  const std::string& declaration_frame() const { return declaration_frame_; }
+  uint64_t declaration_hash() const { return declaration_hash_; }
   const std::vector<int64_t>& splits() const { return spec_.splits; }
   uint32_t round() const { return round_; }
   int timeout_seconds() const { return timeout_ms_ / 1000; }
@@ -103,6 +108,8 @@ class Task {
   const uint64_t order_;
   const uint32_t round_;
   const uint64_t signature_;
+  const std::string declaration_frame_;
+  const uint64_t declaration_hash_;
   const int timeout_ms_;
   const std::chrono::steady_clock::time_point deadline_;
   AllocateFn allocate_;
@@ -117,6 +124,28 @@ class Task {
   bool done_called_ = false;
   Status error_ = Status::OK();
   DoneFn done_;
+};
+
+// The unit of work in the push stages: one partition of one task bound for one server
+// (or for the worker of this host that merges it, see local_merge.h).
+struct PartitionTask {
+  std::shared_ptr<Task> task;
+  uint32_t part;
+  size_t offset;     // of the partition in the tensor (input and output alike).
+  const char* data;  // what to push: `push_length` bytes (none for broadcast receivers).
+  size_t push_length;
+  size_t reply_length;  // bytes the server returns; allgather: known only then.
+  uint64_t priority;    // lower goes first: declaration order, then partition index.
+  int32_t owner = -1;   // the one rank receiving the result (alltoall, reducescatter)
+  uint64_t signature;
+  uint8_t flags = 0;        // FrameFlags
+  uint16_t join_epoch = 0;  // local merges: the joins the sender had seen complete
+};
+
+struct PartitionTaskOrder {
+  bool operator()(const PartitionTask& a, const PartitionTask& b) const {
+    return a.priority > b.priority;
+  }
 };
 
 }  // namespace bps

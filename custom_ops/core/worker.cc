@@ -44,17 +44,6 @@ void ServerLink::Enqueue(PartitionTask task) {
   push_stage_.Push(std::move(task));
 }
 
-void ServerLink::Declare(uint64_t tensor_id, const std::string& frame) {
-  FrameHeader header;
-  header.type = static_cast<uint8_t>(FrameType::kDeclare);
-  header.rank = static_cast<uint32_t>(worker_->options().rank);
-  header.tensor_id = tensor_id;
-  header.length = frame.size();
-  // A broken connection is reported by this link's own threads.
-  Status status = channel_->Send(header, frame.data());
-  if (!status.ok()) BPS_LOG(kDebug) << status.message();
-}
-
 void ServerLink::SendProcessSet(uint32_t id, const std::vector<int32_t>& ranks) {
   FrameHeader header;
   header.type = static_cast<uint8_t>(FrameType::kProcessSet);
@@ -107,6 +96,7 @@ bool ServerLink::Push(PartitionTask& partition) {
   header.reduce_op = static_cast<uint8_t>(task.op().reduce_op);
   header.owner = partition.owner;
   header.process_set = task.op().process_set;
+  header.flags = partition.flags;
   if (IsGather(task.kind())) header.rows = task.op().shape[0];
   Status status = SendPartition(partition, &header);
   task.EndIo();
@@ -126,17 +116,22 @@ bool ServerLink::Push(PartitionTask& partition) {
 }
 
 Status ServerLink::SendPartition(const PartitionTask& partition, FrameHeader* header) {
-  if (!partition.declare_frame.empty()) {
+  // The server hears a tensor's declaration before its first push, and again whenever
+  // anything in it changes (a gather's first dimension too, which bounds what the
+  // server accepts).
+  const Task& task = *partition.task;
+  uint64_t& declared = declared_[task.tensor_id()];
+  if (declared != task.declaration_hash()) {
     header->type = static_cast<uint8_t>(FrameType::kDeclare);
-    header->length = partition.declare_frame.size();
-    Status status = channel_->Send(*header, partition.declare_frame.data());
+    header->length = task.declaration_frame().size();
+    Status status = channel_->Send(*header, task.declaration_frame().data());
     if (!status.ok()) return status;
+    declared = task.declaration_hash();
   }
   header->type = static_cast<uint8_t>(FrameType::kPush);
   header->length = partition.push_length;
   // A broadcast root's data goes to the receivers from where it lies; alternating
   // copies keep its next round from overwriting what they may still be reading.
-  const Task& task = *partition.task;
   const uint32_t copy = task.kind() == OpKind::kBroadcast ? task.round() % 2 : 0;
   return channel_->SendData(*header, partition.data,
                             SlotKey{{task.tensor_id(), partition.part}, copy});
@@ -340,7 +335,7 @@ Status Worker::Start() {
                              std::to_string(address.port) + ")";
     std::unique_ptr<Channel> channel;
     Status status = ConnectToServer(address, peer, options_.token, options_.rank,
-                                    options_.timeout_ms, &channel, &start_cancel_);
+                                    options_.timeout_ms, &channel, &start_cancel_, slots_);
     if (status.kind() == ErrorKind::kAborted) return status;  // The job's abort, as it came.
     if (!status.ok())
       return Status::Error(ErrorKind::kPeerGone, "worker " + std::to_string(options_.rank) +
@@ -350,6 +345,18 @@ Status Worker::Start() {
         std::make_unique<ServerLink>(this, static_cast<int>(i), address, std::move(channel)));
   }
   for (auto& link : links_) link->Start();
+  if (options_.local_ranks.size() > 1) {
+    LocalMergeOptions local;
+    local.ranks = options_.local_ranks;
+    local.rank = options_.rank;
+    local.size = options_.size;
+    local.socket_prefix = options_.local_socket_prefix;
+    local.token = options_.token;
+    local.timeout_ms = options_.timeout_ms;
+    local_ = std::make_unique<LocalMerge>(this, std::move(local), slots_);
+    Status status = local_->Start(&start_cancel_);
+    if (!status.ok()) return status;
+  }
   watchdog_ = std::thread([this] { WatchdogLoop(); });
   BPS_LOG(kInfo) << "worker " << options_.rank << " of " << options_.size << " connected to "
                  << links_.size() << " server(s)";
@@ -382,10 +389,7 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
   }
   if (spec.op.kind == OpKind::kAlltoall && spec.splits.empty())
     spec.splits.assign(group.size(), spec.op.shape[0] / group.size());
-  const std::string encoded = EncodeDeclaration(spec.op);
-  const uint64_t declaration = StableHash(encoded.data(), encoded.size());
   TensorEntry entry;
-  bool declare;
   {
     std::lock_guard<std::mutex> lock(registry_mutex_);
     auto it = registry_.find(name);
@@ -406,8 +410,6 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
     }
     it->second.in_flight = true;
     ++it->second.round;
-    declare = it->second.declared != declaration;
-    it->second.declared = declaration;
     entry = it->second;
   }
   const OpKind kind = spec.op.kind;
@@ -425,16 +427,32 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
     task->Fail(status);
     return;
   }
-  if (declare) Declare(*task, encoded, &plan);
   task->Launch(static_cast<int>(plan.size()));
-  for (PartitionTask& item : plan) LinkFor(task->tensor_id(), item.part).Enqueue(std::move(item));
+  const bool merged = local_ && local_->Merges(*task);
+  if (local_ && !merged) local_->Announce(task);
+  for (PartitionTask& item : plan) {
+    if (merged) {
+      local_->Contribute(std::move(item));
+    } else {
+      LinkFor(task->tensor_id(), item.part).Enqueue(std::move(item));
+    }
+  }
+}
+
+Group Worker::GlobalGroup() const {
+  Group group;
+  group.ranks.resize(options_.size);
+  for (int r = 0; r < options_.size; ++r) group.ranks[r] = r;
+  group.index = options_.rank;
+  return group;
 }
 
 Status Worker::GroupOf(const Declaration& op, Group* group) {
   if (op.process_set == 0) {
-    group->ranks.resize(options_.size);
-    for (int r = 0; r < options_.size; ++r) group->ranks[r] = r;
-  } else {
+    *group = GlobalGroup();
+    return Status::OK();
+  }
+  {
     std::lock_guard<std::mutex> lock(process_sets_mutex_);
     auto found = process_sets_.find(op.process_set);
     if (found == process_sets_.end())
@@ -571,21 +589,6 @@ Status Worker::Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask
   return Status::Error(ErrorKind::kInternal, "unknown operation kind");
 }
 
-void Worker::Declare(const Task& task, const std::string& frame, std::vector<PartitionTask>* plan) {
-  // Every server that will see the tensor learns what it is with its first push
-  // there; a gather's later partitions may go to any server, so all learn it now.
-  std::vector<bool> declared(links_.size(), false);
-  for (PartitionTask& item : *plan) {
-    const size_t server = (task.tensor_id() % links_.size() + item.part) % links_.size();
-    if (declared[server]) continue;
-    declared[server] = true;
-    item.declare_frame = frame;
-  }
-  if (!IsGather(task.kind())) return;
-  for (size_t server = 0; server < links_.size(); ++server)
-    if (!declared[server]) links_[server]->Declare(task.tensor_id(), frame);
-}
-
 size_t Worker::RowBytes(const Declaration& op) {
   size_t row_bytes = DataTypeSize(op.dtype);
   for (size_t i = 1; i < op.shape.size(); ++i) row_bytes *= static_cast<size_t>(op.shape[i]);
@@ -673,11 +676,17 @@ Status Worker::StartGatherData(const std::shared_ptr<Task>& task, const std::vec
 void Worker::OnTaskFinished(const std::string& name, OpKind kind, uint64_t tensor_id,
                             uint32_t round, const Status& status) {
   // Before the name is free again: the next round's pushes must follow the abandon.
-  if (!status.ok())
-    for (auto& link : links_) link->Abandon(tensor_id, round, kind);
+  if (!status.ok()) {
+    AbandonAtServers(tensor_id, round, kind);
+    if (local_) local_->Abandon(tensor_id, round);
+  }
   std::lock_guard<std::mutex> lock(registry_mutex_);
   auto it = registry_.find(name);
   if (it != registry_.end()) it->second.in_flight = false;
+}
+
+void Worker::AbandonAtServers(uint64_t tensor_id, uint32_t round, OpKind kind) {
+  for (auto& link : links_) link->Abandon(tensor_id, round, kind);
 }
 
 Status Worker::Join(int* last_rank) {
@@ -687,6 +696,7 @@ Status Worker::Join(int* last_rank) {
     join_last_ = -1;
     join_rounds_.clear();
   }
+  if (local_) local_->BeginJoin();
   for (auto& link : links_) link->SendJoin();
   std::unique_lock<std::mutex> lock(join_mutex_);
   const bool answered =
@@ -713,6 +723,7 @@ Status Worker::Join(int* last_rank) {
       floor = std::max(floor, round);
     }
   }
+  if (local_) local_->EndJoin();
   *last_rank = join_last_;
   return Status::OK();
 }
@@ -745,6 +756,7 @@ void Worker::Abort(const std::string& reason) {
     if (fatal_.ok()) fatal_ = status;
   }
   for (auto& link : links_) link->FailPending(status);
+  if (local_) local_->FailPending(status);
   join_cv_.notify_all();
 }
 
@@ -755,6 +767,7 @@ void Worker::WatchdogLoop() {
     if (stopping_) break;
     const auto now = std::chrono::steady_clock::now();
     for (auto& link : links_) link->FailExpired(now);
+    if (local_) local_->FailExpired(now);
   }
 }
 
@@ -766,10 +779,15 @@ void Worker::Stop() {
   watchdog_cv_.notify_all();
   if (watchdog_.joinable()) watchdog_.join();
   for (auto& link : links_) link->Close(options_.rank);
+  const Status shutdown =
+      Status::Error(ErrorKind::kShutdown, "tf_bps was shut down while an operation was in flight");
   for (auto& link : links_) {
     link->Join();
-    link->FailPending(Status::Error(ErrorKind::kShutdown,
-                                    "tf_bps was shut down while an operation was in flight"));
+    link->FailPending(shutdown);
+  }
+  if (local_) {
+    local_->Close();
+    local_->FailPending(shutdown);
   }
   BPS_LOG(kInfo) << "worker " << options_.rank << " stopped";
 }

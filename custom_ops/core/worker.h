@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common.h"
+#include "local_merge.h"
 #include "stage.h"
 #include "task.h"
 #include "transport/transport.h"
@@ -37,26 +38,11 @@ struct WorkerOptions {
   size_t partition_bytes = 4096000;
   int timeout_ms = 300000;
   std::string token;  // the job's, proven to every server (transport/auth.h)
-};
-
-// The unit of work in the push stage: one partition of one task bound for one server.
-struct PartitionTask {
-  std::shared_ptr<Task> task;
-  uint32_t part;
-  size_t offset;     // of the partition in the tensor (input and output alike).
-  const char* data;  // what to push: `push_length` bytes (none for broadcast receivers).
-  size_t push_length;
-  size_t reply_length;  // bytes the server returns; allgather: known only then.
-  uint64_t priority;    // lower goes first: declaration order, then partition index.
-  int32_t owner = -1;   // the one rank receiving the result (alltoall, reducescatter)
-  uint64_t signature;
-  std::string declare_frame;  // non-empty: describe the tensor to the server first.
-};
-
-struct PartitionTaskOrder {
-  bool operator()(const PartitionTask& a, const PartitionTask& b) const {
-    return a.priority > b.priority;
-  }
+  // The workers of this host, ascending, this one included: with more than one,
+  // push_pull partitions are merged among them first (local_merge.h).
+  std::vector<int32_t> local_ranks;
+  // Names this job's local sockets (the rank is appended); unique per job and host.
+  std::string local_socket_prefix;
 };
 
 class Worker;
@@ -69,8 +55,6 @@ class ServerLink {
 
   void Start();
   void Enqueue(PartitionTask task);
-  // Describes a tensor to this server ahead of its pushes (`frame`: a Declaration).
-  void Declare(uint64_t tensor_id, const std::string& frame);
   // Registers (or, with no ranks, removes) a process set at this server.
   void SendProcessSet(uint32_t id, const std::vector<int32_t>& ranks);
   // Tells the server this worker has joined (bps.join).
@@ -112,6 +96,8 @@ class ServerLink {
   std::unique_ptr<Channel> channel_;
 
   Stage<PartitionTask, PartitionTaskOrder> push_stage_{"push"};
+  // The declaration hash this server last heard per tensor; push stage only.
+  std::unordered_map<uint64_t, uint64_t> declared_;
 
   std::mutex pending_mutex_;
   std::unordered_map<PartitionKey, Pending, PartitionKeyHash> pending_;
@@ -148,19 +134,25 @@ class Worker {
 
   const WorkerOptions& options() const { return options_; }
   bool stopping() const { return stopping_.load(); }
-  // Called by a link whose server vanished.
+  // Called by a link whose server (or a local peer) vanished.
   void OnLinkFailure(const std::string& reason);
+  // Tells every server this worker gave up `round` of the tensor.
+  void AbandonAtServers(uint64_t tensor_id, uint32_t round, OpKind kind);
   // A gather's sizes arrived (`sizes`: every worker's rows, then an alltoall's split
   // matrix): allocates the output and sends this worker's rows.
   Status StartGatherData(const std::shared_ptr<Task>& task, const std::vector<char>& sizes);
+  // Partitions of a tensor are spread over the servers, starting at its id's.
+  ServerLink& LinkFor(uint64_t tensor_id, uint32_t part);
+  // A partition of `task` bound for a server (or a local merge).
+  PartitionTask Partition(const std::shared_ptr<Task>& task, uint32_t part, size_t offset,
+                          const char* data, size_t push_length, size_t reply_length) const;
+  // The group of an operation in the global set: every worker.
+  Group GlobalGroup() const;
 
  private:
   struct TensorEntry {
     uint64_t id;
     uint64_t order;
-    // Of the declaration servers last heard: sent again whenever anything in it
-    // changes (a gather's first dimension too, which bounds what a server accepts).
-    uint64_t declared = 0;
     uint32_t round = 0;  // of the latest task on this tensor
     bool in_flight = false;
   };
@@ -173,18 +165,16 @@ class Worker {
   Status GroupOf(const Declaration& op, Group* group);
   // Cuts a task into partitions by its kind (a gather: its sizes step only).
   Status Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask>* plan);
-  PartitionTask Partition(const std::shared_ptr<Task>& task, uint32_t part, size_t offset,
-                          const char* data, size_t push_length, size_t reply_length) const;
-  // Attaches the tensor's declaration to the first partition for each server.
-  // `frame`: the task's encoded Declaration.
-  void Declare(const Task& task, const std::string& frame, std::vector<PartitionTask>* plan);
   size_t PartitionBytes(DataType dtype) const;
   static size_t RowBytes(const Declaration& op);
-  // Partitions of a tensor are spread over the servers, starting at its id's.
-  ServerLink& LinkFor(uint64_t tensor_id, uint32_t part);
 
   const WorkerOptions options_;
   std::vector<std::unique_ptr<ServerLink>> links_;
+  std::unique_ptr<LocalMerge> local_;  // with other workers on this host
+  // Where pushes to same-host servers and peers are staged: one table of arenas, so
+  // that a host's merged partition reaches a same-host server without another copy.
+  const std::shared_ptr<SharedSlots> slots_ =
+      std::make_shared<SharedSlots>(std::make_shared<ArenaTable>());
 
   std::mutex process_sets_mutex_;
   std::unordered_map<uint32_t, std::vector<int32_t>> process_sets_;

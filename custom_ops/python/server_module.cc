@@ -1,6 +1,7 @@
 // tf_bps._bps_server: the server engine for Python's `bps-server`. It holds the
 // engine itself (no worker code, no TensorFlow), so a server process loads nothing else.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <memory>
 #include <string>
@@ -31,7 +32,9 @@ class ServerEngine {
   }
 
   int port() const { return port_; }
-  void Serve(int num_workers) { bps::ThrowIfError(Get().Serve(num_workers)); }
+  void Serve(const std::vector<int32_t>& host_of_rank) {
+    bps::ThrowIfError(Get().Serve(host_of_rank));
+  }
   int FailureFd() { return Get().failure_fd(); }
   std::string Failure() { return Get().failure(); }
   void Stop(const std::string& reason) {
@@ -68,7 +71,8 @@ PYBIND11_MODULE(_bps_server, m) {
            py::arg("engine_threads"), py::arg("timeout_ms"), py::arg("token"),
            py::arg("max_tensor_bytes"), py::arg("host") = "", py::arg("port") = 0)
       .def_property_readonly("port", &ServerEngine::port)
-      .def("serve", &ServerEngine::Serve, py::arg("num_workers"))
+      .def("serve", &ServerEngine::Serve, py::arg("host_of_rank"),
+           "Starts serving the job's workers; `host_of_rank` numbers each worker's host.")
       .def("failure_fd", &ServerEngine::FailureFd,
            "A descriptor that turns readable when the server hits a fatal failure.")
       .def("failure", &ServerEngine::Failure)

@@ -41,18 +41,21 @@ PYBIND11_MODULE(_bps_worker, m) {
   m.def(
       "init",
       [](int rank, int size, const std::string& servers, long long partition_bytes, int timeout_ms,
-         const std::string& token) {
+         const std::string& token, const std::string& local_ranks,
+         const std::string& local_socket_prefix) {
         int result;
         {
           py::gil_scoped_release unlocked;  // Connecting may take up to the timeout.
           result = bps_worker_init(rank, size, servers.c_str(), partition_bytes, timeout_ms,
-                                   token.c_str());
+                                   token.c_str(), local_ranks.c_str(), local_socket_prefix.c_str());
         }
         Check(result);
       },
       py::arg("rank"), py::arg("size"), py::arg("servers"), py::arg("partition_bytes"),
-      py::arg("timeout_ms"), py::arg("token"),
-      "Connects to the servers ('host:port' list, '+local' for same-host ones).");
+      py::arg("timeout_ms"), py::arg("token"), py::arg("local_ranks") = "",
+      py::arg("local_socket_prefix") = "",
+      "Connects to the servers ('host:port' list, '+local' for same-host ones) and, with "
+      "several local ranks ('0,1'), to the other workers of this host.");
   m.def(
       "abort", [](const std::string& reason) { bps_worker_abort(reason.c_str()); },
       py::arg("reason"), "Fails every operation in flight and to come with `reason`.");

@@ -76,9 +76,14 @@ Status Server::Listen(int* bound_port) {
   return listener_.Listen(options_.host, options_.port, options_.timeout_ms, bound_port);
 }
 
-Status Server::Serve(int num_workers) {
-  if (num_workers < 1 || !engines_.empty()) return Status::Error("the server is already serving");
-  num_workers_ = num_workers;
+Status Server::Serve(const std::vector<int32_t>& host_of_rank) {
+  if (host_of_rank.empty() || !engines_.empty())
+    return Status::Error("the server is already serving");
+  num_workers_ = static_cast<int>(host_of_rank.size());
+  host_ranks_.assign(num_workers_, {});
+  for (int r = 0; r < num_workers_; ++r)
+    for (int q = 0; q < num_workers_; ++q)
+      if (host_of_rank[q] == host_of_rank[r]) host_ranks_[r].push_back(static_cast<uint32_t>(q));
   finished_.assign(num_workers_, false);
   joined_.assign(num_workers_, false);
   conns_.resize(num_workers_);
@@ -294,6 +299,7 @@ Status Server::ReceivePush(const FrameHeader& header, DataReader* payload, PushI
   item->rows = header.rows;
   item->owner = header.owner;
   item->process_set = header.process_set;
+  item->host_merged = (header.flags & kFlagHostMerged) != 0;
   item->length = header.length;
   // Data in shared memory is used where it lies; from a socket it lands in a block.
   item->shared = payload->View(item->length);
@@ -428,13 +434,26 @@ void Server::Process(Engine* engine, PushItem item) {
     key.owner = item.owner;
     if (!IsReduction(item.kind)) key.by_rank.resize(num_workers_);
   }
-  const bool repeated = std::find(key.contributors.begin(), key.contributors.end(), item.rank) !=
-                        key.contributors.end();
-  if (repeated) {
+  // A host's merged push counts for each of its workers (the leader summed them).
+  if (item.host_merged && (item.kind != OpKind::kPushPull || item.process_set != 0)) {
     FailRound(id, &key, ErrorKind::kInternal,
-              "worker rank " + std::to_string(item.rank) + " sent partition " +
-                  std::to_string(item.part) + " of tensor " + Describe(item.tensor_id, item.rank) +
-                  " twice in " + round_text);
+              "worker rank " + std::to_string(item.rank) + " sent a host-merged " +
+                  OpKindName(item.kind) + " of tensor " + Describe(item.tensor_id, item.rank) +
+                  " (only push_pull in the global set merges)",
+              static_cast<int>(item.rank));
+    pool_.Release(std::move(item.block));
+    return;
+  }
+  const std::vector<uint32_t> single{item.rank};
+  const std::vector<uint32_t>& counts_for = item.host_merged ? host_ranks_[item.rank] : single;
+  for (uint32_t r : counts_for) {
+    if (std::find(key.covered.begin(), key.covered.end(), r) == key.covered.end()) continue;
+    FailRound(id, &key, ErrorKind::kInternal,
+              "partition " + std::to_string(item.part) + " of tensor " +
+                  Describe(item.tensor_id, item.rank) + " arrived twice for worker rank " +
+                  std::to_string(r) + " in " + round_text + " (the last from worker rank " +
+                  std::to_string(item.rank) + ")",
+              static_cast<int>(item.rank));
     pool_.Release(std::move(item.block));
     return;
   }
@@ -451,14 +470,15 @@ void Server::Process(Engine* engine, PushItem item) {
   key.bytes_in += item.length;
   Accumulate(&key, &item);
   key.contributors.push_back(item.rank);
+  key.covered.insert(key.covered.end(), counts_for.begin(), counts_for.end());
 
   // A rank that already said Bye can never complete this round.
   int gone = -1;
   if (finished_count_.load() > 0) {
     std::lock_guard<std::mutex> lock(conns_mutex_);
     for (uint32_t r : key.members) {
-      if (finished_[r] && std::find(key.contributors.begin(), key.contributors.end(), r) ==
-                              key.contributors.end()) {
+      if (finished_[r] &&
+          std::find(key.covered.begin(), key.covered.end(), r) == key.covered.end()) {
         gone = static_cast<int>(r);
         break;
       }
@@ -475,12 +495,12 @@ void Server::Process(Engine* engine, PushItem item) {
 
 bool Server::MaybeComplete(const PartitionKey& id, KeyState* key) {
   // Members that joined take part with nothing: no contribution, no rows.
-  size_t present = key->contributors.size();
+  size_t present = key->covered.size();
   if (joined_any_.load() > 0) {
     std::lock_guard<std::mutex> lock(conns_mutex_);
     for (uint32_t r : key->members)
-      if (joined_[r] && std::find(key->contributors.begin(), key->contributors.end(), r) ==
-                            key->contributors.end())
+      if (joined_[r] &&
+          std::find(key->covered.begin(), key->covered.end(), r) == key->covered.end())
         ++present;
   }
   if (present < key->members.size()) return false;
@@ -752,6 +772,7 @@ void Server::FailRound(const PartitionKey& id, KeyState* key, ErrorKind kind,
 void Server::CloseRound(KeyState* key) {
   key->active = false;
   key->contributors.clear();
+  key->covered.clear();
   key->shared.clear();
   pool_.Release(std::move(key->sum));
   for (Contribution& c : key->by_rank) pool_.Release(std::move(c.block));
@@ -799,7 +820,10 @@ void Server::SendError(uint32_t rank, const PartitionKey& id, uint32_t round, Er
 std::string Server::Describe(uint64_t tensor_id, uint32_t rank) {
   std::lock_guard<std::mutex> lock(declarations_mutex_);
   auto it = declarations_.find({tensor_id, rank});
-  if (it == declarations_.end()) return "with id " + std::to_string(tensor_id);
+  // Another worker's name for it will do (a host's merged pushes come from its leaders).
+  if (it == declarations_.end()) it = declarations_.lower_bound({tensor_id, 0});
+  if (it == declarations_.end() || it->first.first != tensor_id)
+    return "with id " + std::to_string(tensor_id);
   return "'" + it->second.name + "'";
 }
 
@@ -809,9 +833,7 @@ std::string Server::MismatchMessage(uint64_t tensor_id, uint32_t rank_a, uint32_
   auto b = declarations_.find({tensor_id, rank_b});
   if (a == declarations_.end() || b == declarations_.end())
     return "workers sent tensor id " + std::to_string(tensor_id) + " with different sizes";
-  return "tensor '" + a->second.name + "' does not match across workers: rank " +
-         std::to_string(rank_a) + " sent " + bps::Describe(a->second) + ", rank " +
-         std::to_string(rank_b) + " sent " + bps::Describe(b->second);
+  return MismatchText(a->second, rank_a, b->second, rank_b);
 }
 
 void Server::SetFailure(const std::string& reason) {

@@ -59,8 +59,10 @@ class Server {
 
   // Binds the port; workers that connect now wait in the backlog until Serve().
   Status Listen(int* bound_port);
-  // Starts summing for `num_workers` workers, learnt from the scheduler's address book.
-  Status Serve(int num_workers);
+  // Starts summing for the workers of the scheduler's address book: `host_of_rank`
+  // holds each worker's host (any number naming it), so that one push merged over a
+  // host's workers (kFlagHostMerged) counts for each of them.
+  Status Serve(const std::vector<int32_t>& host_of_rank);
   // A descriptor that turns readable when the server hits a fatal failure (a worker
   // vanished), so a control loop can wait on it alongside its other sockets.
   int failure_fd() const { return failure_pipe_[0]; }
@@ -90,6 +92,7 @@ class Server {
     int64_t rows = 0;          // gathers: the sender's first dimension
     int32_t owner = -1;        // the one rank the result goes to; -1: every worker
     uint32_t process_set = 0;  // the workers taking part; 0: all
+    bool host_merged = false;  // counts for every worker of the sender's host
     size_t length = 0;
     BlockPool::Block block;        // data received over the socket, or
     const char* shared = nullptr;  // data in the worker's shared slot (same host).
@@ -116,12 +119,13 @@ class Server {
     uint64_t signature = 0;
     int32_t owner = -1;
     uint32_t process_set = 0;
-    std::vector<uint32_t> members;      // the ranks taking part, ascending
-    size_t length = 0;                  // reductions: every push's length
-    BlockPool::Block sum;               // push_pull: running result of socket pushes
-    std::vector<const char*> shared;    // push_pull: shared-slot pushes, reduced at the end
-    std::vector<Contribution> by_rank;  // broadcast and allgather
-    std::vector<uint32_t> contributors;
+    std::vector<uint32_t> members;       // the ranks taking part, ascending
+    size_t length = 0;                   // reductions: every push's length
+    BlockPool::Block sum;                // push_pull: running result of socket pushes
+    std::vector<const char*> shared;     // push_pull: shared-slot pushes, reduced at the end
+    std::vector<Contribution> by_rank;   // broadcast and allgather
+    std::vector<uint32_t> contributors;  // who pushed: they receive the result
+    std::vector<uint32_t> covered;       // whose data is in: contributors and their hosts'
     // Tensor data pushed here and sent back, over all rounds (logged at the end).
     uint64_t bytes_in = 0;
     uint64_t bytes_out = 0;
@@ -185,7 +189,8 @@ class Server {
 
   const ServerOptions options_;
   int num_workers_ = 0;
-  std::vector<uint32_t> all_ranks_;  // 0 .. num_workers_ - 1: the global process set
+  std::vector<uint32_t> all_ranks_;                // 0 .. num_workers_ - 1: the global process set
+  std::vector<std::vector<uint32_t>> host_ranks_;  // by rank: the workers of its host
   Listener listener_;
   int failure_pipe_[2] = {-1, -1};
   std::atomic<bool> stopping_{false};

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -157,7 +156,7 @@ def main() -> None:
     # broadcast: the root sends its tensor once, every other worker receives it once;
     # allgather: each sends its rows once and receives all rows once.
     n = NUM_WORKERS
-    moved = server_traffic(log[0])
+    moved = {name: sum(traffic) for name, traffic in jobs.server_traffic(log[0]).items()}
     calls = 4 + REPEATS  # the check, 3 warm-up runs and the timed ones
     print("MB between a worker and the servers per operation, sent + received (measured at "
           "the servers, averaged over workers; must move: broadcast "
@@ -166,15 +165,6 @@ def main() -> None:
         native = moved.get(op, 0) / calls / n / 2**20
         emulated = sum(moved.get(name, 0) for name in (f"emulated_{op}", f"emulated_{op}.rows"))
         print(f"{op:>10}  {native:8.1f}  emulated {emulated / calls / n / 2**20:8.1f}")
-
-
-def server_traffic(output: str) -> dict[str, int]:
-    """Bytes in + out per tensor name, summed over the servers' DEBUG lines."""
-    moved: dict[str, int] = {}
-    for name, bytes_in, bytes_out in re.findall(
-            r"tensor '([^']+)' moved (\d+) bytes in and (\d+) bytes out", output):
-        moved[name] = moved.get(name, 0) + int(bytes_in) + int(bytes_out)
-    return moved
 
 
 if __name__ == "__main__":

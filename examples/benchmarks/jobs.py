@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -31,6 +32,38 @@ def run_tf_bps(worker_command: list[str], out_path: str, num_workers: int,
         raise RuntimeError(f"the tf_bps job failed:\n{done.stdout}{done.stderr}")
     if output is not None:
         output.append(done.stdout + done.stderr)
+    return _read(out_path)
+
+
+def run_tf_bps_hosts(worker_command: list[str], out_path: str, hosts: int, local_size: int,
+                     num_servers: int, env: dict[str, str] | None = None,
+                     output: list[str] | None = None) -> dict:
+    """A job as on `hosts` machines of `local_size` workers each, started role by role;
+    each emulated machine advertises its own loopback address (DMLC_NODE_HOST)."""
+    common = {**os.environ, "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(_free_port()),
+              "DMLC_NUM_WORKER": str(hosts), "DMLC_NUM_SERVER": str(num_servers),
+              "BYTEPS_LOCAL_SIZE": str(local_size), **(env or {})}
+    launch = [sys.executable, "-m", "tf_bps.launcher"]
+    roles = [(launch, {"DMLC_ROLE": "scheduler"})]
+    roles += [(launch, {"DMLC_ROLE": "server"})] * num_servers
+    roles += [([*launch, *worker_command], {"DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(host),
+                                            "DMLC_NODE_HOST": f"127.0.0.{host + 1}"})
+              for host in range(hosts)]
+    processes = [subprocess.Popen(command, env={**common, **role_env}, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+                 for command, role_env in roles]
+    try:
+        outputs = [process.communicate(timeout=TIMEOUT_S)[0] for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    for process, text in zip(processes, outputs, strict=True):
+        if process.returncode != 0:
+            raise RuntimeError(f"the tf_bps job failed:\n{text}")
+    if output is not None:
+        output.append("".join(outputs))
     return _read(out_path)
 
 
@@ -63,3 +96,14 @@ def run_mwms(worker_command: list[str], out_path: str, num_workers: int) -> dict
 
 def is_mwms_chief() -> bool:
     return json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0
+
+
+def server_traffic(output: str) -> dict[str, tuple[int, int]]:
+    """Bytes (in, out) per tensor name, summed over the servers' DEBUG lines (servers
+    log each tensor's traffic when they stop, with BYTEPS_LOG_LEVEL=DEBUG)."""
+    moved: dict[str, tuple[int, int]] = {}
+    for name, bytes_in, bytes_out in re.findall(
+            r"tensor '([^']+)' moved (\d+) bytes in and (\d+) bytes out", output):
+        was_in, was_out = moved.get(name, (0, 0))
+        moved[name] = (was_in + int(bytes_in), was_out + int(bytes_out))
+    return moved

@@ -486,7 +486,7 @@ void TestServerRefusesOversizedPushes() {
   Server server(options);
   int port = 0;
   EXPECT(server.Listen(&port).ok());
-  EXPECT(server.Serve(1).ok());
+  EXPECT(server.Serve({0}).ok());
   FakeWorker worker(port, 0);
   worker.ClaimPush(9, 1ull << 42);
   for (int i = 0; i < 100 && server.failure().empty(); ++i)
@@ -497,7 +497,7 @@ void TestServerRefusesOversizedPushes() {
   // So does a declaration of a tensor beyond the configured maximum.
   options.max_tensor_bytes = 1 << 20;
   Server small(options);
-  EXPECT(small.Listen(&port).ok() && small.Serve(1).ok());
+  EXPECT(small.Listen(&port).ok() && small.Serve({0}).ok());
   FakeWorker declarer(port, 0);
   Declaration huge;
   huge.name = "huge";
@@ -516,7 +516,7 @@ void TestSquattedLocalSocketIsNotTrusted() {
   EXPECT(ListenTcp("127.0.0.1", 0, &probe, &port).ok());
   ::close(probe);
   int squatter_fd = -1;
-  EXPECT(ListenLocal(port, &squatter_fd).ok());
+  EXPECT(ListenLocal(ServerSocketName(port), &squatter_fd).ok());
   std::thread squatter([&] {
     int fd = ::accept(squatter_fd, nullptr, nullptr);
     if (fd < 0) return;
@@ -530,7 +530,7 @@ void TestSquattedLocalSocketIsNotTrusted() {
   Server server(options);
   int bound = 0;
   EXPECT(server.Listen(&bound).ok() && bound == port);  // TCP only: the name is taken.
-  EXPECT(server.Serve(1).ok());
+  EXPECT(server.Serve({0}).ok());
   std::unique_ptr<Channel> channel;
   EXPECT(
       ConnectToServer(ServerAddress{"127.0.0.1", port, true}, "server", kToken, 0, 5000, &channel)
@@ -549,7 +549,7 @@ void TestServerRounds() {
   Server server(options);
   int port = 0;
   EXPECT(server.Listen(&port).ok());
-  EXPECT(server.Serve(2).ok());
+  EXPECT(server.Serve({0, 1}).ok());
   FakeWorker w0(port, 0), w1(port, 1);
 
   // A reduction: both get the sum, tagged with the round.

@@ -257,41 +257,43 @@ Status ListenTcp(const std::string& host, int port, int* fd_out, int* bound_port
 
 namespace {
 
-socklen_t LocalAddress(int tcp_port, sockaddr_un* addr) {
+// Abstract names are at most 107 bytes; longer ones are cut (callers keep them short).
+socklen_t LocalAddress(const std::string& name, sockaddr_un* addr) {
   *addr = sockaddr_un{};
   addr->sun_family = AF_UNIX;
   // sun_path[0] stays '\0': the abstract namespace, nothing on disk to clean up.
-  const int length =
-      std::snprintf(addr->sun_path + 1, sizeof(addr->sun_path) - 1, "tf_bps-server-%d", tcp_port);
+  const size_t length = std::min(name.size(), sizeof(addr->sun_path) - 1);
+  std::memcpy(addr->sun_path + 1, name.data(), length);
   return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + length);
 }
 
 }  // namespace
 
-Status ListenLocal(int tcp_port, int* fd_out) {
+std::string ServerSocketName(int tcp_port) { return "tf_bps-server-" + std::to_string(tcp_port); }
+
+Status ListenLocal(const std::string& name, int* fd_out) {
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Status::Error("socket(AF_UNIX) failed: " + ErrnoText());
   sockaddr_un addr;
-  const socklen_t length = LocalAddress(tcp_port, &addr);
+  const socklen_t length = LocalAddress(name, &addr);
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), length) != 0 || ::listen(fd, 128) != 0) {
     std::string error = ErrnoText();
     ::close(fd);
-    return Status::Error("cannot listen on the local socket for port " + std::to_string(tcp_port) +
-                         ": " + error);
+    return Status::Error("cannot listen on the local socket '" + name + "': " + error);
   }
   *fd_out = fd;
   return Status::OK();
 }
 
-Status ConnectLocal(int tcp_port, int send_timeout_ms, int* fd_out) {
+Status ConnectLocal(const std::string& name, int send_timeout_ms, int* fd_out) {
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Status::Error("socket(AF_UNIX) failed: " + ErrnoText());
   sockaddr_un addr;
-  const socklen_t length = LocalAddress(tcp_port, &addr);
+  const socklen_t length = LocalAddress(name, &addr);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), length) != 0) {
     std::string error = ErrnoText();
     ::close(fd);
-    return Status::Error("no local socket for port " + std::to_string(tcp_port) + ": " + error);
+    return Status::Error("no local socket '" + name + "': " + error);
   }
   ConfigureSocket(fd, send_timeout_ms);
   *fd_out = fd;

@@ -76,10 +76,12 @@ Status ConnectTcp(const std::string& host, int port, int timeout_ms, int send_ti
 // one. Writes the bound port.
 Status ListenTcp(const std::string& host, int port, int* fd_out, int* bound_port);
 
-// Peers on the same host skip TCP/IP: the server also listens on a Unix socket in
-// the abstract namespace, named after its TCP port (unique per network namespace).
-Status ListenLocal(int tcp_port, int* fd_out);
-Status ConnectLocal(int tcp_port, int send_timeout_ms, int* fd_out);
+// Peers on the same host skip TCP/IP: Unix sockets in the abstract namespace (names
+// are unique per network namespace, and nothing is left on disk). A server's is
+// named after its TCP port.
+std::string ServerSocketName(int tcp_port);
+Status ListenLocal(const std::string& name, int* fd_out);
+Status ConnectLocal(const std::string& name, int send_timeout_ms, int* fd_out);
 
 // Tunes an accepted or connected socket for small-message latency.
 void ConfigureSocket(int fd, int send_timeout_ms);

@@ -108,13 +108,13 @@ Status AuthenticateCancellably(Channel& channel, int fd, const std::string& toke
 
 Status ConnectToServer(const ServerAddress& address, const std::string& peer,
                        const std::string& token, uint32_t rank, int timeout_ms,
-                       std::unique_ptr<Channel>* out, Cancellation* cancel) {
+                       std::unique_ptr<Channel>* out, Cancellation* cancel,
+                       std::shared_ptr<SharedSlots> slots) {
   int fd = -1;
-  if (address.same_host && ConnectLocal(address.port, timeout_ms, &fd).ok()) {
-    auto channel = std::make_unique<SharedMemoryChannel>(
-        std::make_unique<Connection>(fd, peer),
-        std::make_shared<SharedSlots>(std::make_shared<ArenaTable>()),
-        SharedMemoryChannel::Side::kWorker);
+  if (address.same_host && ConnectLocal(ServerSocketName(address.port), timeout_ms, &fd).ok()) {
+    if (!slots) slots = std::make_shared<SharedSlots>(std::make_shared<ArenaTable>());
+    auto channel = std::make_unique<SharedMemoryChannel>(std::make_unique<Connection>(fd, peer),
+                                                         slots, SharedMemoryChannel::Side::kWorker);
     // Anyone on this host may have bound the socket's name first: trust it only once
     // it has proven the token, and otherwise take the TCP way in.
     Status status = AuthenticateCancellably(*channel, fd, token, rank, timeout_ms, cancel);
@@ -149,7 +149,7 @@ Status Listener::Listen(const std::string& host, int port, int send_timeout_ms, 
   send_timeout_ms_ = send_timeout_ms;
   Status status = ListenTcp(host, port, &tcp_fd_, bound_port);
   if (!status.ok()) return status;
-  status = ListenLocal(*bound_port, &local_fd_);
+  status = ListenLocal(ServerSocketName(*bound_port), &local_fd_);
   if (!status.ok()) BPS_LOG(kWarning) << status.message() << "; local workers will use TCP";
   return Status::OK();
 }

@@ -128,10 +128,13 @@ struct ServerAddress {
 // Connects to a server as worker `rank` and makes sure it is the job's (both prove
 // `token`, see auth.h): through its Unix socket and shared memory when it runs on
 // this host, else (or if that fails) over TCP, retrying until `timeout_ms` passes or
-// `cancel` (optional) fires. `peer` names the server in errors.
+// `cancel` (optional) fires. `peer` names the server in errors. Pushes are staged in
+// `slots` (optional; shared with this process's other channels, data already in one
+// of their arenas goes as a location).
 Status ConnectToServer(const ServerAddress& address, const std::string& peer,
                        const std::string& token, uint32_t rank, int timeout_ms,
-                       std::unique_ptr<Channel>* out, Cancellation* cancel = nullptr);
+                       std::unique_ptr<Channel>* out, Cancellation* cancel = nullptr,
+                       std::shared_ptr<SharedSlots> slots = nullptr);
 
 // A server's listening side: TCP, and a Unix socket (named after the TCP port) for
 // workers on this host, which get shared-memory channels.

@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -47,7 +47,8 @@ void FeedChannel(const uint8_t* data, size_t size, bool shared_memory) {
   } else {
     channel = std::make_unique<bps::SocketChannel>(std::move(conn));
   }
-  if (::write(fds[1], data, size) < 0) {}  // At most the socket buffer: enough for an input.
+  if (::write(fds[1], data, size) < 0) {
+  }  // At most the socket buffer: enough for an input.
   ::close(fds[1]);
   ReadFrames(*channel);
 }
@@ -60,7 +61,7 @@ void FeedServer(const uint8_t* data, size_t size) {
   options.token = kToken;
   bps::Server server(options);
   int port = 0;
-  if (!server.Listen(&port).ok() || !server.Serve(2).ok()) return;
+  if (!server.Listen(&port).ok() || !server.Serve({0, 1}).ok()) return;
   std::unique_ptr<bps::Channel> worker;
   if (!bps::ConnectToServer(bps::ServerAddress{"127.0.0.1", port}, "server", kToken, 0, 2000,
                             &worker)
@@ -98,8 +99,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   switch (target) {
     case 0: {
       bps::Declaration declaration;
-      bps::DecodeDeclaration(std::string(reinterpret_cast<const char*>(data), size),
-                             &declaration);
+      bps::DecodeDeclaration(std::string(reinterpret_cast<const char*>(data), size), &declaration);
       break;
     }
     case 1:

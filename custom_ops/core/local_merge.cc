@@ -1,0 +1,856 @@
+#include "local_merge.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "logging.h"
+#include "reduce.h"
+#include "transport/auth.h"
+#include "worker.h"
+
+namespace bps {
+namespace {
+
+// A worker's slots for the local merge (copies 0 and 1 of a partition are its server
+// links'): what it staged for a leader, and a leader's merged partition (which its
+// peers then read the result from).
+constexpr uint32_t kStagedCopy = 2;
+constexpr uint32_t kMergedCopy = 3;
+
+constexpr size_t kMaxErrorBytes = 1u << 20;
+constexpr size_t kMaxDeclarationBytes = 1u << 20;
+
+bool MergesOp(const Declaration& op) {
+  return op.kind == OpKind::kPushPull && op.process_set == 0 && DeclaredBytes(op) > 0;
+}
+
+}  // namespace
+
+struct LocalMerge::Peer {
+  Peer(int32_t rank, std::unique_ptr<Channel> channel)
+      : rank(rank),
+        name("worker rank " + std::to_string(rank) + " on this host"),
+        channel(std::move(channel)) {}
+  const int32_t rank;
+  const std::string name;
+  std::unique_ptr<Channel> channel;
+  std::thread receiver;
+  // The declaration hash this peer last heard per tensor; local push stage only.
+  std::unordered_map<uint64_t, uint64_t> declared;
+};
+
+LocalMerge::LocalMerge(Worker* worker, LocalMergeOptions options,
+                       std::shared_ptr<SharedSlots> slots)
+    : worker_(worker), options_(std::move(options)), slots_(std::move(slots)) {}
+
+LocalMerge::~LocalMerge() { Close(); }
+
+// ---------------------------------------------------------------------------
+// Connecting
+
+Status LocalMerge::Start(Cancellation* cancel) {
+  const auto& ranks = options_.ranks;
+  index_ = static_cast<int>(std::find(ranks.begin(), ranks.end(), options_.rank) - ranks.begin());
+  if (index_ == static_cast<int>(ranks.size()))
+    return Status::Error(
+        ErrorKind::kInvalidArgument,
+        "worker rank " + std::to_string(options_.rank) + " is not among the workers of its host");
+  peers_.resize(ranks.size());
+  joined_epoch_.assign(ranks.size(), -1);
+  finished_.assign(ranks.size(), false);
+  Status status = ConnectPeers(cancel);
+  if (!status.ok()) return status;
+  push_stage_.Start([this](PartitionTask& partition) { return SendToLeader(partition); });
+  for (size_t i = 0; i < peers_.size(); ++i)
+    if (peers_[i])
+      peers_[i]->receiver = std::thread([this, i] { ReceiveLoop(static_cast<int>(i)); });
+  BPS_LOG(kDebug) << "worker rank " << options_.rank << " merges with " << ranks.size() - 1
+                  << " other worker(s) of its host";
+  return Status::OK();
+}
+
+Status LocalMerge::ConnectPeers(Cancellation* cancel) {
+  const auto& ranks = options_.ranks;
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.timeout_ms);
+  const int timeout_s = options_.timeout_ms / 1000;
+  std::string why;
+  auto give_up = [&](const std::string& waiting_for) {
+    if (cancel && cancel->cancelled(&why)) return Status::Error(ErrorKind::kAborted, why);
+    if (std::chrono::steady_clock::now() < deadline) return Status::OK();
+    return Status::Error(ErrorKind::kPeerGone, "worker rank " + std::to_string(options_.rank) +
+                                                   " waited " + std::to_string(timeout_s) +
+                                                   " s for " + waiting_for +
+                                                   " (see BYTEPS_OP_TIMEOUT)");
+  };
+  // Lower local indices accept, higher ones connect: every pair gets one channel.
+  const int higher = static_cast<int>(ranks.size()) - 1 - index_;
+  int listen_fd = -1;
+  if (higher > 0) {
+    Status status = ListenLocal(options_.socket_prefix + std::to_string(options_.rank), &listen_fd);
+    if (!status.ok()) return status.WithSuffix(" (for the other workers of this host)");
+  }
+  struct Closer {
+    int fd;
+    ~Closer() {
+      if (fd >= 0) ::close(fd);
+    }
+  } closer{listen_fd};
+  for (int j = 0; j < index_; ++j) {
+    const std::string name = options_.socket_prefix + std::to_string(ranks[j]);
+    const std::string peer = "worker rank " + std::to_string(ranks[j]) + " on this host";
+    int fd = -1;
+    while (!ConnectLocal(name, options_.timeout_ms, &fd).ok()) {
+      Status status = give_up(peer + " to listen on its local socket");
+      if (!status.ok()) return status;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    auto channel = std::make_unique<SharedMemoryChannel>(
+        std::make_unique<Connection>(fd, peer), slots_, SharedMemoryChannel::Side::kWorker);
+    // Whoever holds the name must prove the job token before it sees any data.
+    Status status =
+        AuthenticateServer(*channel, options_.token, options_.rank, options_.timeout_ms);
+    if (!status.ok())
+      return Status::Error(ErrorKind::kPeerGone, "the local socket of " + peer +
+                                                     " is not that worker's: " + status.message());
+    peers_[j] = std::make_unique<Peer>(ranks[j], std::move(channel));
+  }
+  for (int accepted = 0; accepted < higher;) {
+    pollfd waiting{listen_fd, POLLIN, 0};
+    if (::poll(&waiting, 1, 100) <= 0) {
+      Status status = give_up("the workers of its host with higher ranks to connect");
+      if (!status.ok()) return status;
+      continue;
+    }
+    const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    ConfigureSocket(fd, options_.timeout_ms);
+    auto channel = std::make_unique<SharedMemoryChannel>(
+        std::make_unique<Connection>(fd, "a process on this host"), slots_,
+        SharedMemoryChannel::Side::kWorker);
+    uint32_t rank = 0;
+    Status status =
+        AuthenticateWorker(*channel, options_.token, options_.size, options_.timeout_ms, &rank);
+    const auto at = std::find(ranks.begin(), ranks.end(), static_cast<int32_t>(rank));
+    const int j = static_cast<int>(at - ranks.begin());
+    if (status.ok() && (j <= index_ || j >= static_cast<int>(ranks.size()) || peers_[j]))
+      status = Status::Error("rank " + std::to_string(rank) + " is not expected to connect here");
+    if (!status.ok()) {
+      BPS_LOG(kWarning) << "refused a local connection: " << status.message();
+      continue;  // Closes it.
+    }
+    peers_[j] = std::make_unique<Peer>(static_cast<int32_t>(rank), std::move(channel));
+    ++accepted;
+  }
+  return Status::OK();
+}
+
+int LocalMerge::LeaderOf(uint64_t tensor_id, uint32_t part) const {
+  const uint64_t count = options_.ranks.size();
+  return static_cast<int>((tensor_id % count + part) % count);
+}
+
+bool LocalMerge::Merges(const Task& task) const { return MergesOp(task.op()); }
+
+void LocalMerge::Announce(const std::shared_ptr<Task>& task) {
+  Effects effects;
+  {
+    std::lock_guard<std::mutex> lock(merge_mutex_);
+    declarations_[{task->tensor_id(), index_}] = Declared{task->op(), task->round()};
+    announced_[task->tensor_id()] = task;
+    CheckAgreement(task->tensor_id(), index_, &effects);
+    for (size_t i = 0; i < peers_.size(); ++i) {
+      if (!peers_[i]) continue;
+      Effects::Message declare;
+      declare.peer = static_cast<int>(i);
+      declare.header.type = static_cast<uint8_t>(FrameType::kDeclare);
+      declare.header.rank = static_cast<uint32_t>(options_.rank);
+      declare.header.tensor_id = task->tensor_id();
+      declare.header.round = task->round();
+      declare.header.length = task->declaration_frame().size();
+      declare.payload = task->declaration_frame();
+      effects.messages.push_back(std::move(declare));
+    }
+  }
+  Run(effects);
+}
+
+void LocalMerge::CheckAgreement(uint64_t tensor_id, int index, Effects* effects) {
+  auto declared = declarations_.find({tensor_id, index});
+  if (declared == declarations_.end()) return;
+  const Declared& theirs = declared->second;
+  for (auto& [key, state] : merges_) {
+    if (key.tensor_id != tensor_id || !state.active || state.round != theirs.round ||
+        state.inputs[index])
+      continue;
+    if (MergesOp(theirs.op) && Signature(theirs.op) == state.signature) continue;
+    const std::string message = MismatchMessage(tensor_id, state.first, index);
+    const uint32_t round = state.round;
+    FailRound(key, &state, ErrorKind::kMismatch, message, effects);
+    if (index == index_) {
+      std::shared_ptr<Task> task = Announced(tensor_id, round);
+      if (task) effects->failures.emplace_back(task, Status::Error(ErrorKind::kMismatch, message));
+    } else {
+      // Its operation waits at the servers; the error ends it (HandleResult).
+      Refuse(Arrival{index, key.tensor_id, key.part, round, 0, 0, 0, nullptr}, nullptr,
+             ErrorKind::kMismatch, message, effects);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Contributions
+
+void LocalMerge::Contribute(PartitionTask partition) {
+  const PartitionKey key{partition.task->tensor_id(), partition.part};
+  const int leader = LeaderOf(key.tensor_id, key.part);
+  Effects effects;
+  {
+    std::lock_guard<std::mutex> lock(merge_mutex_);
+    partition.join_epoch = epoch_;
+    if (leader != index_) {
+      pending_[key] =
+          Pending{partition.task, partition.part, partition.offset, partition.reply_length, leader};
+    } else {
+      const Task& task = *partition.task;
+      Arrive(Arrival{index_, key.tensor_id, key.part, task.round(), epoch_, task.signature(),
+                     partition.push_length, partition.data},
+             &partition, &effects);
+    }
+  }
+  if (leader != index_) {
+    push_stage_.Push(std::move(partition));
+  } else {
+    Run(effects);
+  }
+}
+
+bool LocalMerge::SendToLeader(PartitionTask& partition) {
+  Task& task = *partition.task;
+  Peer& peer = *peers_[LeaderOf(task.tensor_id(), partition.part)];
+  if (!task.BeginIo()) return true;  // Failed meanwhile: nothing to send.
+  FrameHeader header;
+  header.rank = static_cast<uint32_t>(options_.rank);
+  header.tensor_id = task.tensor_id();
+  Status status = Status::OK();
+  uint64_t& declared = peer.declared[task.tensor_id()];
+  if (declared != task.declaration_hash()) {
+    header.type = static_cast<uint8_t>(FrameType::kDeclare);
+    header.round = task.round();
+    header.length = task.declaration_frame().size();
+    status = peer.channel->Send(header, task.declaration_frame().data());
+    if (status.ok()) declared = task.declaration_hash();
+  }
+  if (status.ok()) {
+    header.type = static_cast<uint8_t>(FrameType::kPush);
+    header.op_kind = static_cast<uint8_t>(task.kind());
+    header.dtype = static_cast<uint8_t>(task.dtype());
+    header.reduce_op = static_cast<uint8_t>(task.op().reduce_op);
+    header.part = partition.part;
+    header.round = task.round();
+    header.signature = partition.signature;
+    header.join_epoch = partition.join_epoch;
+    header.length = partition.push_length;
+    status = peer.channel->SendData(header, partition.data,
+                                    SlotKey{{task.tensor_id(), partition.part}, kStagedCopy});
+  }
+  task.EndIo();
+  if (!status.ok())
+    task.Fail(Status::Error(ErrorKind::kPeerGone, status.message() + " while sending partition " +
+                                                      std::to_string(partition.part) +
+                                                      " of tensor '" + task.name() + "' to " +
+                                                      peer.name + ", which merges it"));
+  return true;  // The other peers' partitions still go.
+}
+
+void LocalMerge::Arrive(const Arrival& arrival, const PartitionTask* own, Effects* effects) {
+  const PartitionKey key{arrival.tensor_id, arrival.part};
+  MergeState& state = merges_[key];
+  if (own) declarations_[{key.tensor_id, index_}] = Declared{own->task->op(), arrival.round};
+  const std::string sender = "worker rank " + std::to_string(options_.ranks[arrival.index]);
+  const std::string round_text = "round " + std::to_string(arrival.round);
+  if (arrival.round <= state.last_closed) {
+    if (arrival.round == state.last_closed && !state.closed_error.empty()) {
+      Refuse(arrival, own, state.closed_kind, state.closed_error, effects);
+    } else {
+      Refuse(arrival, own, ErrorKind::kAborted,
+             sender + " sent " + round_text + " of tensor " +
+                 Describe(key.tensor_id, arrival.index) + " after round " +
+                 std::to_string(state.last_closed) +
+                 " had ended; it is refused so that no stale value reaches another round",
+             effects);
+    }
+    return;
+  }
+  if (state.active && (arrival.round != state.round || arrival.epoch != state.epoch)) {
+    const std::string message =
+        "workers are out of step on tensor " + Describe(key.tensor_id, arrival.index) +
+        ": worker rank " + std::to_string(options_.ranks[state.first]) + " sent round " +
+        std::to_string(state.round) + ", " + sender + " sent " + round_text +
+        (arrival.epoch != state.epoch ? " on the other side of a join" : "") +
+        " (an earlier operation on it failed on some worker)";
+    const uint32_t newest = std::max(arrival.round, state.round);
+    FailRound(key, &state, ErrorKind::kAborted, message, effects);
+    Refuse(arrival, own, ErrorKind::kAborted, message, effects);
+    state.last_closed = newest;
+    return;
+  }
+  if (!state.active) {
+    Declaration op;
+    if (own) {
+      op = own->task->op();
+    } else {
+      auto declared = declarations_.find({key.tensor_id, arrival.index});
+      if (declared == declarations_.end()) {
+        Refuse(
+            arrival, own, ErrorKind::kInternal,
+            sender + " pushed tensor id " + std::to_string(key.tensor_id) + " without declaring it",
+            effects);
+        return;
+      }
+      op = declared->second.op;
+    }
+    state.active = true;
+    state.round = arrival.round;
+    state.epoch = arrival.epoch;
+    state.signature = arrival.signature;
+    state.length = arrival.length;
+    state.first = arrival.index;
+    state.inputs.assign(options_.ranks.size(), nullptr);
+    state.op = std::move(op);
+  }
+  if (state.inputs[arrival.index]) {
+    FailRound(key, &state, ErrorKind::kInternal,
+              "partition " + std::to_string(key.part) + " of tensor " +
+                  Describe(key.tensor_id, arrival.index) + " arrived twice from " + sender +
+                  " in " + round_text,
+              effects);
+    return;
+  }
+  if (arrival.signature != state.signature || arrival.length != state.length) {
+    const std::string message = MismatchMessage(key.tensor_id, state.first, arrival.index);
+    FailRound(key, &state, ErrorKind::kMismatch, message, effects);
+    Refuse(arrival, own, ErrorKind::kMismatch, message, effects);
+    return;
+  }
+  state.inputs[arrival.index] = arrival.data;
+  if (own) {
+    state.own = own->task;
+    state.own_offset = own->offset;
+    state.priority = own->priority;
+  }
+  // A worker of the host that declared something else for this round never comes.
+  for (size_t i = 0; i < state.inputs.size() && state.active; ++i)
+    if (!state.inputs[i]) CheckAgreement(key.tensor_id, static_cast<int>(i), effects);
+  if (state.active) MaybeMerge(key, &state, effects);
+}
+
+void LocalMerge::MaybeMerge(const PartitionKey& key, MergeState* state, Effects* effects) {
+  if (!state->active || state->upstream) return;
+  std::vector<const char*> inputs;
+  for (size_t i = 0; i < state->inputs.size(); ++i) {
+    if (state->inputs[i]) {
+      inputs.push_back(state->inputs[i]);
+      continue;
+    }
+    if (joined_epoch_[i] == state->epoch) continue;  // Joined: takes part with nothing.
+    if (finished_[i])
+      FailRound(key, state, ErrorKind::kPeerGone,
+                "worker rank " + std::to_string(options_.ranks[i]) +
+                    " has already shut down, so tensor " + Describe(key.tensor_id, state->first) +
+                    " cannot complete",
+                effects);
+    return;  // Still waiting for it.
+  }
+  ShmLocation location;
+  char* sum = nullptr;
+  Status status = slots_->Slot(SlotKey{key, kMergedCopy}, state->length, &sum, &location);
+  if (!status.ok()) {
+    FailRound(key, state, ErrorKind::kInternal, status.message(), effects);
+    return;
+  }
+  const Declaration& op = state->op;
+  const size_t count = state->length / DataTypeSize(op.dtype);
+  if (inputs.size() == 1) {
+    std::memcpy(sum, inputs[0], state->length);
+  } else {
+    ReduceOf(op.reduce_op, op.dtype, sum, inputs[0], inputs[1], count);
+    for (size_t i = 2; i < inputs.size(); ++i)
+      ReduceInto(op.reduce_op, op.dtype, sum, inputs[i], count);
+  }
+  state->sum = sum;
+  // The host's sum goes up as a task of its own: the server links time it, abandon it
+  // and finish it (average, postscale) like any other partition.
+  TaskSpec spec;
+  spec.op = op;
+  spec.input = sum;
+  spec.output = sum;
+  spec.bytes = state->length;
+  const uint32_t round = state->round;
+  state->upstream = std::make_shared<Task>(
+      std::move(spec), worker_->GlobalGroup(), key.tensor_id, state->priority >> 32, round,
+      options_.timeout_ms, nullptr,
+      [this, key, round](const Status& result) { OnUpstreamDone(key, round, result); });
+  PartitionTask item =
+      worker_->Partition(state->upstream, key.part, 0, sum, state->length, state->length);
+  item.flags = kFlagHostMerged;
+  item.priority = state->priority;
+  effects->upstream.emplace_back(state->upstream, std::move(item));
+}
+
+void LocalMerge::OnUpstreamDone(const PartitionKey& key, uint32_t round, const Status& result) {
+  Effects effects;
+  {
+    std::lock_guard<std::mutex> lock(merge_mutex_);
+    auto found = merges_.find(key);
+    if (found == merges_.end()) return;
+    MergeState& state = found->second;
+    if (!state.active || state.round != round || !state.upstream) return;
+    state.upstream.reset();  // Over at the servers either way.
+    if (!result.ok()) {
+      FailRound(key, &state, result.kind(), result.message(), &effects);
+    } else {
+      for (size_t i = 0; i < state.inputs.size(); ++i) {
+        if (!state.inputs[i] || static_cast<int>(i) == index_) continue;
+        Effects::Message reply;
+        reply.peer = static_cast<int>(i);
+        reply.header.type = static_cast<uint8_t>(FrameType::kReply);
+        reply.header.rank = static_cast<uint32_t>(options_.rank);
+        reply.header.tensor_id = key.tensor_id;
+        reply.header.part = key.part;
+        reply.header.round = round;
+        reply.header.length = state.length;
+        reply.data = state.sum;
+        effects.messages.push_back(std::move(reply));
+      }
+      if (state.own)
+        effects.deliveries.push_back({state.own, state.own_offset, state.sum, state.length});
+      state.last_closed = round;
+      state.closed_error.clear();
+      state.active = false;
+      state.inputs.clear();
+      state.own.reset();
+    }
+  }
+  Run(effects);
+}
+
+void LocalMerge::FailRound(const PartitionKey& key, MergeState* state, ErrorKind kind,
+                           const std::string& message, Effects* effects) {
+  for (size_t i = 0; i < state->inputs.size(); ++i) {
+    if (!state->inputs[i]) continue;
+    if (static_cast<int>(i) == index_) {
+      if (state->own) effects->failures.emplace_back(state->own, Status::Error(kind, message));
+      continue;
+    }
+    Effects::Message error;
+    error.peer = static_cast<int>(i);
+    error.header.type = static_cast<uint8_t>(FrameType::kError);
+    error.header.error_kind = static_cast<uint8_t>(kind);
+    error.header.rank = static_cast<uint32_t>(options_.rank);
+    error.header.tensor_id = key.tensor_id;
+    error.header.part = key.part;
+    error.header.round = state->round;
+    error.header.length = message.size();
+    error.payload = message;
+    effects->messages.push_back(std::move(error));
+  }
+  // A merged push already at the servers: its round ends there too, for every host.
+  if (state->upstream) effects->abandoned.emplace_back(key.tensor_id, state->round);
+  state->closed_error = message;
+  state->closed_kind = kind;
+  state->last_closed = std::max(state->last_closed, state->round);
+  state->active = false;
+  state->inputs.clear();
+  state->own.reset();
+  state->upstream.reset();
+}
+
+void LocalMerge::Refuse(const Arrival& arrival, const PartitionTask* own, ErrorKind kind,
+                        const std::string& message, Effects* effects) {
+  if (own) {
+    effects->failures.emplace_back(own->task, Status::Error(kind, message));
+    return;
+  }
+  Effects::Message error;
+  error.peer = arrival.index;
+  error.header.type = static_cast<uint8_t>(FrameType::kError);
+  error.header.error_kind = static_cast<uint8_t>(kind);
+  error.header.rank = static_cast<uint32_t>(options_.rank);
+  error.header.tensor_id = arrival.tensor_id;
+  error.header.part = arrival.part;
+  error.header.round = arrival.round;
+  error.header.length = message.size();
+  error.payload = message;
+  effects->messages.push_back(std::move(error));
+}
+
+std::shared_ptr<Task> LocalMerge::Announced(uint64_t tensor_id, uint32_t round) {
+  auto found = announced_.find(tensor_id);
+  if (found == announced_.end()) return nullptr;
+  std::shared_ptr<Task> task = found->second.lock();
+  return task && task->round() == round ? task : nullptr;
+}
+
+void LocalMerge::RecheckAll(Effects* effects) {
+  for (auto& [key, state] : merges_) MaybeMerge(key, &state, effects);
+}
+
+std::string LocalMerge::Describe(uint64_t tensor_id, int index) {
+  auto declared = declarations_.find({tensor_id, index});
+  if (declared == declarations_.end()) return "with id " + std::to_string(tensor_id);
+  return "'" + declared->second.op.name + "'";
+}
+
+std::string LocalMerge::MismatchMessage(uint64_t tensor_id, int index_a, int index_b) {
+  auto a = declarations_.find({tensor_id, index_a});
+  auto b = declarations_.find({tensor_id, index_b});
+  if (a == declarations_.end() || b == declarations_.end())
+    return "workers sent tensor id " + std::to_string(tensor_id) + " with different sizes";
+  return MismatchText(a->second.op, static_cast<uint32_t>(options_.ranks[index_a]), b->second.op,
+                      static_cast<uint32_t>(options_.ranks[index_b]));
+}
+
+void LocalMerge::Run(Effects& effects) {
+  for (Effects::Message& message : effects.messages) {
+    Peer& peer = *peers_[message.peer];
+    // A broken channel is reported by its receiver.
+    Status status = message.data
+                        ? peer.channel->SendData(
+                              message.header, message.data,
+                              SlotKey{{message.header.tensor_id, message.header.part}, kMergedCopy})
+                        : peer.channel->Send(message.header, message.payload.data());
+    if (!status.ok()) BPS_LOG(kDebug) << status.message();
+  }
+  for (auto& delivery : effects.deliveries) {
+    Task& task = *delivery.task;
+    if (!task.BeginIo()) continue;
+    std::memcpy(static_cast<char*>(task.output()) + delivery.offset, delivery.data,
+                delivery.length);
+    task.EndIo();
+    task.PartitionDone();
+  }
+  for (auto& [task, status] : effects.failures) task->Fail(status);
+  for (auto& [task, item] : effects.upstream) {
+    task->Launch(1);
+    worker_->LinkFor(item.task->tensor_id(), item.part).Enqueue(std::move(item));
+  }
+  for (auto& [tensor_id, round] : effects.abandoned)
+    worker_->AbandonAtServers(tensor_id, round, OpKind::kPushPull);
+}
+
+// ---------------------------------------------------------------------------
+// Peers' frames
+
+void LocalMerge::ReceiveLoop(int index) {
+  Peer& peer = *peers_[index];
+  while (true) {
+    FrameHeader header;
+    DataReader payload;
+    bool eof = false;
+    Status status = peer.channel->Receive(&header, &payload, &eof);
+    if (status.ok() && header.type == static_cast<uint8_t>(FrameType::kBye)) {
+      OnPeerGone(index, true);
+      return;
+    }
+    if (status.ok()) status = HandleFrame(index, header, &payload);
+    if (!status.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(merge_mutex_);
+        if (closing_) return;
+      }
+      OnPeerGone(index, false);
+      worker_->OnLinkFailure(status.message() + " (from " + peer.name + ")");
+      return;
+    }
+  }
+}
+
+Status LocalMerge::HandleFrame(int index, const FrameHeader& header, DataReader* payload) {
+  Peer& peer = *peers_[index];
+  if (header.rank != static_cast<uint32_t>(peer.rank))
+    return Status::Error(peer.name + " sent a frame as rank " + std::to_string(header.rank));
+  Effects effects;
+  switch (static_cast<FrameType>(header.type)) {
+    case FrameType::kDeclare: {
+      if (header.length > kMaxDeclarationBytes)
+        return Status::Error(peer.name + " sent an oversized declaration");
+      std::string frame(header.length, '\0');
+      Status status = payload->Read(frame.data(), frame.size());
+      Declaration declaration;
+      if (status.ok() && !DecodeDeclaration(frame, &declaration))
+        status = Status::Error(peer.name + " sent a malformed declaration");
+      if (!status.ok()) return status;
+      std::lock_guard<std::mutex> lock(merge_mutex_);
+      declarations_[{header.tensor_id, index}] = Declared{std::move(declaration), header.round};
+      CheckAgreement(header.tensor_id, index, &effects);
+      break;
+    }
+    case FrameType::kPush: {
+      // Contributions lie in the peer's shared memory: summed from there, never copied.
+      const char* data = payload->View(header.length);
+      if (!data && header.length > 0)
+        return Status::Error(peer.name + " sent a partition outside shared memory");
+      if (header.op_kind != static_cast<uint8_t>(OpKind::kPushPull) ||
+          LeaderOf(header.tensor_id, header.part) != index_)
+        return Status::Error(peer.name + " sent partition " + std::to_string(header.part) +
+                             " of tensor id " + std::to_string(header.tensor_id) +
+                             ", which this worker does not merge");
+      std::lock_guard<std::mutex> lock(merge_mutex_);
+      Arrive(Arrival{index, header.tensor_id, header.part, header.round, header.join_epoch,
+                     header.signature, static_cast<size_t>(header.length), data},
+             nullptr, &effects);
+      break;
+    }
+    case FrameType::kReply:
+    case FrameType::kError:
+      return HandleResult(index, header, payload);
+    case FrameType::kAbandon: {
+      std::lock_guard<std::mutex> lock(merge_mutex_);
+      MergeState& state = merges_[PartitionKey{header.tensor_id, header.part}];
+      const std::string why = "worker rank " + std::to_string(peer.rank) + " gave up round " +
+                              std::to_string(header.round) + " of tensor " +
+                              Describe(header.tensor_id, index) +
+                              " (its operation failed or timed out there)";
+      if (state.active && header.round >= state.round) {
+        FailRound(PartitionKey{header.tensor_id, header.part}, &state, ErrorKind::kAborted, why,
+                  &effects);
+        state.last_closed = header.round;
+      } else if (!state.active && header.round > state.last_closed) {
+        state.last_closed = header.round;
+        state.closed_error = why;
+        state.closed_kind = ErrorKind::kAborted;
+      }
+      break;
+    }
+    case FrameType::kJoin: {
+      std::lock_guard<std::mutex> lock(merge_mutex_);
+      joined_epoch_[index] = header.join_epoch;
+      RecheckAll(&effects);
+      break;
+    }
+    default:
+      return Status::Error("unexpected frame type " + std::to_string(header.type) + " from " +
+                           peer.name);
+  }
+  Run(effects);
+  return Status::OK();
+}
+
+Status LocalMerge::HandleResult(int index, const FrameHeader& header, DataReader* payload) {
+  const bool error = header.type == static_cast<uint8_t>(FrameType::kError);
+  std::string message;
+  if (error) {
+    if (header.length > kMaxErrorBytes)
+      return Status::Error(peers_[index]->name + " sent an oversized error");
+    message.resize(header.length);
+    Status status = payload->Read(message.data(), message.size());
+    if (!status.ok()) return status;
+  }
+  const ErrorKind kind = header.error_kind <= static_cast<uint8_t>(ErrorKind::kShutdown)
+                             ? static_cast<ErrorKind>(header.error_kind)
+                             : ErrorKind::kInternal;
+  Pending pending;
+  std::shared_ptr<Task> announced;
+  {
+    std::lock_guard<std::mutex> lock(merge_mutex_);
+    auto it = pending_.find(PartitionKey{header.tensor_id, header.part});
+    // A result for another round answers a task that already failed: never use it.
+    if (it != pending_.end() && it->second.task->round() == header.round &&
+        it->second.leader == index) {
+      pending = it->second;
+      pending_.erase(it);
+    } else if (error) {
+      // An operation of this worker that does not merge, refused by a leader whose
+      // round it left waiting.
+      announced = Announced(header.tensor_id, header.round);
+    }
+  }
+  if (announced) announced->Fail(Status::Error(kind, message));
+  if (!pending.task) return payload->Skip();
+  Task& task = *pending.task;
+  if (error) {
+    task.Fail(Status::Error(kind, message));
+    return Status::OK();
+  }
+  if (header.length != pending.length) {
+    task.Fail(Status::Error(ErrorKind::kInternal,
+                            peers_[index]->name + " returned " + std::to_string(header.length) +
+                                " bytes where " + std::to_string(pending.length) +
+                                " were due for partition " + std::to_string(header.part) +
+                                " of tensor '" + task.name() + "'"));
+    return payload->Skip();
+  }
+  if (!task.BeginIo()) return payload->Skip();
+  Status status = payload->Read(static_cast<char*>(task.output()) + pending.offset, pending.length);
+  task.EndIo();
+  if (!status.ok()) return status;
+  task.PartitionDone();
+  return Status::OK();
+}
+
+void LocalMerge::OnPeerGone(int index, bool said_bye) {
+  Effects effects;
+  {
+    std::lock_guard<std::mutex> lock(merge_mutex_);
+    finished_[index] = true;
+    const std::string why =
+        peers_[index]->name + (said_bye ? " has shut down" : " vanished") + " before returning ";
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->second.leader != index) {
+        ++it;
+        continue;
+      }
+      effects.failures.emplace_back(
+          it->second.task,
+          Status::Error(ErrorKind::kPeerGone, why + "partition " + std::to_string(it->second.part) +
+                                                  " of tensor '" + it->second.task->name() + "'"));
+      it = pending_.erase(it);
+    }
+    RecheckAll(&effects);
+  }
+  Run(effects);
+}
+
+// ---------------------------------------------------------------------------
+// Failures, joins and the end
+
+void LocalMerge::Abandon(uint64_t tensor_id, uint32_t round) {
+  Effects effects;
+  {
+    std::lock_guard<std::mutex> lock(merge_mutex_);
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->first.tensor_id != tensor_id || it->second.task->round() != round) {
+        ++it;
+        continue;
+      }
+      Effects::Message abandon;
+      abandon.peer = it->second.leader;
+      abandon.header.type = static_cast<uint8_t>(FrameType::kAbandon);
+      abandon.header.op_kind = static_cast<uint8_t>(OpKind::kPushPull);
+      abandon.header.rank = static_cast<uint32_t>(options_.rank);
+      abandon.header.tensor_id = tensor_id;
+      abandon.header.part = it->second.part;
+      abandon.header.round = round;
+      effects.messages.push_back(std::move(abandon));
+      it = pending_.erase(it);
+    }
+    for (auto& [key, state] : merges_) {
+      if (key.tensor_id != tensor_id || !state.active || state.round != round || !state.own)
+        continue;
+      FailRound(key, &state, ErrorKind::kAborted,
+                "worker rank " + std::to_string(options_.rank) + " gave up round " +
+                    std::to_string(round) + " of tensor '" + state.own->name() +
+                    "' (its operation failed or timed out there)",
+                &effects);
+    }
+  }
+  // A peer may still read what was staged for the failed round: the next goes elsewhere.
+  slots_->Retire(tensor_id);
+  Run(effects);
+}
+
+void LocalMerge::BeginJoin() {
+  Effects effects;
+  {
+    std::lock_guard<std::mutex> lock(merge_mutex_);
+    joined_epoch_[index_] = epoch_;
+    for (size_t i = 0; i < peers_.size(); ++i) {
+      if (!peers_[i]) continue;
+      Effects::Message join;
+      join.peer = static_cast<int>(i);
+      join.header.type = static_cast<uint8_t>(FrameType::kJoin);
+      join.header.rank = static_cast<uint32_t>(options_.rank);
+      join.header.join_epoch = epoch_;
+      effects.messages.push_back(std::move(join));
+    }
+    RecheckAll(&effects);
+  }
+  Run(effects);
+}
+
+void LocalMerge::EndJoin() {
+  std::lock_guard<std::mutex> lock(merge_mutex_);
+  ++epoch_;
+}
+
+void LocalMerge::FailExpired(std::chrono::steady_clock::time_point now) {
+  Effects effects;
+  {
+    std::lock_guard<std::mutex> lock(merge_mutex_);
+    for (const auto& [key, pending] : pending_) {
+      if (!pending.task->expired(now)) continue;
+      effects.failures.emplace_back(
+          pending.task,
+          Status::Error(ErrorKind::kTimeout,
+                        "push_pull of tensor '" + pending.task->name() + "' (round " +
+                            std::to_string(pending.task->round()) + ") timed out after " +
+                            std::to_string(pending.task->timeout_seconds()) + " s waiting for " +
+                            peers_[pending.leader]->name + ", which merges partition " +
+                            std::to_string(pending.part) +
+                            ", to return it (a worker may not have sent it; see "
+                            "BYTEPS_OP_TIMEOUT)"));
+    }
+    for (const auto& [key, state] : merges_) {
+      if (!state.active || !state.own || !state.own->expired(now)) continue;
+      std::string missing;
+      for (size_t i = 0; i < state.inputs.size(); ++i)
+        if (!state.inputs[i])
+          missing += (missing.empty() ? "" : ", ") + std::to_string(options_.ranks[i]);
+      effects.failures.emplace_back(
+          state.own,
+          Status::Error(ErrorKind::kTimeout,
+                        "push_pull of tensor '" + state.own->name() + "' (round " +
+                            std::to_string(state.round) + ") timed out after " +
+                            std::to_string(state.own->timeout_seconds()) + " s waiting for " +
+                            (missing.empty() ? "the servers"
+                                             : "worker rank(s) " + missing + " of this host") +
+                            " (partition " + std::to_string(key.part) +
+                            "; see BYTEPS_OP_TIMEOUT)"));
+    }
+  }
+  Run(effects);
+}
+
+void LocalMerge::FailPending(const Status& reason) {
+  Effects effects;
+  {
+    std::lock_guard<std::mutex> lock(merge_mutex_);
+    for (const auto& [key, pending] : pending_)
+      effects.failures.emplace_back(pending.task,
+                                    reason.WithSuffix(" (tensor '" + pending.task->name() + "')"));
+    pending_.clear();
+    for (const auto& [key, state] : merges_)
+      if (state.active && state.own)
+        effects.failures.emplace_back(state.own,
+                                      reason.WithSuffix(" (tensor '" + state.own->name() + "')"));
+  }
+  Run(effects);
+}
+
+void LocalMerge::Close() {
+  {
+    std::lock_guard<std::mutex> lock(merge_mutex_);
+    if (closing_) return;
+    closing_ = true;
+  }
+  push_stage_.Close();
+  push_stage_.Join();
+  for (auto& peer : peers_) {
+    if (!peer) continue;
+    FrameHeader bye;
+    bye.type = static_cast<uint8_t>(FrameType::kBye);
+    bye.rank = static_cast<uint32_t>(options_.rank);
+    peer->channel->Send(bye, nullptr);  // Best effort: the peer may be gone already.
+    peer->channel->Shutdown();          // Wakes this side's receiver.
+  }
+  for (auto& peer : peers_)
+    if (peer && peer->receiver.joinable()) peer->receiver.join();
+}
+
+}  // namespace bps

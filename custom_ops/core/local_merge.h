@@ -1,0 +1,207 @@
+// Hierarchical local merge, the BytePS way: the workers of one host first sum each
+// push_pull partition among themselves; one of them, the partition's leader, pushes
+// the host's sum to the server (flagged kFlagHostMerged, so the server counts it for
+// every worker of the host) and hands the result back to the others. A server then
+// receives one copy of each partition per host instead of one per worker, and the
+// leaders are spread over the host's workers by (tensor id + partition), so no one
+// worker carries all of the host's network traffic.
+//
+// The stage sits between planning and the server links:
+//   caller thread     a partition the worker leads waits here for its peers' copies;
+//                     one led by a peer goes to the local push stage
+//   local push stage  sends a contribution to its leader (shared memory: one copy
+//                     into a slot, the leader sums straight from it)
+//   peer receivers    one thread per peer: contributions, results, errors, joins
+// A leader's merged partition travels to the server as a task of its own, through
+// the worker's server links, and its completion sends the result to the peers.
+//
+// Peers talk over Unix sockets in the abstract namespace (per network namespace, so
+// each emulated host has its own), with the job token proven both ways as with
+// servers, and shared-memory channels: data crosses as locations.
+//
+// Rounds, joins and failures follow the server's rules: a leader never mixes rounds,
+// a contribution after its round ended is refused with the reason the round ended, a
+// worker that gave up a round (its operation failed) ends it for the others, and a
+// worker that joined (bps.join) is not waited for. Joins are told apart by epoch:
+// each worker counts the joins it has seen complete, so a contribution made after a
+// join is never taken for one made before it.
+#ifndef TF_BPS_CORE_LOCAL_MERGE_H_
+#define TF_BPS_CORE_LOCAL_MERGE_H_
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "common.h"
+#include "protocol.h"
+#include "stage.h"
+#include "task.h"
+#include "transport/transport.h"
+
+namespace bps {
+
+class Worker;
+
+struct LocalMergeOptions {
+  std::vector<int32_t> ranks;  // the workers of this host, ascending (this one included)
+  int rank = 0;                // this worker's
+  int size = 1;                // of the job
+  std::string socket_prefix;   // a worker's socket: prefix + its rank
+  std::string token;
+  int timeout_ms = 300000;
+};
+
+class LocalMerge {
+ public:
+  // `slots`: where this worker stages shared memory (Worker's, shared with its links).
+  LocalMerge(Worker* worker, LocalMergeOptions options, std::shared_ptr<SharedSlots> slots);
+  ~LocalMerge();
+
+  // Connects to every other worker of this host (each listens; lower local indices
+  // accept, higher ones connect). `cancel` ends the wait for slow peers.
+  Status Start(Cancellation* cancel);
+  // Whether `task`'s partitions go through the merge: push_pull in the global set.
+  bool Merges(const Task& task) const;
+  // Takes one partition of such a task instead of a server link.
+  void Contribute(PartitionTask partition);
+  // Tells the host's other workers about a task that does not merge (a broadcast, an
+  // operation in a process set): a leader waiting for this worker's push_pull of the
+  // same tensor and round then fails it as a mismatch instead of waiting in vain.
+  void Announce(const std::shared_ptr<Task>& task);
+  // This worker's `task` failed: its partitions leave their rounds, which end for
+  // the other workers of the host too.
+  void Abandon(uint64_t tensor_id, uint32_t round);
+  // This worker joins (bps.join): its peers stop waiting for it.
+  void BeginJoin();
+  // Every worker joined: the next operations belong to the next epoch.
+  void EndJoin();
+  void FailExpired(std::chrono::steady_clock::time_point now);
+  void FailPending(const Status& reason);
+  // Says Bye to the peers and ends the threads.
+  void Close();
+
+ private:
+  struct Peer;
+  // One partition at its leader: the round being merged, and the last that ended.
+  struct MergeState {
+    bool active = false;
+    uint32_t round = 0;
+    uint16_t epoch = 0;
+    uint32_t last_closed = 0;
+    std::string closed_error;  // why `last_closed` failed; empty if it completed
+    ErrorKind closed_kind = ErrorKind::kOk;
+    uint64_t signature = 0;
+    size_t length = 0;
+    int first = -1;                   // local index of the first contributor
+    std::vector<const char*> inputs;  // by local index; null until it arrived
+    std::shared_ptr<Task> own;        // this worker's task, if it contributed
+    size_t own_offset = 0;            // of the partition in its output
+    uint64_t priority = 0;
+    Declaration op;                  // of the first contributor
+    std::shared_ptr<Task> upstream;  // the merged push, once on its way to the server
+    char* sum = nullptr;             // where the merge and then the result lie
+  };
+  // One contribution as it reaches the leader.
+  struct Arrival {
+    int index;  // local
+    uint64_t tensor_id;
+    uint32_t part;
+    uint32_t round;
+    uint16_t epoch;
+    uint64_t signature;
+    size_t length;
+    const char* data;
+  };
+  // What a locked step decided and runs once the lock is released: peers' frames,
+  // task completions, merged pushes to start. Sending or completing a task under the
+  // lock could wait on a peer that waits on us.
+  struct Effects {
+    struct Message {
+      int peer;
+      FrameHeader header;
+      std::string payload;         // a frame's payload, or
+      const char* data = nullptr;  // a result in shared memory (header.length bytes)
+    };
+    struct Delivery {
+      std::shared_ptr<Task> task;
+      size_t offset;
+      const char* data;
+      size_t length;
+    };
+    std::vector<Message> messages;
+    std::vector<std::pair<std::shared_ptr<Task>, Status>> failures;
+    std::vector<Delivery> deliveries;
+    std::vector<std::pair<std::shared_ptr<Task>, PartitionTask>> upstream;
+    std::vector<std::pair<uint64_t, uint32_t>> abandoned;  // (tensor, round) at the servers
+  };
+  // A partition this worker pushed to a peer, waiting for the peer's result.
+  struct Pending {
+    std::shared_ptr<Task> task;
+    uint32_t part;
+    size_t offset;
+    size_t length;
+    int leader;
+  };
+
+  int LeaderOf(uint64_t tensor_id, uint32_t part) const;
+  Status ConnectPeers(Cancellation* cancel);
+  bool SendToLeader(PartitionTask& partition);
+  void ReceiveLoop(int index);
+  Status HandleFrame(int index, const FrameHeader& header, DataReader* payload);
+  Status HandleResult(int index, const FrameHeader& header, DataReader* payload);
+  void OnPeerGone(int index, bool said_bye);
+
+  // Locked steps (merge_mutex_).
+  void Arrive(const Arrival& arrival, const PartitionTask* own, Effects* effects);
+  void MaybeMerge(const PartitionKey& key, MergeState* state, Effects* effects);
+  void FailRound(const PartitionKey& key, MergeState* state, ErrorKind kind,
+                 const std::string& message, Effects* effects);
+  void Refuse(const Arrival& arrival, const PartitionTask* own, ErrorKind kind,
+              const std::string& message, Effects* effects);
+  void RecheckAll(Effects* effects);
+  // Fails the tensor's rounds that wait for worker `index` when what it declared for
+  // that round does not merge with them (and that worker's operation).
+  void CheckAgreement(uint64_t tensor_id, int index, Effects* effects);
+  // This worker's announced task of the tensor, if it is in `round` and alive.
+  std::shared_ptr<Task> Announced(uint64_t tensor_id, uint32_t round);
+  std::string Describe(uint64_t tensor_id, int index);
+  std::string MismatchMessage(uint64_t tensor_id, int index_a, int index_b);
+  // The merged push came back (or failed).
+  void OnUpstreamDone(const PartitionKey& key, uint32_t round, const Status& status);
+  void Run(Effects& effects);
+
+  Worker* const worker_;
+  const LocalMergeOptions options_;
+  int index_ = 0;  // of this worker among options_.ranks
+  const std::shared_ptr<SharedSlots> slots_;
+  std::vector<std::unique_ptr<Peer>> peers_;  // by local index; null for this worker
+  Stage<PartitionTask, PartitionTaskOrder> push_stage_{"local push"};
+
+  std::mutex merge_mutex_;
+  std::unordered_map<PartitionKey, MergeState, PartitionKeyHash> merges_;
+  // What each worker of the host (this one too) last declared, by (tensor, local
+  // index), and the round it declared it for.
+  struct Declared {
+    Declaration op;
+    uint32_t round = 0;
+  };
+  std::map<std::pair<uint64_t, int>, Declared> declarations_;
+  uint16_t epoch_ = 0;
+  std::vector<int> joined_epoch_;  // by local index: the epoch it joined in; -1: not joined
+  std::vector<bool> finished_;     // by local index: said Bye
+  std::unordered_map<PartitionKey, Pending, PartitionKeyHash> pending_;
+  // This worker's latest operation per tensor that does not merge (see Announce).
+  std::unordered_map<uint64_t, std::weak_ptr<Task>> announced_;
+  bool closing_ = false;
+};
+
+}  // namespace bps
+
+#endif  // TF_BPS_CORE_LOCAL_MERGE_H_

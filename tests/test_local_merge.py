@@ -1,0 +1,72 @@
+"""The hierarchical local merge through real jobs: two emulated hosts (distinct
+DMLC_NODE_HOST) of two workers each (BYTEPS_LOCAL_SIZE=2), two servers. The same job
+runs with the merge and without it (BYTEPS_LOCAL_MERGE=0): the results must be
+numpy's and identical, and the servers must receive half the push_pull bytes."""
+
+import re
+
+import numpy as np
+from conftest import LAUNCH, base_env, finish, free_port, worker_command
+
+HOSTS, LOCAL_SIZE = 2, 2
+SIZE = HOSTS * LOCAL_SIZE
+
+
+def _run_two_hosts(procs, out, merge: bool) -> tuple[dict, dict[str, int]]:
+    """Runs local_merge.py on 2 hosts x 2 workers; returns each rank's results and the
+    bytes the servers received per tensor."""
+    out.mkdir()
+    common = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": free_port(),
+              "DMLC_NUM_WORKER": HOSTS, "DMLC_NUM_SERVER": 2, "BYTEPS_LOCAL_SIZE": LOCAL_SIZE,
+              "BYTEPS_PARTITION_BYTES": 256 * 1024, "BYTEPS_LOCAL_MERGE": int(merge),
+              "TEST_OUT": out}
+    job = {"scheduler": procs.start(LAUNCH, base_env(DMLC_ROLE="scheduler", **common))}
+    for server in range(2):  # Servers log each tensor's traffic at DEBUG when they stop.
+        job[f"server{server}"] = procs.start(
+            LAUNCH, base_env(DMLC_ROLE="server", BYTEPS_LOG_LEVEL="DEBUG", **common))
+    for host in range(HOSTS):
+        job[f"host{host}"] = procs.start(
+            [*LAUNCH, *worker_command("local_merge.py")],
+            base_env(DMLC_ROLE="worker", DMLC_WORKER_ID=host, DMLC_NODE_HOST=f"127.0.0.{host + 1}",
+                     **common))
+    received: dict[str, int] = {}
+    for name, process in job.items():
+        status, output = finish(process, timeout=180)
+        assert status == 0, (name, output)
+        for tensor, count in re.findall(r"tensor '([^']+)' moved (\d+) bytes in", output):
+            received[tensor] = received.get(tensor, 0) + int(count)
+    results = {rank: dict(np.load(out / f"rank{rank}.npz")) for rank in range(SIZE)}
+    return results, received
+
+
+def test_two_hosts_merge_locally_with_the_flat_results_and_half_the_bytes(procs, tmp_path):
+    merged, merged_bytes = _run_two_hosts(procs, tmp_path / "merged", merge=True)
+    flat, flat_bytes = _run_two_hosts(procs, tmp_path / "flat", merge=False)
+
+    pattern = np.arange(300_000, dtype=np.float32) % 97
+    for rank in range(SIZE):
+        got = merged[rank]
+        for step in range(3):
+            want = SIZE * pattern + 1000 * sum(range(SIZE)) + SIZE * step
+            np.testing.assert_array_equal(got[f"sum{step}"], want)
+        np.testing.assert_array_equal(got["average"], np.full(1000, 4 * 1.5, np.float32))
+        np.testing.assert_array_equal(got["grouped0"], np.full(7, 6.0, np.float32))
+        np.testing.assert_array_equal(got["grouped1"], np.full((3, 3), 12.0, np.float32))
+        np.testing.assert_array_equal(got["broadcast"], np.full(5, SIZE - 1.0, np.float32))
+        want_rows = np.concatenate([np.full((r + 1, 2), float(r), np.float32)
+                                    for r in range(SIZE)])
+        np.testing.assert_array_equal(got["allgather"], want_rows)
+        for name, value in got.items():
+            # Every worker ends with the same model, the one the flat job trains (up to
+            # the order in which float gradients were summed).
+            np.testing.assert_array_equal(value, merged[0][name], err_msg=f"{rank} {name}")
+            np.testing.assert_allclose(value, flat[rank][name], rtol=1e-5, atol=1e-7,
+                                       err_msg=name)
+
+    # One copy per host reaches the servers instead of one per worker...
+    for tensor in ("big", "avg"):
+        assert merged_bytes[tensor] * LOCAL_SIZE == flat_bytes[tensor], (merged_bytes, flat_bytes)
+    assert merged_bytes["big"] == 3 * HOSTS * 300_000 * 4, merged_bytes
+    # ...while what does not merge (a broadcast, an allgather) moves as before.
+    for tensor in ("bcast", "rows"):
+        assert merged_bytes[tensor] == flat_bytes[tensor], (merged_bytes, flat_bytes)
