@@ -24,6 +24,8 @@ JOB = {"DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1", "DMLC_PS_ROOT_URI": "127.
     ({"DMLC_WORKER_ID": "2"}, "DMLC_WORKER_ID=2 is not valid"),
     ({"BYTEPS_MAX_TENSOR_BYTES": "1000"}, "BYTEPS_MAX_TENSOR_BYTES='1000'"),
     ({"BYTEPS_LISTEN_ANY": "yes"}, "BYTEPS_LISTEN_ANY='yes'"),
+    ({"BYTEPS_LOCAL_MERGE": "on"}, "BYTEPS_LOCAL_MERGE='on'"),
+    ({"NVIDIA_VISIBLE_DEVICES": "all"}, "NVIDIA_VISIBLE_DEVICES=all does not say"),
 ])
 def test_bad_settings_are_refused_naming_the_variable(env, message):
     with pytest.raises(ConfigError) as refused:
@@ -45,3 +47,14 @@ def test_good_settings_pass():
     # Servers listen on the address they advertise, or everywhere when told so.
     assert config.listen_host() == "127.0.0.1"
     assert Config.from_env({**JOB, "BYTEPS_LISTEN_ANY": "1"}).listen_host() == ""
+
+
+@pytest.mark.parametrize("env,local_size", [
+    ({}, 1),
+    ({"NVIDIA_VISIBLE_DEVICES": "0,1,2,3"}, 4),
+    ({"CUDA_VISIBLE_DEVICES": "1,3"}, 2),
+    ({"NVIDIA_VISIBLE_DEVICES": "void", "CUDA_VISIBLE_DEVICES": "0,1"}, 1),
+    ({"NVIDIA_VISIBLE_DEVICES": "0,1,2,3", "BYTEPS_LOCAL_SIZE": "2"}, 2),
+])
+def test_one_worker_per_visible_gpu_unless_local_size_says_otherwise(env, local_size):
+    assert Config.from_env({**JOB, **env}).local_size == local_size

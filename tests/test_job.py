@@ -172,9 +172,13 @@ def test_launcher_returns_first_failure_and_ends_the_rest(procs):
     assert time.monotonic() - started < 40  # Rank 0 would sleep 60 s if left alone.
 
 
-def test_launcher_starts_one_process_per_local_rank(procs):
-    common = base_env(DMLC_ROLE="worker", DMLC_NUM_WORKER=1, BYTEPS_LOCAL_SIZE=2,
-                      DMLC_NUM_SERVER=1, DMLC_PS_ROOT_URI="127.0.0.1")
+@pytest.mark.parametrize("placement", [{"BYTEPS_LOCAL_SIZE": 2}, {"NVIDIA_VISIBLE_DEVICES": "0,1"},
+                                       {"CUDA_VISIBLE_DEVICES": "2,3"}],
+                         ids=["local-size", "nvidia-visible-devices", "cuda-visible-devices"])
+def test_launcher_starts_one_process_per_local_rank(procs, placement):
+    # As BytePS's launcher: BYTEPS_LOCAL_SIZE, or else one process per visible GPU.
+    common = base_env(DMLC_ROLE="worker", DMLC_NUM_WORKER=1, DMLC_NUM_SERVER=1,
+                      DMLC_PS_ROOT_URI="127.0.0.1", **placement)
     common["DMLC_PS_ROOT_PORT"] = str(free_port())
     scheduler = procs.start(LAUNCH, {**common, "DMLC_ROLE": "scheduler"})
     server = procs.start(LAUNCH, {**common, "DMLC_ROLE": "server"})

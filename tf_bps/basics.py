@@ -78,7 +78,24 @@ def _join() -> None:
             log.info("worker rank %d of %d joined; servers %s", _job.rank, _job.size,
                      book["servers"])
         process_sets_module._reset(_job.size)
+        if _job.local_size > 1:
+            _pin_gpu(_job.local_rank)
     atexit.register(shutdown)
+
+
+def _pin_gpu(local_rank: int) -> None:
+    """With several workers on a host, each uses the GPU of its local rank, as BytePS
+    arranges (a script that pins one itself, Horovod-style, chooses the same). One
+    worker per host keeps every GPU, for a tf.distribute strategy."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if len(gpus) < 2:
+        return
+    try:
+        tf.config.set_visible_devices(gpus[local_rank % len(gpus)], "GPU")
+    except RuntimeError:
+        log.info("GPUs are already initialised; the script chose its own")
 
 
 def _on_abort(reason: str) -> None:

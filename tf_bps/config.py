@@ -44,6 +44,30 @@ def _int(env: Mapping[str, str], name: str, default: int | None, minimum: int = 
     return value
 
 
+def visible_gpus(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The GPUs NVIDIA_VISIBLE_DEVICES (or else CUDA_VISIBLE_DEVICES) lists; none when
+    unset or "none"/"void". "all" cannot be counted here and is refused."""
+    for name in ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+        raw = env.get(name, "").strip()
+        if not raw:
+            continue
+        if raw.lower() in ("none", "void", "-1"):
+            return ()
+        if raw.lower() == "all":
+            raise ConfigError(f"{name}=all does not say how many GPUs there are: list them "
+                              "(0,1,...) or set BYTEPS_LOCAL_SIZE")
+        return tuple(item.strip() for item in raw.split(",") if item.strip())
+    return ()
+
+
+def _local_size(env: Mapping[str, str]) -> int:
+    """BYTEPS_LOCAL_SIZE, or else one worker process per visible GPU, as BytePS's
+    launcher does."""
+    if env.get("BYTEPS_LOCAL_SIZE", "").strip():
+        return _int(env, "BYTEPS_LOCAL_SIZE", 1, minimum=1, maximum=MAX_NODES)
+    return max(1, len(visible_gpus(env)))
+
+
 def _seconds(env: Mapping[str, str], name: str, default: float,
              maximum: float = MAX_TIMEOUT_SECONDS) -> float:
     raw = env.get(name, "").strip()
@@ -127,7 +151,7 @@ class Config:
             num_server=_int(env, "DMLC_NUM_SERVER", 0, minimum=0, maximum=MAX_NODES),
             worker_id=_int(env, "DMLC_WORKER_ID", 0),
             local_rank=_int(env, "BYTEPS_LOCAL_RANK", 0),
-            local_size=_int(env, "BYTEPS_LOCAL_SIZE", 1, minimum=1, maximum=MAX_NODES),
+            local_size=_local_size(env),
             partition_bytes=_int(env, "BYTEPS_PARTITION_BYTES", DEFAULT_PARTITION_BYTES,
                                  minimum=8, maximum=2**31 - 1),
             server_engine_threads=_int(env, "BYTEPS_SERVER_ENGINE_THREAD", 4, minimum=1,

@@ -213,11 +213,13 @@ def _horovod_variables(rank: int, size: int, local_rank: int, local_size: int) -
 
 
 def _launch_local_ranks(config: Config, command: list[str]) -> int:
-    """DMLC_ROLE=worker with BYTEPS_LOCAL_SIZE > 1: one process per local rank."""
+    """DMLC_ROLE=worker with BYTEPS_LOCAL_SIZE > 1, or several visible GPUs: one process
+    per local rank (each uses the GPU of its local rank, see basics._pin_gpu)."""
     supervisor = JobSupervisor()
     for local_rank in range(config.local_size):
         rank = config.worker_id * config.local_size + local_rank
         env = {**os.environ, "BYTEPS_LOCAL_RANK": str(local_rank),
+               "BYTEPS_LOCAL_SIZE": str(config.local_size),
                **_horovod_variables(rank, config.size, local_rank, config.local_size)}
         supervisor.start(f"worker {rank}", command, env, is_worker=True, prefix=f"[{rank}]: ")
     return _supervise(supervisor)
