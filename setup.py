@@ -7,9 +7,12 @@ _bps_tf_ops: the TensorFlow kernels, linked against _bps_core and compiled with 
 _bps_worker: the pybind11 module Python uses to start and stop the worker engine.
 _bps_server: the pybind11 module holding the server engine; it contains no worker code
     and needs no TensorFlow, so `bps-server` loads nothing else.
+_bps_gpu: the core's CUDA kernels behind their C API (core/cuda/gpu_api.h), built only
+    when a CUDA toolkit is found (see cuda_toolkit); without one the build is CPU only.
 """
 
 import os
+import shutil
 import subprocess
 import sysconfig
 from pathlib import Path
@@ -31,7 +34,23 @@ CORE_SOURCES = [*SHARED, *sources("core", "task", "local_merge", "worker", "c_ap
 SERVER_SOURCES = [*SHARED, *sources("server", "server"), *sources("python", "server_module")]
 WORKER_MODULE_SOURCES = sources("python", "worker_module")
 TF_SOURCES = sorted(str(p) for p in Path("custom_ops", "tf").glob("*.cc"))
+GPU_SOURCES = [*sources("core", "common"), "custom_ops/core/cuda/gpu_kernels.cu"]
 CXXFLAGS = ["-std=c++17", "-O3", "-fPIC", "-pthread", "-fvisibility-inlines-hidden"]
+# Ampere and Hopper machine code, and PTX that newer GPUs compile at load time.
+CUDA_ARCHS = ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90",
+              "-gencode=arch=compute_90,code=compute_90"]
+
+
+def cuda_toolkit() -> str | None:
+    """nvcc: $CUDA_HOME/bin/nvcc, else the one on PATH; None (a CPU-only build) when
+    there is none, or with TF_BPS_WITHOUT_CUDA=1. (NVIDIA's CUDA 12 wheels carry
+    ptxas and headers but no nvcc, so they cannot build.)"""
+    if os.environ.get("TF_BPS_WITHOUT_CUDA") == "1":
+        return None
+    home = os.environ.get("CUDA_HOME")
+    if home and Path(home, "bin", "nvcc").exists():
+        return str(Path(home, "bin", "nvcc"))
+    return shutil.which("nvcc")
 
 
 class BuildNative(build_ext):
@@ -44,7 +63,12 @@ class BuildNative(build_ext):
         core = Path(self.get_ext_fullpath("tf_bps._bps_core")).resolve()
         link_core = [f"-L{core.parent}", f"-l:{core.name}", "-Wl,-rpath,$ORIGIN"]
         name = ext.name.rsplit(".", 1)[1]
-        if name == "_bps_core":
+        if name == "_bps_gpu":
+            # The CUDA runtime is linked statically: the library then needs only the
+            # driver, whatever CUDA runtime TensorFlow brings along.
+            cmd = [cuda_toolkit(), "-std=c++17", "-O3", "-shared", "-Xcompiler=-fPIC,-Wall",
+                   "-cudart=static", *CUDA_ARCHS, *ext.sources, "-o", str(target)]
+        elif name == "_bps_core":
             cmd = [cxx, *CXXFLAGS, "-Wall", "-Wextra", "-shared", *ext.sources, "-o",
                    str(target), f"-Wl,-soname,{target.name}"]
         elif name == "_bps_tf_ops":
@@ -73,6 +97,7 @@ setup(
         Extension("tf_bps._bps_tf_ops", TF_SOURCES),
         Extension("tf_bps._bps_worker", WORKER_MODULE_SOURCES),
         Extension("tf_bps._bps_server", SERVER_SOURCES),
+        *([Extension("tf_bps._bps_gpu", GPU_SOURCES)] if cuda_toolkit() else []),
     ],
     cmdclass={"build_ext": BuildNative},
 )
