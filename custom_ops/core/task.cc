@@ -98,6 +98,17 @@ Status Task::SetReceivedSplits(const std::vector<int64_t>& splits) {
   return Status::OK();
 }
 
+size_t EvenPartitionBytes(size_t bytes, size_t element, size_t limit, size_t spread) {
+  const size_t limit_elements = std::max<size_t>(1, limit / element);
+  const size_t elements = bytes / element;
+  if (elements == 0) return limit_elements * element;
+  const size_t pieces = (elements + limit_elements - 1) / limit_elements;
+  const size_t even = (pieces + spread - 1) / std::max<size_t>(1, spread) * spread;
+  const size_t most = std::max(pieces, bytes / kMinSpreadBytes);
+  const size_t count = std::min(even, most);
+  return (elements + count - 1) / count * element;
+}
+
 int64_t ScatterRows(int64_t rows, int rank, int size) {
   return rows / size + (rank < rows % size ? 1 : 0);
 }

@@ -45,6 +45,14 @@ Status CheckTaskSpec(const TaskSpec& spec, const Group& group);
 // The rows of a `rows`-row tensor that rank `rank` of `size` keeps in a
 // reducescatter: an even split, the first ranks taking one more when it is uneven.
 int64_t ScatterRows(int64_t rows, int rank, int size);
+
+// How a push_pull or a broadcast of `bytes` bytes (elements of `element` bytes) is cut:
+// the size of every partition but the last, whole elements, at most `limit`
+// (BYTEPS_PARTITION_BYTES). The count is rounded up to a multiple of `spread` (the
+// servers) as long as partitions keep kMinSpreadBytes, so that a mid-sized tensor
+// keeps every server busy and a large one gives no server a piece more than another.
+constexpr size_t kMinSpreadBytes = 64 * 1024;
+size_t EvenPartitionBytes(size_t bytes, size_t element, size_t limit, size_t spread);
 int64_t ScatterFirstRow(int64_t rows, int rank, int size);
 
 // Output 0 is the result; an alltoall's output 1 receives its splits (int64, one

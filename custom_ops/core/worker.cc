@@ -523,7 +523,6 @@ Status Worker::Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask
   const Declaration& op = spec.op;
   const Group& group = task->group();
   const int size = group.size();
-  const size_t partition = PartitionBytes(op.dtype);
   if (IsReduction(op.kind) && op.prescale != 1.0) {
     // Scale a copy: the input belongs to the framework. A push_pull's output is ours
     // until the task completes, and each partition's result arrives after its push.
@@ -542,6 +541,8 @@ Status Worker::Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask
     case OpKind::kBroadcast: {
       const bool root = op.kind == OpKind::kBroadcast && op.root_rank == options_.rank;
       if (root && spec.output != spec.input) std::memcpy(spec.output, spec.input, spec.bytes);
+      const size_t partition = EvenPartitionBytes(spec.bytes, DataTypeSize(op.dtype),
+                                                  options_.partition_bytes, links_.size());
       for (size_t offset = 0; offset < spec.bytes; offset += partition) {
         const size_t length = std::min(partition, spec.bytes - offset);
         const uint32_t part = static_cast<uint32_t>(plan->size());
@@ -556,6 +557,7 @@ Status Worker::Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask
     }
     case OpKind::kReduceScatter: {
       // Partitions never straddle two ranks' rows, so each result goes to one rank.
+      const size_t partition = PartitionBytes(op.dtype);
       const size_t row_bytes = RowBytes(op);
       std::vector<int64_t> mine = op.shape;
       mine[0] = ScatterRows(op.shape[0], group.index, size);

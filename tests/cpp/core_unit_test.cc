@@ -182,6 +182,28 @@ void TestScatterSplits() {
   }
 }
 
+void TestEvenPartitions() {
+  constexpr size_t kDefault = 4096000, kMiB = 1 << 20;
+  // 64 MiB: 17 default pieces would deal 5/4/4/4 over 4 servers; 20 deal 5 each.
+  EXPECT(EvenPartitionBytes(64 * kMiB, 4, kDefault, 4) == (64 * kMiB / 4 + 19) / 20 * 4);
+  for (size_t servers : {size_t{1}, size_t{2}, size_t{3}, size_t{4}, size_t{8}}) {
+    for (size_t bytes : {4 * kMiB, 64 * kMiB, 3 * kMiB + 12, size_t{4000}}) {
+      const size_t piece = EvenPartitionBytes(bytes, 4, kDefault, servers);
+      const size_t pieces = (bytes + piece - 1) / piece;
+      EXPECT(piece % 4 == 0 && piece <= kDefault);
+      // Every server works once partitions may shrink (to the floor) to allow it...
+      if (bytes >= servers * kMinSpreadBytes) EXPECT(pieces >= servers);
+      // ...and a large tensor gives every server the same number of pieces.
+      if (bytes == 64 * kMiB) EXPECT(pieces % servers == 0);
+    }
+  }
+  // A 4 MiB tensor over 8 servers: 8 pieces of 512 KiB, not 2 of 4096000 bytes.
+  EXPECT(EvenPartitionBytes(4 * kMiB, 4, kDefault, 8) == kMiB / 2);
+  // A small BYTEPS_PARTITION_BYTES is kept as it is: no spreading below the floor.
+  EXPECT(EvenPartitionBytes(48, 4, 16, 2) == 16);
+  EXPECT(EvenPartitionBytes(0, 4, kDefault, 2) == kDefault);
+}
+
 void TestTaskSpecChecks() {
   Group pair;
   pair.ranks = {0, 2};
@@ -640,6 +662,7 @@ int main() {
   bps::TestSignatures();
   bps::TestStageServesByPriority();
   bps::TestScatterSplits();
+  bps::TestEvenPartitions();
   bps::TestTaskSpecChecks();
   bps::TestTransports();
   bps::TestTokenProofs();

@@ -27,10 +27,8 @@ int bps_gpu_divide(void* buf, size_t count, int dtype, int divisor, void* stream
 /* buf[i] *= factor (prescale, postscale); integers scale in double and truncate. */
 int bps_gpu_scale(void* buf, size_t count, int dtype, double factor, void* stream);
 /* fp16 compression of float32 tensors (BytePS's fp16 compressor, on the device). */
-int bps_gpu_compress_fp16(const void* src_float32, void* dst_float16, size_t count,
-                          void* stream);
-int bps_gpu_decompress_fp16(const void* src_float16, void* dst_float32, size_t count,
-                            void* stream);
+int bps_gpu_compress_fp16(const void* src_float32, void* dst_float16, size_t count, void* stream);
+int bps_gpu_decompress_fp16(const void* src_float16, void* dst_float32, size_t count, void* stream);
 
 #ifdef __cplusplus
 }

@@ -129,17 +129,28 @@ __global__ void DecompressKernel(const __half* src, float* dst, size_t count) {
 template <typename Launch>
 int ForDataType(int dtype, Launch&& launch) {
   switch (static_cast<DataType>(dtype)) {
-    case DataType::kFloat16: return launch(__half{});
-    case DataType::kBFloat16: return launch(__nv_bfloat16{});
-    case DataType::kFloat32: return launch(float{});
-    case DataType::kFloat64: return launch(double{});
-    case DataType::kInt32: return launch(int32_t{});
-    case DataType::kInt64: return launch(int64_t{});
-    case DataType::kUint8: return launch(uint8_t{});
-    case DataType::kInt8: return launch(int8_t{});
-    case DataType::kUint16: return launch(uint16_t{});
-    case DataType::kInt16: return launch(int16_t{});
-    default: break;
+    case DataType::kFloat16:
+      return launch(__half{});
+    case DataType::kBFloat16:
+      return launch(__nv_bfloat16{});
+    case DataType::kFloat32:
+      return launch(float{});
+    case DataType::kFloat64:
+      return launch(double{});
+    case DataType::kInt32:
+      return launch(int32_t{});
+    case DataType::kInt64:
+      return launch(int64_t{});
+    case DataType::kUint8:
+      return launch(uint8_t{});
+    case DataType::kInt8:
+      return launch(int8_t{});
+    case DataType::kUint16:
+      return launch(uint16_t{});
+    case DataType::kInt16:
+      return launch(int16_t{});
+    default:
+      break;
   }
   return Fail("data type " + std::to_string(dtype) + " has no GPU arithmetic");
 }
