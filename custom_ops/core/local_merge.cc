@@ -166,15 +166,10 @@ void LocalMerge::Announce(const std::shared_ptr<Task>& task) {
     CheckAgreement(task->tensor_id(), index_, &effects);
     for (size_t i = 0; i < peers_.size(); ++i) {
       if (!peers_[i]) continue;
-      Effects::Message declare;
-      declare.peer = static_cast<int>(i);
-      declare.header.type = static_cast<uint8_t>(FrameType::kDeclare);
-      declare.header.rank = static_cast<uint32_t>(options_.rank);
-      declare.header.tensor_id = task->tensor_id();
-      declare.header.round = task->round();
+      Effects::Message& declare = Queue(&effects, static_cast<int>(i), FrameType::kDeclare,
+                                        PartitionKey{task->tensor_id(), 0}, task->round());
       declare.header.length = task->declaration_frame().size();
       declare.payload = task->declaration_frame();
-      effects.messages.push_back(std::move(declare));
     }
   }
   Run(effects);
@@ -417,16 +412,10 @@ void LocalMerge::OnUpstreamDone(const PartitionKey& key, uint32_t round, const S
     } else {
       for (size_t i = 0; i < state.inputs.size(); ++i) {
         if (!state.inputs[i] || static_cast<int>(i) == index_) continue;
-        Effects::Message reply;
-        reply.peer = static_cast<int>(i);
-        reply.header.type = static_cast<uint8_t>(FrameType::kReply);
-        reply.header.rank = static_cast<uint32_t>(options_.rank);
-        reply.header.tensor_id = key.tensor_id;
-        reply.header.part = key.part;
-        reply.header.round = round;
+        Effects::Message& reply =
+            Queue(&effects, static_cast<int>(i), FrameType::kReply, key, round);
         reply.header.length = state.length;
         reply.data = state.sum;
-        effects.messages.push_back(std::move(reply));
       }
       if (state.own)
         effects.deliveries.push_back({state.own, state.own_offset, state.sum, state.length});
@@ -448,17 +437,7 @@ void LocalMerge::FailRound(const PartitionKey& key, MergeState* state, ErrorKind
       if (state->own) effects->failures.emplace_back(state->own, Status::Error(kind, message));
       continue;
     }
-    Effects::Message error;
-    error.peer = static_cast<int>(i);
-    error.header.type = static_cast<uint8_t>(FrameType::kError);
-    error.header.error_kind = static_cast<uint8_t>(kind);
-    error.header.rank = static_cast<uint32_t>(options_.rank);
-    error.header.tensor_id = key.tensor_id;
-    error.header.part = key.part;
-    error.header.round = state->round;
-    error.header.length = message.size();
-    error.payload = message;
-    effects->messages.push_back(std::move(error));
+    QueueError(effects, static_cast<int>(i), key, state->round, kind, message);
   }
   // A merged push already at the servers: its round ends there too, for every host.
   if (state->upstream) effects->abandoned.emplace_back(key.tensor_id, state->round);
@@ -477,17 +456,28 @@ void LocalMerge::Refuse(const Arrival& arrival, const PartitionTask* own, ErrorK
     effects->failures.emplace_back(own->task, Status::Error(kind, message));
     return;
   }
-  Effects::Message error;
-  error.peer = arrival.index;
-  error.header.type = static_cast<uint8_t>(FrameType::kError);
+  QueueError(effects, arrival.index, PartitionKey{arrival.tensor_id, arrival.part}, arrival.round,
+             kind, message);
+}
+
+LocalMerge::Effects::Message& LocalMerge::Queue(Effects* effects, int peer, FrameType type,
+                                                const PartitionKey& key, uint32_t round) const {
+  Effects::Message& message = effects->messages.emplace_back();
+  message.peer = peer;
+  message.header.type = static_cast<uint8_t>(type);
+  message.header.rank = static_cast<uint32_t>(options_.rank);
+  message.header.tensor_id = key.tensor_id;
+  message.header.part = key.part;
+  message.header.round = round;
+  return message;
+}
+
+void LocalMerge::QueueError(Effects* effects, int peer, const PartitionKey& key, uint32_t round,
+                            ErrorKind kind, const std::string& text) const {
+  Effects::Message& error = Queue(effects, peer, FrameType::kError, key, round);
   error.header.error_kind = static_cast<uint8_t>(kind);
-  error.header.rank = static_cast<uint32_t>(options_.rank);
-  error.header.tensor_id = arrival.tensor_id;
-  error.header.part = arrival.part;
-  error.header.round = arrival.round;
-  error.header.length = message.size();
-  error.payload = message;
-  effects->messages.push_back(std::move(error));
+  error.header.length = text.size();
+  error.payload = text;
 }
 
 std::shared_ptr<Task> LocalMerge::Announced(uint64_t tensor_id, uint32_t round) {
@@ -729,15 +719,8 @@ void LocalMerge::Abandon(uint64_t tensor_id, uint32_t round) {
         ++it;
         continue;
       }
-      Effects::Message abandon;
-      abandon.peer = it->second.leader;
-      abandon.header.type = static_cast<uint8_t>(FrameType::kAbandon);
-      abandon.header.op_kind = static_cast<uint8_t>(OpKind::kPushPull);
-      abandon.header.rank = static_cast<uint32_t>(options_.rank);
-      abandon.header.tensor_id = tensor_id;
-      abandon.header.part = it->second.part;
-      abandon.header.round = round;
-      effects.messages.push_back(std::move(abandon));
+      Queue(&effects, it->second.leader, FrameType::kAbandon, it->first, round).header.op_kind =
+          static_cast<uint8_t>(OpKind::kPushPull);
       it = pending_.erase(it);
     }
     for (auto& [key, state] : merges_) {
@@ -760,15 +743,10 @@ void LocalMerge::BeginJoin() {
   {
     std::lock_guard<std::mutex> lock(merge_mutex_);
     joined_epoch_[index_] = epoch_;
-    for (size_t i = 0; i < peers_.size(); ++i) {
-      if (!peers_[i]) continue;
-      Effects::Message join;
-      join.peer = static_cast<int>(i);
-      join.header.type = static_cast<uint8_t>(FrameType::kJoin);
-      join.header.rank = static_cast<uint32_t>(options_.rank);
-      join.header.join_epoch = epoch_;
-      effects.messages.push_back(std::move(join));
-    }
+    for (size_t i = 0; i < peers_.size(); ++i)
+      if (peers_[i])
+        Queue(&effects, static_cast<int>(i), FrameType::kJoin, PartitionKey{}, 0)
+            .header.join_epoch = epoch_;
     RecheckAll(&effects);
   }
   Run(effects);

@@ -165,6 +165,11 @@ class LocalMerge {
                  const std::string& message, Effects* effects);
   void Refuse(const Arrival& arrival, const PartitionTask* own, ErrorKind kind,
               const std::string& message, Effects* effects);
+  // A frame to local peer `peer` about one partition's round, queued in `effects`.
+  Effects::Message& Queue(Effects* effects, int peer, FrameType type, const PartitionKey& key,
+                          uint32_t round) const;
+  void QueueError(Effects* effects, int peer, const PartitionKey& key, uint32_t round,
+                  ErrorKind kind, const std::string& text) const;
   void RecheckAll(Effects* effects);
   // Fails the tensor's rounds that wait for worker `index` when what it declared for
   // that round does not merge with them (and that worker's operation).
