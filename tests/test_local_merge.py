@@ -1,34 +1,45 @@
-"""The hierarchical local merge through real jobs: two emulated hosts (distinct
-DMLC_NODE_HOST) of two workers each (BYTEPS_LOCAL_SIZE=2), two servers. The same job
-runs with the merge and without it (BYTEPS_LOCAL_MERGE=0): the results must be
-numpy's and identical, and the servers must receive half the push_pull bytes."""
+"""The hierarchical local merge through real jobs: two hosts of two workers each
+(BYTEPS_LOCAL_SIZE=2) and two servers, the hosts emulated by distinct DMLC_NODE_HOST
+addresses or made of network namespaces (tests/netbed.py: TCP between hosts, links
+limited by tc). The same job runs with the merge and without it (BYTEPS_LOCAL_MERGE=0):
+the results must be numpy's and identical, and the servers must receive half the
+push_pull bytes."""
 
 import re
 
 import numpy as np
+import pytest
 from conftest import LAUNCH, base_env, finish, free_port, worker_command
+from netbed import NetBed, NetBedUnavailable
 
 HOSTS, LOCAL_SIZE = 2, 2
 SIZE = HOSTS * LOCAL_SIZE
 
 
-def _run_two_hosts(procs, out, merge: bool) -> tuple[dict, dict[str, int]]:
+def _run_two_hosts(procs, out, merge: bool, bed: NetBed | None = None):
     """Runs local_merge.py on 2 hosts x 2 workers; returns each rank's results and the
-    bytes the servers received per tensor."""
+    bytes the servers received per tensor. With `bed`, worker hosts are its hosts 0 and
+    1, and the scheduler and servers run on its host 2."""
     out.mkdir()
-    common = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": free_port(),
-              "DMLC_NUM_WORKER": HOSTS, "DMLC_NUM_SERVER": 2, "BYTEPS_LOCAL_SIZE": LOCAL_SIZE,
-              "BYTEPS_PARTITION_BYTES": 256 * 1024, "BYTEPS_LOCAL_MERGE": int(merge),
-              "TEST_OUT": out}
-    job = {"scheduler": procs.start(LAUNCH, base_env(DMLC_ROLE="scheduler", **common))}
+
+    def on(host: int, command: list[str]) -> list[str]:
+        return bed.command(host, command) if bed else command
+
+    common = {"DMLC_PS_ROOT_URI": bed.address(HOSTS) if bed else "127.0.0.1",
+              "DMLC_PS_ROOT_PORT": free_port(), "DMLC_NUM_WORKER": HOSTS, "DMLC_NUM_SERVER": 2,
+              "BYTEPS_LOCAL_SIZE": LOCAL_SIZE, "BYTEPS_PARTITION_BYTES": 256 * 1024,
+              "BYTEPS_LOCAL_MERGE": int(merge), "TEST_OUT": out}
+    job = {"scheduler": procs.start(on(HOSTS, LAUNCH),
+                                    base_env(DMLC_ROLE="scheduler", **common))}
     for server in range(2):  # Servers log each tensor's traffic at DEBUG when they stop.
         job[f"server{server}"] = procs.start(
-            LAUNCH, base_env(DMLC_ROLE="server", BYTEPS_LOG_LEVEL="DEBUG", **common))
+            on(HOSTS, LAUNCH), base_env(DMLC_ROLE="server", BYTEPS_LOG_LEVEL="DEBUG", **common))
     for host in range(HOSTS):
+        # Without namespaces, each emulated host advertises its own loopback address.
+        where = {} if bed else {"DMLC_NODE_HOST": f"127.0.0.{host + 1}"}
         job[f"host{host}"] = procs.start(
-            [*LAUNCH, *worker_command("local_merge.py")],
-            base_env(DMLC_ROLE="worker", DMLC_WORKER_ID=host, DMLC_NODE_HOST=f"127.0.0.{host + 1}",
-                     **common))
+            on(host, [*LAUNCH, *worker_command("local_merge.py")]),
+            base_env(DMLC_ROLE="worker", DMLC_WORKER_ID=host, **where, **common))
     received: dict[str, int] = {}
     for name, process in job.items():
         status, output = finish(process, timeout=180)
@@ -39,9 +50,23 @@ def _run_two_hosts(procs, out, merge: bool) -> tuple[dict, dict[str, int]]:
     return results, received
 
 
-def test_two_hosts_merge_locally_with_the_flat_results_and_half_the_bytes(procs, tmp_path):
-    merged, merged_bytes = _run_two_hosts(procs, tmp_path / "merged", merge=True)
-    flat, flat_bytes = _run_two_hosts(procs, tmp_path / "flat", merge=False)
+@pytest.fixture(params=["node-host", "namespaces"])
+def hosts(request):
+    """None: hosts told apart by DMLC_NODE_HOST; else a NetBed of 3 hosts at 200 Mbit/s."""
+    if request.param == "node-host":
+        yield None
+        return
+    try:
+        with NetBed(hosts=HOSTS + 1, mbit=200) as bed:
+            yield bed
+    except NetBedUnavailable as why:
+        pytest.skip(str(why))
+
+
+def test_two_hosts_merge_locally_with_the_flat_results_and_half_the_bytes(procs, tmp_path,
+                                                                          hosts):
+    merged, merged_bytes = _run_two_hosts(procs, tmp_path / "merged", merge=True, bed=hosts)
+    flat, flat_bytes = _run_two_hosts(procs, tmp_path / "flat", merge=False, bed=hosts)
 
     pattern = np.arange(300_000, dtype=np.float32) % 97
     for rank in range(SIZE):
