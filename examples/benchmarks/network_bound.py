@@ -1,0 +1,205 @@
+"""push_pull where the network is the bottleneck, against the floor the links allow and
+against TensorFlow's ring all-reduce, on hosts made of network namespaces.
+
+    sudo python examples/benchmarks/network_bound.py [--mbit 200] [--mb 64]
+        [--layouts 2x2,4x2,4x4,2c,4c]
+
+A layout "NxK" is N worker hosts (one worker each) and K separate server hosts; "Nc"
+puts a server on each of the N worker hosts. Every host's link is limited to --mbit
+in each direction (tests/netbed.py); the bandwidth B a host gets is measured with a
+plain TCP transfer first. For each layout the script prints the median time of a
+--mb push_pull, the floor the links allow for that placement and the ratio:
+
+    K separate server hosts, even split:   max(1, N/K) M/B
+    servers on the N worker hosts:          2(N-1)M/(N B)   (also the ring optimum)
+
+and MultiWorkerMirroredStrategy's ring all-reduce on the same N worker hosts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jobs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+from netbed import NetBed  # noqa: E402  (the test bed lives with the tests)
+
+WARMUP, STEPS = 2, 5
+PORT = 29500
+
+
+def timed_steps(run_once) -> float:
+    samples = []
+    for _ in range(WARMUP + STEPS):
+        start = time.perf_counter()
+        run_once()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples[WARMUP:])
+
+
+def tf_bps_worker(out_path: str, nbytes: int) -> None:
+    import tensorflow as tf
+
+    import tf_bps as bps
+
+    bps.init()
+    tensor = tf.ones([nbytes // 4], tf.float32)
+    seconds = timed_steps(lambda: bps.push_pull(tensor, name="gradient").numpy())
+    if bps.rank() == 0:
+        Path(out_path).write_text(json.dumps({"seconds": seconds}))
+    bps.shutdown()
+
+
+def mwms_worker(out_path: str, nbytes: int) -> None:
+    import tensorflow as tf
+
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    tensor = tf.ones([nbytes // 4], tf.float32)
+
+    @tf.function
+    def all_reduce(t):
+        def replica_fn(value):
+            context = tf.distribute.get_replica_context()
+            return context.all_reduce(tf.distribute.ReduceOp.MEAN, tf.identity(value))
+
+        return strategy.run(replica_fn, args=(t,))
+
+    seconds = timed_steps(lambda: strategy.experimental_local_results(all_reduce(tensor))[0]
+                          .numpy())
+    if jobs.is_mwms_chief():
+        Path(out_path).write_text(json.dumps({"seconds": seconds}))
+
+
+def receive(port: int) -> None:
+    """The far end of the bandwidth probe: reads until the sender closes."""
+    with socket.create_server(("0.0.0.0", port)) as server:
+        conn, _ = server.accept()
+        with conn:
+            while conn.recv(1 << 20):
+                pass
+
+
+def measure_bandwidth(bed: NetBed) -> float:
+    """Bytes per second one host sends another through the limited links."""
+    receiver = subprocess.Popen(bed.command(1, [sys.executable, __file__, "--receive"]))
+    try:
+        probe = ("import socket, time\n"
+                 f"for _ in range(100):\n"
+                 f"    try: s = socket.create_connection(('{bed.address(1)}', {PORT})); break\n"
+                 "    except OSError: time.sleep(0.1)\n"
+                 "chunk = bytes(1 << 20); start = time.perf_counter(); sent = 0\n"
+                 "while time.perf_counter() - start < 3: s.sendall(chunk); sent += len(chunk)\n"
+                 "s.close(); print(sent / (time.perf_counter() - start))\n")
+        out = subprocess.run(bed.command(0, [sys.executable, "-c", probe]), capture_output=True,
+                             text=True, check=True, timeout=60).stdout
+        return float(out.split()[-1])
+    finally:
+        receiver.wait(timeout=30)
+
+
+def run_layout(bed: NetBed, workers: int, servers: int, colocated: bool, nbytes: int,
+               scratch: str) -> float:
+    """Seconds per push_pull: workers on hosts 0..N-1, servers on the next K hosts
+    (or one on each worker host), the scheduler on the first server host."""
+    server_hosts = list(range(workers)) if colocated else list(range(workers, workers + servers))
+    out_path = os.path.join(scratch, f"bps-{workers}-{servers}-{colocated}.json")
+    env = {**os.environ, "DMLC_PS_ROOT_URI": bed.address(server_hosts[0]),
+           "DMLC_PS_ROOT_PORT": str(PORT), "DMLC_NUM_WORKER": str(workers),
+           "DMLC_NUM_SERVER": str(len(server_hosts)), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    launch = [sys.executable, "-m", "tf_bps.launcher"]
+    worker = [*launch, sys.executable, __file__, "--role", "tf_bps", "--out", out_path,
+              "--mb", str(nbytes >> 20)]
+    roles = [(server_hosts[0], launch, {"DMLC_ROLE": "scheduler"})]
+    roles += [(host, launch, {"DMLC_ROLE": "server"}) for host in server_hosts]
+    roles += [(host, worker, {"DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(host)})
+              for host in range(workers)]
+    _run_all([(bed.command(host, command), {**env, **extra}) for host, command, extra in roles])
+    return json.loads(Path(out_path).read_text())["seconds"]
+
+
+def run_ring(bed: NetBed, workers: int, nbytes: int, scratch: str) -> float:
+    out_path = os.path.join(scratch, f"ring-{workers}.json")
+    cluster = {"worker": [f"{bed.address(h)}:{PORT}" for h in range(workers)]}
+    command = [sys.executable, __file__, "--role", "mwms", "--out", out_path,
+               "--mb", str(nbytes >> 20)]
+    _run_all([(bed.command(h, command),
+               {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "TF_CONFIG": json.dumps(
+                   {"cluster": cluster, "task": {"type": "worker", "index": h}})})
+              for h in range(workers)])
+    return json.loads(Path(out_path).read_text())["seconds"]
+
+
+def _run_all(commands: list[tuple[list[str], dict]]) -> None:
+    processes = [subprocess.Popen(c, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True) for c, e in commands]
+    try:
+        outputs = [p.communicate(timeout=jobs.TIMEOUT_S)[0] for p in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    for process, output in zip(processes, outputs, strict=True):
+        if process.returncode != 0:
+            raise RuntimeError(f"{process.args} failed:\n{output}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mbit", type=float, default=200, help="link rate per host and way")
+    parser.add_argument("--mb", type=int, default=64, help="MB per push_pull")
+    parser.add_argument("--layouts", default="2x2,4x2,4x4,2c,4c")
+    parser.add_argument("--role", choices=["tf_bps", "mwms"], help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--receive", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    nbytes = args.mb << 20
+    if args.receive:
+        return receive(PORT)
+    if args.role == "tf_bps":
+        return tf_bps_worker(args.out, nbytes)
+    if args.role == "mwms":
+        return mwms_worker(args.out, nbytes)
+
+    layouts = []
+    for text in args.layouts.split(","):
+        colocated = text.endswith("c")
+        n, _, k = text.rstrip("c").partition("x")
+        layouts.append((int(n), int(k) if k else int(n), colocated))
+    hosts = max(n + (0 if colocated else k) for n, k, colocated in layouts)
+    with NetBed(hosts=hosts, mbit=args.mbit) as bed, tempfile.TemporaryDirectory() as scratch:
+        bandwidth = measure_bandwidth(bed)
+        mb = nbytes / 1e6
+        print(f"{args.mb} MB push_pull, links of {args.mbit:g} Mbit/s: B = "
+              f"{bandwidth / 1e6:.1f} MB/s measured; median of {STEPS} steps")
+        print(f"{'layout':>24}  {'tf_bps s':>8}  {'floor s':>7}  {'ratio':>5}  {'ring s':>6}  "
+              f"{'ring/tf_bps':>11}")
+        rings: dict[int, float] = {}
+        for n, k, colocated in layouts:
+            seconds = run_layout(bed, n, k, colocated, nbytes, scratch)
+            if colocated:
+                floor = 2 * (n - 1) * mb / (n * bandwidth / 1e6)
+                name = f"{n} workers, colocated"
+            else:
+                floor = max(1.0, n / k) * mb / (bandwidth / 1e6)
+                name = f"{n} workers, {k} server hosts"
+            if n not in rings:
+                rings[n] = run_ring(bed, n, nbytes, scratch)
+            print(f"{name:>24}  {seconds:8.2f}  {floor:7.2f}  {seconds / floor:5.2f}  "
+                  f"{rings[n]:6.2f}  {rings[n] / seconds:10.2f}x")
+
+
+if __name__ == "__main__":
+    main()
