@@ -4,6 +4,8 @@
 //
 // Stages (each its own thread, so partitions of one tensor and of many tensors overlap):
 //   caller thread  declare (name -> id, once), plan the partitions, enqueue per server
+//   local merge    with other workers on this host, push_pull partitions are summed
+//                  among them first (local_merge.h); one per host reaches the servers
 //   push stage     a Stage per server link (stage.h): sends, highest priority first
 //   pull stage     one receiver thread per server link, writes into the output (and
 //                  starts a gather's second step once its sizes arrive)
