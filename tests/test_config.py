@@ -1,8 +1,12 @@
 """Settings a careless user might give: each is refused before anything starts, with
 a message naming the variable (in-process: the configuration needs no TensorFlow)."""
 
+import re
+from pathlib import Path
+
 import pytest
 
+import tf_bps.config
 from tf_bps.config import Config, ConfigError
 
 JOB = {"DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1", "DMLC_PS_ROOT_URI": "127.0.0.1",
@@ -58,3 +62,12 @@ def test_good_settings_pass():
 ])
 def test_one_worker_per_visible_gpu_unless_local_size_says_otherwise(env, local_size):
     assert Config.from_env({**JOB, **env}).local_size == local_size
+
+
+def test_the_readme_table_lists_exactly_the_variables_the_configuration_reads():
+    variable = r"(?:DMLC|BYTEPS|PS|NVIDIA|CUDA)_[A-Z_]+"
+    read = set(re.findall(rf'"({variable})"', Path(tf_bps.config.__file__).read_text()))
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(rf"`({variable})`", table))
+    assert read == documented, (read - documented, documented - read)
