@@ -221,3 +221,14 @@ def test_an_abort_stops_workers_that_are_still_connecting(procs):
         assert status != 0 and "sent no heartbeat" in output, output
         assert "READY" not in output, output
     assert time.monotonic() - started < 30
+
+
+def test_workers_under_gdb_print_a_backtrace_when_they_crash(procs):
+    env = base_env(DMLC_ROLE="worker", BYTEPS_ENABLE_GDB=1)
+    crash = [sys.executable, "-c", "import ctypes; ctypes.string_at(0)"]
+    status, output = procs.run([*LAUNCH, *crash], env, timeout=120)
+    assert status != 0 and "SIGSEGV" in output and "\n#0 " in output, output
+    # A worker that does not crash keeps its exit status.
+    status, output = procs.run([*LAUNCH, sys.executable, "-c", "import sys; sys.exit(7)"], env,
+                               timeout=120)
+    assert status == 7, output

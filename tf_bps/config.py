@@ -123,6 +123,7 @@ class Config:
     # The workers of one host sum push_pull partitions among themselves before one of
     # them pushes (custom_ops/core/local_merge.h); it needs shared memory (IPC).
     local_merge: bool
+    enable_gdb: bool  # bpslaunch runs each worker under gdb and prints its backtrace
     log_level: str
     ps_verbose: int
     node_host: str | None
@@ -159,6 +160,7 @@ class Config:
             force_distributed=_flag(env, "BYTEPS_FORCE_DISTRIBUTED"),
             enable_ipc=_flag(env, "BYTEPS_ENABLE_IPC", default=True),
             local_merge=_flag(env, "BYTEPS_LOCAL_MERGE", default=True),
+            enable_gdb=_flag(env, "BYTEPS_ENABLE_GDB"),
             log_level=_choice(env, "BYTEPS_LOG_LEVEL", LOG_LEVELS, "WARNING", upper=True),
             ps_verbose=int(_choice(env, "PS_VERBOSE", ("0", "1", "2"), "0")),
             node_host=env.get("DMLC_NODE_HOST", "").strip() or None,

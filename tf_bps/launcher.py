@@ -174,6 +174,17 @@ def _resolve_command(command: list[str]) -> str | None:
     return None
 
 
+def _under_gdb(command: list[str]) -> list[str]:
+    """BYTEPS_ENABLE_GDB=1: the worker runs under gdb in batch mode, which prints the
+    backtrace of every thread if it crashes and exits with the worker's status."""
+    if shutil.which("gdb") is None:
+        raise LaunchError("BYTEPS_ENABLE_GDB=1 needs gdb, which is not on PATH "
+                          "(apt-get install gdb)")
+    return ["gdb", "-q", "-batch", "-return-child-result", "-ex", "set pagination off",
+            "-ex", "set print thread-events off", "-ex", "run", "-ex", "thread apply all bt",
+            "--args", *command]
+
+
 def _launch_local_job(num_workers: int, num_servers: int, command: list[str]) -> int:
     base = dict(os.environ)
     config = Config.from_env(base)
@@ -272,6 +283,12 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"bpslaunch: {problem}", file=sys.stderr)
         return 127
+    if config.enable_gdb:
+        try:
+            args.command = _under_gdb(args.command)
+        except LaunchError as error:
+            print(f"bpslaunch: {error}", file=sys.stderr)
+            return 127
     if config.role == "worker":
         if config.local_size > 1 and "BYTEPS_LOCAL_RANK" not in os.environ:
             return _run(_launch_local_ranks, config, args.command)
