@@ -8,6 +8,7 @@ module, `_bps_server`, so a server process loads no worker code. Both raise
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 from pathlib import Path
 
@@ -65,8 +66,9 @@ def worker_init(rank: int, size: int, servers: list[str], merge_with: list[int],
 
     local_ranks = ",".join(str(r) for r in sorted(merge_with))
     # Abstract socket names are per network namespace; the scheduler's address makes
-    # them per job as well.
-    prefix = f"tf_bps-{config.root_uri}:{config.root_port}-"
+    # them per job as well (hashed: names are short, whatever the address).
+    job = hashlib.sha256(f"{config.root_uri}:{config.root_port}".encode()).hexdigest()[:16]
+    prefix = f"tf_bps-{job}-"
     worker_engine().init(rank, size, ",".join(entry(server) for server in servers),
                          config.partition_bytes, int(config.op_timeout * 1000),
                          config.job_token, local_ranks, prefix)
