@@ -37,18 +37,25 @@ def run_tf_bps(worker_command: list[str], out_path: str, num_workers: int,
 
 def run_tf_bps_hosts(worker_command: list[str], out_path: str, hosts: int, local_size: int,
                      num_servers: int, env: dict[str, str] | None = None,
-                     output: list[str] | None = None) -> dict:
-    """A job as on `hosts` machines of `local_size` workers each, started role by role;
-    each emulated machine advertises its own loopback address (DMLC_NODE_HOST)."""
-    common = {**os.environ, "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(_free_port()),
+                     output: list[str] | None = None, bed=None) -> dict:
+    """A job as on `hosts` machines of `local_size` workers each, started role by role.
+    Without `bed`, each emulated machine advertises its own loopback address
+    (DMLC_NODE_HOST); with a tests/netbed.py NetBed, workers run on its hosts 0.., the
+    scheduler with server 0 on host `hosts`, and server i on host `hosts + i`."""
+    def on(host: int, command: list[str]) -> list[str]:
+        return bed.command(host, command) if bed else command
+
+    root = bed.address(hosts) if bed else "127.0.0.1"
+    common = {**os.environ, "DMLC_PS_ROOT_URI": root, "DMLC_PS_ROOT_PORT": str(_free_port()),
               "DMLC_NUM_WORKER": str(hosts), "DMLC_NUM_SERVER": str(num_servers),
               "BYTEPS_LOCAL_SIZE": str(local_size), **(env or {})}
     launch = [sys.executable, "-m", "tf_bps.launcher"]
-    roles = [(launch, {"DMLC_ROLE": "scheduler"})]
-    roles += [(launch, {"DMLC_ROLE": "server"})] * num_servers
-    roles += [([*launch, *worker_command], {"DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(host),
-                                            "DMLC_NODE_HOST": f"127.0.0.{host + 1}"})
-              for host in range(hosts)]
+    roles = [(on(hosts, launch), {"DMLC_ROLE": "scheduler"})]
+    roles += [(on(hosts + i, launch), {"DMLC_ROLE": "server"}) for i in range(num_servers)]
+    for host in range(hosts):
+        where = {} if bed else {"DMLC_NODE_HOST": f"127.0.0.{host + 1}"}
+        roles.append((on(host, [*launch, *worker_command]),
+                      {"DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(host), **where}))
     processes = [subprocess.Popen(command, env={**common, **role_env}, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True)
                  for command, role_env in roles]
