@@ -176,25 +176,29 @@ void LocalMerge::Announce(const std::shared_ptr<Task>& task) {
 }
 
 void LocalMerge::CheckAgreement(uint64_t tensor_id, int index, Effects* effects) {
-  auto declared = declarations_.find({tensor_id, index});
+  for (auto& [key, state] : merges_)
+    if (key.tensor_id == tensor_id) CheckAgreement(key, &state, index, effects);
+}
+
+void LocalMerge::CheckAgreement(const PartitionKey& key, MergeState* state, int index,
+                                Effects* effects) {
+  if (!state->active || state->inputs[index]) return;
+  auto declared = declarations_.find({key.tensor_id, index});
   if (declared == declarations_.end()) return;
   const Declared& theirs = declared->second;
-  for (auto& [key, state] : merges_) {
-    if (key.tensor_id != tensor_id || !state.active || state.round != theirs.round ||
-        state.inputs[index])
-      continue;
-    if (MergesOp(theirs.op) && Signature(theirs.op) == state.signature) continue;
-    const std::string message = MismatchMessage(tensor_id, state.first, index);
-    const uint32_t round = state.round;
-    FailRound(key, &state, ErrorKind::kMismatch, message, effects);
-    if (index == index_) {
-      std::shared_ptr<Task> task = Announced(tensor_id, round);
-      if (task) effects->failures.emplace_back(task, Status::Error(ErrorKind::kMismatch, message));
-    } else {
-      // Its operation waits at the servers; the error ends it (HandleResult).
-      Refuse(Arrival{index, key.tensor_id, key.part, round, 0, 0, 0, nullptr}, nullptr,
-             ErrorKind::kMismatch, message, effects);
-    }
+  if (state->round != theirs.round ||
+      (MergesOp(theirs.op) && Signature(theirs.op) == state->signature))
+    return;
+  const std::string message = MismatchMessage(key.tensor_id, state->first, index);
+  const uint32_t round = state->round;
+  FailRound(key, state, ErrorKind::kMismatch, message, effects);
+  if (index == index_) {
+    std::shared_ptr<Task> task = Announced(key.tensor_id, round);
+    if (task) effects->failures.emplace_back(task, Status::Error(ErrorKind::kMismatch, message));
+  } else {
+    // Its operation waits at the servers; the error ends it (HandleResult).
+    Refuse(Arrival{index, key.tensor_id, key.part, round, 0, 0, 0, nullptr}, nullptr,
+           ErrorKind::kMismatch, message, effects);
   }
 }
 
@@ -341,7 +345,7 @@ void LocalMerge::Arrive(const Arrival& arrival, const PartitionTask* own, Effect
   }
   // A worker of the host that declared something else for this round never comes.
   for (size_t i = 0; i < state.inputs.size() && state.active; ++i)
-    if (!state.inputs[i]) CheckAgreement(key.tensor_id, static_cast<int>(i), effects);
+    CheckAgreement(key, &state, static_cast<int>(i), effects);
   if (state.active) MaybeMerge(key, &state, effects);
 }
 

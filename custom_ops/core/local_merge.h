@@ -174,6 +174,7 @@ class LocalMerge {
   // Fails the tensor's rounds that wait for worker `index` when what it declared for
   // that round does not merge with them (and that worker's operation).
   void CheckAgreement(uint64_t tensor_id, int index, Effects* effects);
+  void CheckAgreement(const PartitionKey& key, MergeState* state, int index, Effects* effects);
   // This worker's announced task of the tensor, if it is in `round` and alive.
   std::shared_ptr<Task> Announced(uint64_t tensor_id, uint32_t round);
   std::string Describe(uint64_t tensor_id, int index);
