@@ -232,3 +232,18 @@ def test_workers_under_gdb_print_a_backtrace_when_they_crash(procs):
     status, output = procs.run([*LAUNCH, sys.executable, "-c", "import sys; sys.exit(7)"], env,
                                timeout=120)
     assert status == 7, output
+
+
+def test_a_sampled_tensor_is_logged_at_each_stage(procs):
+    status, output = procs.launch(2, "steady_sums.py", num_servers=1, TEST_ROUNDS=2,
+                                  BYTEPS_DEBUG_SAMPLE_TENSOR="steady")
+    assert status == 0, output
+    samples = re.findall(r"\[(\d)\]: .*sample of tensor 'steady' \(id \d+\) round (\d), "
+                         r"([a-z0-9 ]+): first \[[^]]*\] sum (\d+) of 50000 elements", output)
+    got = {(int(rank), int(step), stage, int(total)) for rank, step, stage, total in samples}
+    for rank in (0, 1):  # What each pushed (rank + round - 1), and the sums both got.
+        assert {(rank, 1, "pushed", rank * 50000), (rank, 2, "pushed", (rank + 1) * 50000),
+                (rank, 1, "result", 50000), (rank, 2, "result", 150000)} <= got, output
+    # The partition's leader logs the host's sum before it goes to the server.
+    assert {(step, total) for _, step, stage, total in got if stage.startswith("host sum")} == \
+        {(1, 50000), (2, 150000)}, output

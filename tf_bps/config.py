@@ -124,6 +124,7 @@ class Config:
     # them pushes (custom_ops/core/local_merge.h); it needs shared memory (IPC).
     local_merge: bool
     enable_gdb: bool  # bpslaunch runs each worker under gdb and prints its backtrace
+    debug_sample_tensor: str  # a tensor name or id whose values workers log at each stage
     log_level: str
     ps_verbose: int
     node_host: str | None
@@ -161,6 +162,7 @@ class Config:
             enable_ipc=_flag(env, "BYTEPS_ENABLE_IPC", default=True),
             local_merge=_flag(env, "BYTEPS_LOCAL_MERGE", default=True),
             enable_gdb=_flag(env, "BYTEPS_ENABLE_GDB"),
+            debug_sample_tensor=env.get("BYTEPS_DEBUG_SAMPLE_TENSOR", "").strip(),
             log_level=_choice(env, "BYTEPS_LOG_LEVEL", LOG_LEVELS, "WARNING", upper=True),
             ps_verbose=int(_choice(env, "PS_VERBOSE", ("0", "1", "2"), "0")),
             node_host=env.get("DMLC_NODE_HOST", "").strip() or None,

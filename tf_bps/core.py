@@ -71,7 +71,7 @@ def worker_init(rank: int, size: int, servers: list[str], merge_with: list[int],
     prefix = f"tf_bps-{job}-"
     worker_engine().init(rank, size, ",".join(entry(server) for server in servers),
                          config.partition_bytes, int(config.op_timeout * 1000),
-                         config.job_token, local_ranks, prefix)
+                         config.job_token, local_ranks, prefix, config.debug_sample_tensor)
 
 
 def worker_abort(reason: str) -> None:

@@ -383,6 +383,9 @@ void LocalMerge::MaybeMerge(const PartitionKey& key, MergeState* state, Effects*
       ReduceInto(op.reduce_op, op.dtype, sum, inputs[i], count);
   }
   state->sum = sum;
+  worker_->Sample(op.name, key.tensor_id, state->round, op.dtype,
+                  ("host sum of partition " + std::to_string(key.part)).c_str(), sum,
+                  state->length);
   // The host's sum goes up as a task of its own: the server links time it, abandon it
   // and finish it (average, postscale) like any other partition.
   TaskSpec spec;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <sstream>
 
 // Each loop is compiled twice, for AVX2/FMA CPUs and for baseline x86-64, and the
 // loader picks one; the CI machine and users' servers differ.
@@ -196,6 +197,26 @@ void DivideInPlace(DataType dtype, void* buf, size_t count, int divisor) {
       ScaleLoop(static_cast<T*>(buf), count, 1.0 / divisor);
     }
   });
+}
+
+std::string SampleText(DataType dtype, const void* data, size_t count) {
+  constexpr size_t kShown = 8;
+  std::ostringstream text;
+  text.precision(7);
+  double sum = 0;
+  text << "first [";
+  // Bool is one byte per element, as uint8.
+  Dispatch(dtype == DataType::kBool ? DataType::kUint8 : dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const T* values = static_cast<const T*>(data);
+    for (size_t i = 0; i < count; ++i) {
+      const double value = static_cast<double>(Arith<T>::In(values[i]));
+      sum += value;
+      if (i < kShown) text << (i ? ", " : "") << value;
+    }
+  });
+  text << (count > kShown ? ", ...] sum " : "] sum ") << sum << " of " << count << " elements";
+  return text.str();
 }
 
 void ScaleInPlace(DataType dtype, void* buf, size_t count, double factor) {

@@ -4,6 +4,7 @@
 #define TF_BPS_CORE_REDUCE_H_
 
 #include <cstddef>
+#include <string>
 
 #include "common.h"
 
@@ -24,6 +25,9 @@ void DivideInPlace(DataType dtype, void* buf, size_t count, int divisor);
 
 // buf[i] *= factor (prescale / postscale); integers round toward zero, as a cast does.
 void ScaleInPlace(DataType dtype, void* buf, size_t count, double factor);
+
+// "first [1, 2, 3, ...] sum 6 of 3 elements": what BYTEPS_DEBUG_SAMPLE_TENSOR logs.
+std::string SampleText(DataType dtype, const void* data, size_t count);
 
 }  // namespace bps
 

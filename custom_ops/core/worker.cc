@@ -413,13 +413,21 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
     entry = it->second;
   }
   const OpKind kind = spec.op.kind;
-  auto task = std::make_shared<Task>(std::move(spec), std::move(group), entry.id, entry.order,
-                                     entry.round, options_.timeout_ms, std::move(allocate),
-                                     [this, name, kind, id = entry.id, round = entry.round,
-                                      done = std::move(done)](const Status& status) {
-                                       OnTaskFinished(name, kind, id, round, status);
-                                       done(status);
-                                     });
+  // The result's size is known here only where it is the input's.
+  const DataType dtype = spec.op.dtype;
+  const size_t result_bytes =
+      kind == OpKind::kPushPull || kind == OpKind::kBroadcast ? spec.bytes : 0;
+  void* const result = spec.output;
+  auto task =
+      std::make_shared<Task>(std::move(spec), std::move(group), entry.id, entry.order, entry.round,
+                             options_.timeout_ms, std::move(allocate),
+                             [this, name, kind, dtype, result, result_bytes, id = entry.id,
+                              round = entry.round, done = std::move(done)](const Status& status) {
+                               if (status.ok())
+                                 Sample(name, id, round, dtype, "result", result, result_bytes);
+                               OnTaskFinished(name, kind, id, round, status);
+                               done(status);
+                             });
   std::vector<PartitionTask> plan;
   status = Plan(task, &plan);
   if (!status.ok()) {
@@ -427,6 +435,8 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
     task->Fail(status);
     return;
   }
+  Sample(name, task->tensor_id(), task->round(), dtype, "pushed", task->source(),
+         IsGather(kind) ? 0 : task->spec().bytes);
   task->Launch(static_cast<int>(plan.size()));
   const bool merged = local_ && local_->Merges(*task);
   if (local_ && !merged) local_->Announce(task);
@@ -685,6 +695,15 @@ void Worker::OnTaskFinished(const std::string& name, OpKind kind, uint64_t tenso
   std::lock_guard<std::mutex> lock(registry_mutex_);
   auto it = registry_.find(name);
   if (it != registry_.end()) it->second.in_flight = false;
+}
+
+void Worker::Sample(const std::string& name, uint64_t tensor_id, uint32_t round, DataType dtype,
+                    const char* stage, const void* data, size_t bytes) const {
+  const std::string& wanted = options_.debug_sample;
+  if (wanted.empty() || !data || (wanted != name && wanted != std::to_string(tensor_id))) return;
+  BPS_LOG(kWarning) << "sample of tensor '" << name << "' (id " << tensor_id << ") round " << round
+                    << ", " << stage << ": "
+                    << SampleText(dtype, data, bytes / DataTypeSize(dtype));
 }
 
 void Worker::AbandonAtServers(uint64_t tensor_id, uint32_t round, OpKind kind) {

@@ -45,6 +45,9 @@ struct WorkerOptions {
   std::vector<int32_t> local_ranks;
   // Names this job's local sockets (the rank is appended); unique per job and host.
   std::string local_socket_prefix;
+  // BYTEPS_DEBUG_SAMPLE_TENSOR: a tensor name or id whose values are logged as they
+  // enter and leave each stage.
+  std::string debug_sample;
 };
 
 class Worker;
@@ -138,6 +141,9 @@ class Worker {
   bool stopping() const { return stopping_.load(); }
   // Called by a link whose server (or a local peer) vanished.
   void OnLinkFailure(const std::string& reason);
+  // Logs `bytes` of the tensor's values at `stage` when it is BYTEPS_DEBUG_SAMPLE_TENSOR's.
+  void Sample(const std::string& name, uint64_t tensor_id, uint32_t round, DataType dtype,
+              const char* stage, const void* data, size_t bytes) const;
   // Tells every server this worker gave up `round` of the tensor.
   void AbandonAtServers(uint64_t tensor_id, uint32_t round, OpKind kind);
   // A gather's sizes arrived (`sizes`: every worker's rows, then an alltoall's split
