@@ -56,9 +56,18 @@ def run_tf_bps_hosts(worker_command: list[str], out_path: str, hosts: int, local
         where = {} if bed else {"DMLC_NODE_HOST": f"127.0.0.{host + 1}"}
         roles.append((on(host, [*launch, *worker_command]),
                       {"DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(host), **where}))
-    processes = [subprocess.Popen(command, env={**common, **role_env}, stdout=subprocess.PIPE,
+    outputs = run_processes([(command, {**common, **role_env}) for command, role_env in roles])
+    if output is not None:
+        output.append("".join(outputs))
+    return _read(out_path)
+
+
+def run_processes(commands: list[tuple[list[str], dict]]) -> list[str]:
+    """Runs (command, environment) pairs side by side; their outputs, once every one
+    succeeded. The first failure is raised with its output; nothing is left running."""
+    processes = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True)
-                 for command, role_env in roles]
+                 for command, env in commands]
     try:
         outputs = [process.communicate(timeout=TIMEOUT_S)[0] for process in processes]
     finally:
@@ -68,10 +77,30 @@ def run_tf_bps_hosts(worker_command: list[str], out_path: str, hosts: int, local
                 process.wait()
     for process, text in zip(processes, outputs, strict=True):
         if process.returncode != 0:
-            raise RuntimeError(f"the tf_bps job failed:\n{text}")
-    if output is not None:
-        output.append("".join(outputs))
-    return _read(out_path)
+            raise RuntimeError(f"{process.args} failed:\n{text}")
+    return outputs
+
+
+def mwms_all_reduce():
+    """In a worker TF_CONFIG describes: a function averaging a tensor over the workers
+    with MultiWorkerMirroredStrategy's RING all-reduce (gRPC), returning this worker's
+    copy of the result."""
+    import tensorflow as tf
+
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+
+    @tf.function
+    def all_reduce(t):
+        def replica_fn(value):
+            context = tf.distribute.get_replica_context()
+            # A tensor placed on the replica device: all_reduce needs a destination.
+            return context.all_reduce(tf.distribute.ReduceOp.MEAN, tf.identity(value))
+
+        return strategy.run(replica_fn, args=(t,))
+
+    return lambda tensor: strategy.experimental_local_results(all_reduce(tensor))[0]
 
 
 def _free_port() -> int:
@@ -80,24 +109,20 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_mwms(worker_command: list[str], out_path: str, num_workers: int) -> dict:
-    cluster = {"worker": [f"127.0.0.1:{_free_port()}" for _ in range(num_workers)]}
-    processes = []
-    for index in range(num_workers):
-        tf_config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
-        processes.append(subprocess.Popen(
-            worker_command, env={**os.environ, "TF_CONFIG": json.dumps(tf_config)},
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-    try:
-        for process in processes:
-            _, errors = process.communicate(timeout=TIMEOUT_S)
-            if process.returncode != 0:
-                raise RuntimeError(f"a MultiWorkerMirroredStrategy worker failed:\n{errors}")
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+def run_mwms(worker_command: list[str], out_path: str, num_workers: int, bed=None) -> dict:
+    """A MultiWorkerMirroredStrategy job through TF_CONFIG: on this machine, or with a
+    tests/netbed.py NetBed, worker i on its host i."""
+    def address(index: int) -> str:
+        return f"{bed.address(index)}:29500" if bed else f"127.0.0.1:{_free_port()}"
+
+    cluster = {"worker": [address(index) for index in range(num_workers)]}
+
+    def env(index: int) -> dict:
+        task = {"cluster": cluster, "task": {"type": "worker", "index": index}}
+        return {**os.environ, "TF_CONFIG": json.dumps(task)}
+
+    run_processes([(bed.command(index, worker_command) if bed else worker_command, env(index))
+                   for index in range(num_workers)])
     return _read(out_path)
 
 

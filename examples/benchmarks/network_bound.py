@@ -63,21 +63,9 @@ def tf_bps_worker(out_path: str, nbytes: int) -> None:
 def mwms_worker(out_path: str, nbytes: int) -> None:
     import tensorflow as tf
 
-    options = tf.distribute.experimental.CommunicationOptions(
-        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    all_reduce = jobs.mwms_all_reduce()
     tensor = tf.ones([nbytes // 4], tf.float32)
-
-    @tf.function
-    def all_reduce(t):
-        def replica_fn(value):
-            context = tf.distribute.get_replica_context()
-            return context.all_reduce(tf.distribute.ReduceOp.MEAN, tf.identity(value))
-
-        return strategy.run(replica_fn, args=(t,))
-
-    seconds = timed_steps(lambda: strategy.experimental_local_results(all_reduce(tensor))[0]
-                          .numpy())
+    seconds = timed_steps(lambda: all_reduce(tensor).numpy())
     if jobs.is_mwms_chief():
         Path(out_path).write_text(json.dumps({"seconds": seconds}))
 
@@ -125,35 +113,16 @@ def run_layout(bed: NetBed, workers: int, servers: int, colocated: bool, nbytes:
     roles += [(host, launch, {"DMLC_ROLE": "server"}) for host in server_hosts]
     roles += [(host, worker, {"DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(host)})
               for host in range(workers)]
-    _run_all([(bed.command(host, command), {**env, **extra}) for host, command, extra in roles])
+    jobs.run_processes([(bed.command(host, command), {**env, **extra})
+                        for host, command, extra in roles])
     return json.loads(Path(out_path).read_text())["seconds"]
 
 
 def run_ring(bed: NetBed, workers: int, nbytes: int, scratch: str) -> float:
     out_path = os.path.join(scratch, f"ring-{workers}.json")
-    cluster = {"worker": [f"{bed.address(h)}:{PORT}" for h in range(workers)]}
     command = [sys.executable, __file__, "--role", "mwms", "--out", out_path,
                "--mb", str(nbytes >> 20)]
-    _run_all([(bed.command(h, command),
-               {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "TF_CONFIG": json.dumps(
-                   {"cluster": cluster, "task": {"type": "worker", "index": h}})})
-              for h in range(workers)])
-    return json.loads(Path(out_path).read_text())["seconds"]
-
-
-def _run_all(commands: list[tuple[list[str], dict]]) -> None:
-    processes = [subprocess.Popen(c, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True) for c, e in commands]
-    try:
-        outputs = [p.communicate(timeout=jobs.TIMEOUT_S)[0] for p in processes]
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    for process, output in zip(processes, outputs, strict=True):
-        if process.returncode != 0:
-            raise RuntimeError(f"{process.args} failed:\n{output}")
+    return jobs.run_mwms(command, out_path, workers, bed=bed)["seconds"]
 
 
 def main() -> None:

@@ -64,25 +64,11 @@ def tf_bps_worker(out_path: str) -> None:
 def mwms_worker(out_path: str) -> None:
     import tensorflow as tf
 
-    options = tf.distribute.experimental.CommunicationOptions(
-        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    all_reduce = jobs.mwms_all_reduce()
     results = {}
     for label, nbytes in SIZES.items():
         tensor = tf.ones([nbytes // 4], tf.float32)
-
-        @tf.function
-        def all_reduce(t):
-            def replica_fn(value):
-                context = tf.distribute.get_replica_context()
-                # A tensor placed on the replica device: all_reduce needs a destination.
-                return context.all_reduce(tf.distribute.ReduceOp.MEAN, tf.identity(value))
-
-            return strategy.run(replica_fn, args=(t,))
-
-        results[label] = time_operation(
-            lambda t=tensor, f=all_reduce: strategy.experimental_local_results(f(t))[0].numpy(),
-            nbytes)
+        results[label] = time_operation(lambda t=tensor: all_reduce(t).numpy(), nbytes)
     if jobs.is_mwms_chief():
         with open(out_path, "w") as out:
             json.dump(results, out)
