@@ -13,6 +13,9 @@
 
 namespace bps {
 
+// The workers of one host speak the same frames among themselves (local_merge.h): a
+// partition's leader plays the server's part for kDeclare, kPush, kReply, kError and
+// kAbandon, and kJoin and kBye tell the host's other workers that this one joined or left.
 enum class FrameType : uint8_t {
   // The handshake (transport/auth.h): kChallenge, kHello, kWelcome, before anything else.
   kHello = 1,    // worker -> server: `rank` identifies the worker; payload its proof.
