@@ -8,6 +8,7 @@ import os
 import shutil
 
 import pytest
+from gpu_api import declare
 
 from tf_bps.core import NotBuiltError, native_library
 
@@ -29,12 +30,7 @@ def gpu_library():
         if _nvcc_found():
             pytest.fail("nvcc is here but tf_bps/_bps_gpu was not built")
         pytest.skip("no CUDA toolkit at build time: a CPU-only build")
-    library = ctypes.CDLL(str(path))
-    library.bps_gpu_last_error.restype = ctypes.c_char_p
-    library.bps_gpu_reduce.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
-                                       ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
-    library.bps_gpu_divide.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
-                                       ctypes.c_int, ctypes.c_void_p]
+    library = declare(ctypes.CDLL(str(path)))
     return library
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gpu_api import declare
 
 cupy = pytest.importorskip("cupy")
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,17 +38,7 @@ def gpu(tmp_path_factory):
          str(ROOT / "custom_ops" / "core" / "cuda" / "gpu_kernels.cu"), "-o", str(library)],
         capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr
-    lib = ctypes.CDLL(str(library))
-    lib.bps_gpu_last_error.restype = ctypes.c_char_p
-    lib.bps_gpu_reduce.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
-                                   ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
-    lib.bps_gpu_divide.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
-                                   ctypes.c_int, ctypes.c_void_p]
-    lib.bps_gpu_scale.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
-                                  ctypes.c_double, ctypes.c_void_p]
-    for name in ("bps_gpu_compress_fp16", "bps_gpu_decompress_fp16"):
-        getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
-                                       ctypes.c_void_p]
+    lib = declare(ctypes.CDLL(str(library)))
     return lib
 
 
