@@ -18,6 +18,7 @@ from dataclasses import dataclass
 ROLES = ("scheduler", "server", "worker")
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 DEFAULT_PARTITION_BYTES = 4096000
+DEFAULT_SCHEDULING_CREDIT = 2  # partitions per server in flight; measured in network_bound.py
 # Upper bounds the code can honour: every wait in the core is an int of milliseconds.
 MAX_TIMEOUT_SECONDS = 1_000_000
 MAX_ENGINE_THREADS = 256
@@ -117,6 +118,9 @@ class Config:
     local_rank: int
     local_size: int
     partition_bytes: int
+    # BYTEPS_SCHEDULING_CREDIT: partitions a worker may have pushed to one server
+    # without the sum back (custom_ops/core/credits.h); 0: no limit.
+    scheduling_credit: int
     server_engine_threads: int
     force_distributed: bool
     enable_ipc: bool
@@ -156,6 +160,8 @@ class Config:
             local_size=_local_size(env),
             partition_bytes=_int(env, "BYTEPS_PARTITION_BYTES", DEFAULT_PARTITION_BYTES,
                                  minimum=8, maximum=2**31 - 1),
+            scheduling_credit=_int(env, "BYTEPS_SCHEDULING_CREDIT", DEFAULT_SCHEDULING_CREDIT,
+                                   minimum=0, maximum=1024),
             server_engine_threads=_int(env, "BYTEPS_SERVER_ENGINE_THREAD", 4, minimum=1,
                                        maximum=MAX_ENGINE_THREADS),
             force_distributed=_flag(env, "BYTEPS_FORCE_DISTRIBUTED"),
@@ -193,6 +199,10 @@ class Config:
                 f"BYTEPS_LOCAL_RANK={config.local_rank} is not valid: expected 0 to "
                 f"BYTEPS_LOCAL_SIZE-1 ({config.local_size - 1})")
         return config
+
+    @property
+    def credit_bytes(self) -> int:
+        return self.scheduling_credit * self.partition_bytes
 
     @property
     def size(self) -> int:

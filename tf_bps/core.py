@@ -70,7 +70,8 @@ def worker_init(rank: int, size: int, servers: list[str], merge_with: list[int],
     job = hashlib.sha256(f"{config.root_uri}:{config.root_port}".encode()).hexdigest()[:16]
     prefix = f"tf_bps-{job}-"
     worker_engine().init(rank, size, ",".join(entry(server) for server in servers),
-                         config.partition_bytes, int(config.op_timeout * 1000),
+                         config.partition_bytes, config.credit_bytes,
+                         int(config.op_timeout * 1000),
                          config.job_token, local_ranks, prefix, config.debug_sample_tensor)
 
 

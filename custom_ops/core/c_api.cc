@@ -1,5 +1,6 @@
 #include "c_api.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -167,7 +168,7 @@ int bps_worker_init_local(void) {
 }
 
 int bps_worker_init(int rank, int size, const char* servers, long long partition_bytes,
-                    int timeout_ms, const char* token, const char* local_ranks,
+                    long long credit_bytes, int timeout_ms, const char* token, const char* local_ranks,
                     const char* local_socket_prefix, const char* debug_sample) {
   bps::WorkerOptions options;
   options.debug_sample = debug_sample ? debug_sample : "";
@@ -178,6 +179,7 @@ int bps_worker_init(int rank, int size, const char* servers, long long partition
   options.rank = rank;
   options.size = size;
   options.partition_bytes = static_cast<size_t>(partition_bytes);
+  options.credit_bytes = static_cast<size_t>(std::max(0LL, credit_bytes));
   options.timeout_ms = timeout_ms;
   Status status = bps::ParseServers(servers, &options.servers);
   if (!status.ok()) return bps::Fail(status);

@@ -1,10 +1,13 @@
 // A stage of the worker's pipeline: a queue served by a thread of its own. Items
 // leave in priority order, so a stage never holds an urgent partition behind a
-// bulky one. Stages are where later work plugs in (local reduce, device copies,
-// compression) and where the timeline will record when each item entered and left.
+// bulky one. A stage may also hold its head item back until an admission rule lets
+// it go (the push stage's scheduling credit, credits.h). Stages are where later work
+// plugs in (local reduce, device copies, compression) and where the timeline will
+// record when each item entered and left.
 #ifndef TF_BPS_CORE_STAGE_H_
 #define TF_BPS_CORE_STAGE_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
@@ -23,6 +26,10 @@ class Stage {
   // `serve` handles one item on the stage's thread; returning false ends the stage
   // (its link broke, say), dropping what is still queued.
   using Serve = std::function<bool(Item&)>;
+  // Says whether the head item may leave now, taking whatever it needs if so. Asked
+  // again on Recheck() and at least every kAdmitPoll, so a rule may have deadlines.
+  using Admit = std::function<bool(const Item&)>;
+  static constexpr std::chrono::milliseconds kAdmitPoll{50};
 
   explicit Stage(std::string name) : name_(std::move(name)) {}
   ~Stage() {
@@ -34,8 +41,9 @@ class Stage {
 
   const std::string& name() const { return name_; }
 
-  void Start(Serve serve) {
-    thread_ = std::thread([this, serve = std::move(serve)] { Run(serve); });
+  void Start(Serve serve, Admit admit = nullptr) {
+    thread_ = std::thread(
+        [this, serve = std::move(serve), admit = std::move(admit)] { Run(serve, admit); });
   }
 
   void Push(Item item) {
@@ -44,6 +52,12 @@ class Stage {
       queue_.push(std::move(item));
     }
     cv_.notify_one();
+  }
+
+  // What the admission rule depends on changed (credit came back, say).
+  void Recheck() {
+    { std::lock_guard<std::mutex> lock(mutex_); }  // no lost wake-up against Run's wait
+    cv_.notify_all();
   }
 
   // Stops serving; items still queued are dropped (their tasks fail elsewhere).
@@ -60,13 +74,17 @@ class Stage {
   }
 
  private:
-  void Run(const Serve& serve) {
+  void Run(const Serve& serve, const Admit& admit) {
     while (true) {
       Item item;
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        cv_.wait(lock, [this] { return closed_ || !queue_.empty(); });
-        if (closed_) return;
+        while (true) {
+          cv_.wait(lock, [this] { return closed_ || !queue_.empty(); });
+          if (closed_) return;
+          if (!admit || admit(queue_.top())) break;
+          cv_.wait_for(lock, kAdmitPoll);
+        }
         item = queue_.top();
         queue_.pop();
       }

@@ -21,7 +21,11 @@ constexpr std::chrono::seconds kDrainGrace{1};
 
 ServerLink::ServerLink(Worker* worker, int index, ServerAddress address,
                        std::unique_ptr<Channel> channel)
-    : worker_(worker), index_(index), address_(std::move(address)), channel_(std::move(channel)) {}
+    : worker_(worker),
+      index_(index),
+      address_(std::move(address)),
+      channel_(std::move(channel)),
+      credits_(worker->options().credit_bytes) {}
 
 ServerLink::~ServerLink() { Join(); }
 
@@ -31,7 +35,8 @@ std::string ServerLink::description() const {
 }
 
 void ServerLink::Start() {
-  push_stage_.Start([this](PartitionTask& partition) { return Push(partition); });
+  push_stage_.Start([this](PartitionTask& partition) { return Push(partition); },
+                    [this](const PartitionTask& partition) { return Admit(partition); });
   receiver_ = std::thread([this] { ReceiveLoop(); });
 }
 
@@ -39,7 +44,7 @@ void ServerLink::Enqueue(PartitionTask task) {
   {
     std::lock_guard<std::mutex> lock(pending_mutex_);
     pending_[PartitionKey{task.task->tensor_id(), task.part}] =
-        Pending{task.task, task.part, task.offset, task.reply_length};
+        Pending{task.task, task.part, task.offset, task.reply_length, task.priority, task.push_length};
   }
   push_stage_.Push(std::move(task));
 }
@@ -62,6 +67,7 @@ void ServerLink::Abandon(uint64_t tensor_id, uint32_t round, OpKind kind) {
     for (auto it = pending_.begin(); it != pending_.end();) {
       if (it->first.tensor_id == tensor_id && it->second.task->round() == round) {
         parts.push_back(it->second.part);
+        ReturnCredit(it->second);
         it = pending_.erase(it);
       } else {
         ++it;
@@ -82,8 +88,28 @@ void ServerLink::Abandon(uint64_t tensor_id, uint32_t round, OpKind kind) {
   }
 }
 
+bool ServerLink::Admit(const PartitionTask& partition) {
+  return credits_.TryTake(partition.priority, partition.push_length);
+}
+
+void ServerLink::ReturnCredit(const Pending& pending) {
+  if (!pending.credited) return;
+  credits_.Return(pending.priority, pending.push_length);
+  push_stage_.Recheck();
+}
+
 bool ServerLink::Push(PartitionTask& partition) {
   Task& task = *partition.task;
+  {
+    // The credit Admit took stays with the pending partition until its answer.
+    std::lock_guard<std::mutex> lock(pending_mutex_);
+    auto it = pending_.find(PartitionKey{task.tensor_id(), partition.part});
+    if (it != pending_.end() && it->second.task == partition.task) {
+      it->second.credited = true;
+    } else {
+      credits_.Return(partition.priority, partition.push_length);  // abandoned meanwhile
+    }
+  }
   if (!task.BeginIo()) return true;  // Failed meanwhile: nothing to send.
   FrameHeader header;
   header.rank = static_cast<uint32_t>(worker_->options().rank);
@@ -143,6 +169,7 @@ bool ServerLink::TakePending(const FrameHeader& header, Pending* pending) {
   // A reply for another round answers a task that already failed: never use it.
   if (it == pending_.end() || it->second.task->round() != header.round) return false;
   *pending = it->second;
+  ReturnCredit(it->second);
   pending_.erase(it);
   return true;
 }
@@ -281,6 +308,7 @@ void ServerLink::FailPending(const Status& reason) {
   {
     std::lock_guard<std::mutex> lock(pending_mutex_);
     pending.swap(pending_);
+    for (auto& entry : pending) ReturnCredit(entry.second);
   }
   for (auto& entry : pending)
     entry.second.task->Fail(reason.WithSuffix(" (tensor '" + entry.second.task->name() + "')"));

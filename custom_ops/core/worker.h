@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common.h"
+#include "credits.h"
 #include "local_merge.h"
 #include "stage.h"
 #include "task.h"
@@ -38,6 +39,9 @@ struct WorkerOptions {
   int size = 1;
   std::vector<ServerAddress> servers;
   size_t partition_bytes = 4096000;
+  // BYTEPS_SCHEDULING_CREDIT: bytes pushed to one server and not yet answered,
+  // at most (credits.h); 0: no limit.
+  size_t credit_bytes = 0;
   int timeout_ms = 300000;
   std::string token;  // the job's, proven to every server (transport/auth.h)
   // The workers of this host, ascending, this one included: with more than one,
@@ -82,8 +86,15 @@ class ServerLink {
     uint32_t part;
     size_t offset;
     size_t reply_length;
+    uint64_t priority;
+    size_t push_length;
+    bool credited = false;  // pushed: its credit returns with the answer or the failure
   };
 
+  // The push stage's admission: whether the scheduling credit lets `partition` go.
+  bool Admit(const PartitionTask& partition);
+  // Gives back the credit of partitions that left pending_.
+  void ReturnCredit(const Pending& pending);
   // The push stage's work: one partition to the server. False once the link broke.
   bool Push(PartitionTask& partition);
   Status SendPartition(const PartitionTask& task, FrameHeader* header);
@@ -101,6 +112,7 @@ class ServerLink {
   std::unique_ptr<Channel> channel_;
 
   Stage<PartitionTask, PartitionTaskOrder> push_stage_{"push"};
+  PushCredits credits_;
   // The declaration hash this server last heard per tensor; push stage only.
   std::unordered_map<uint64_t, uint64_t> declared_;
 

@@ -733,8 +733,14 @@ size_t Server::Reply(const PartitionKey& id, const KeyState& key, const char* re
     if (key.owner >= 0) return static_cast<int32_t>(r) == key.owner;
     return key.kind != OpKind::kBroadcast || key.by_rank[r].length == 0;
   };
+  // Sends block, one worker after another: starting each partition's replies at a
+  // different worker keeps every server from serving the same worker first, which
+  // would leave that worker's link the bottleneck and the others idle.
   size_t receivers = 0;
-  for (uint32_t r : key.contributors) {
+  const size_t count = key.contributors.size();
+  const size_t first = count ? (id.part + key.round) % count : 0;
+  for (size_t i = 0; i < count; ++i) {
+    const uint32_t r = key.contributors[(first + i) % count];
     if (!receives(r)) continue;
     SendReply(r, id, key.round, result, length);
     ++receivers;

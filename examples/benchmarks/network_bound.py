@@ -130,6 +130,7 @@ def main() -> None:
     parser.add_argument("--mbit", type=float, default=200, help="link rate per host and way")
     parser.add_argument("--mb", type=int, default=64, help="MB per push_pull")
     parser.add_argument("--layouts", default="2x2,4x2,4x4,2c,4c")
+    parser.add_argument("--no-ring", action="store_true", help="skip the ring all-reduce")
     parser.add_argument("--role", choices=["tf_bps", "mwms"], help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--receive", action="store_true", help=argparse.SUPPRESS)
@@ -164,10 +165,12 @@ def main() -> None:
             else:
                 floor = max(1.0, n / k) * mb / (bandwidth / 1e6)
                 name = f"{n} workers, {k} server hosts"
-            if n not in rings:
-                rings[n] = run_ring(bed, n, nbytes, scratch)
-            print(f"{name:>24}  {seconds:8.2f}  {floor:7.2f}  {seconds / floor:5.2f}  "
-                  f"{rings[n]:6.2f}  {rings[n] / seconds:10.2f}x")
+            ring = "      -            -"
+            if not args.no_ring:
+                if n not in rings:
+                    rings[n] = run_ring(bed, n, nbytes, scratch)
+                ring = f"{rings[n]:6.2f}  {rings[n] / seconds:10.2f}x"
+            print(f"{name:>24}  {seconds:8.2f}  {floor:7.2f}  {seconds / floor:5.2f}  {ring}")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "../../custom_ops/core/credits.h"
 #include "../../custom_ops/core/protocol.h"
 #include "../../custom_ops/core/reduce.h"
 #include "../../custom_ops/core/stage.h"
@@ -257,6 +258,63 @@ void TestStageServesByPriority() {
   stage.Push(0);  // Never served: the stage has ended.
   stage.Join();
   EXPECT((served == std::vector<int>{1, 2, 3, 4}));
+}
+
+void TestPushCredits() {
+  PushCredits credits(100);
+  EXPECT(credits.TryTake(10, 60));
+  EXPECT(credits.TryTake(11, 40));   // exactly the limit
+  EXPECT(!credits.TryTake(12, 1));   // over it, and ordered after what is in flight
+  EXPECT(credits.TryTake(5, 1000));  // ordered before everything in flight: goes
+  EXPECT(credits.in_flight() == 1100);
+  credits.Return(5, 1000);
+  credits.Return(10, 60);
+  EXPECT(credits.TryTake(12, 60));
+  credits.Return(99, 7);  // never taken: changes nothing
+  EXPECT(credits.in_flight() == 100);
+  // No answer and no push for the patience: the next one goes anyway.
+  EXPECT(!credits.TryTake(13, 1));
+  std::this_thread::sleep_for(PushCredits::kPatience + std::chrono::milliseconds(20));
+  EXPECT(credits.TryTake(13, 1));
+  EXPECT(!credits.TryTake(14, 1));  // that push was progress: patience starts again
+
+  PushCredits unlimited(0);
+  for (uint64_t i = 0; i < 100; ++i) EXPECT(unlimited.TryTake(100 - i, 1 << 30));
+}
+
+void TestStageHoldsItemsUntilAdmitted() {
+  Stage<int, std::greater<int>> stage("test");
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<int> served;
+  int allowance = 1;  // guarded by mutex
+  stage.Start(
+      [&](int& item) {
+        std::lock_guard<std::mutex> lock(mutex);
+        served.push_back(item);
+        changed.notify_all();
+        return true;
+      },
+      [&](const int&) {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (allowance == 0) return false;
+        --allowance;
+        return true;
+      });
+  for (int item : {3, 1, 2}) stage.Push(item);
+  std::unique_lock<std::mutex> lock(mutex);
+  EXPECT(changed.wait_for(lock, std::chrono::seconds(5), [&] { return served.size() == 1; }));
+  EXPECT(!changed.wait_for(lock, std::chrono::milliseconds(200),
+                           [&] { return served.size() > 1; }));  // held back
+  allowance = 2;
+  lock.unlock();
+  stage.Recheck();
+  lock.lock();
+  EXPECT(changed.wait_for(lock, std::chrono::seconds(5), [&] { return served.size() == 3; }));
+  lock.unlock();
+  stage.Close();
+  stage.Join();
+  EXPECT(served.size() == 3 && served[1] < served[2]);  // admitted ones leave by priority
 }
 
 // ---------------------------------------------------------------------------
@@ -661,6 +719,8 @@ int main() {
   bps::TestDeclarations();
   bps::TestSignatures();
   bps::TestStageServesByPriority();
+  bps::TestStageHoldsItemsUntilAdmitted();
+  bps::TestPushCredits();
   bps::TestScatterSplits();
   bps::TestEvenPartitions();
   bps::TestTaskSpecChecks();
