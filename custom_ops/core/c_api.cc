@@ -168,8 +168,9 @@ int bps_worker_init_local(void) {
 }
 
 int bps_worker_init(int rank, int size, const char* servers, long long partition_bytes,
-                    long long credit_bytes, int timeout_ms, const char* token, const char* local_ranks,
-                    const char* local_socket_prefix, const char* debug_sample) {
+                    long long credit_bytes, int timeout_ms, const char* token,
+                    const char* local_ranks, const char* local_socket_prefix,
+                    const char* debug_sample) {
   bps::WorkerOptions options;
   options.debug_sample = debug_sample ? debug_sample : "";
   options.token = token ? token : "";

@@ -24,8 +24,9 @@ int bps_worker_init_local(void);
  * than one, push_pull merges among them first, over Unix sockets named
  * `local_socket_prefix` + rank. Empty: every worker pushes its own copy. */
 int bps_worker_init(int rank, int size, const char* servers, long long partition_bytes,
-                    long long credit_bytes, int timeout_ms, const char* token, const char* local_ranks,
-                    const char* local_socket_prefix, const char* debug_sample);
+                    long long credit_bytes, int timeout_ms, const char* token,
+                    const char* local_ranks, const char* local_socket_prefix,
+                    const char* debug_sample);
 void bps_worker_abort(const char* reason);
 /* Copies why the worker failed (a server died, say; empty when healthy) into buf. */
 int bps_worker_failure(char* buf, int capacity);

@@ -56,7 +56,10 @@ class Stage {
 
   // What the admission rule depends on changed (credit came back, say).
   void Recheck() {
-    { std::lock_guard<std::mutex> lock(mutex_); }  // no lost wake-up against Run's wait
+    // Taking the lock orders this wake-up after Run's check, so it cannot be lost.
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+    }
     cv_.notify_all();
   }
 

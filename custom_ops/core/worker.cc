@@ -43,8 +43,8 @@ void ServerLink::Start() {
 void ServerLink::Enqueue(PartitionTask task) {
   {
     std::lock_guard<std::mutex> lock(pending_mutex_);
-    pending_[PartitionKey{task.task->tensor_id(), task.part}] =
-        Pending{task.task, task.part, task.offset, task.reply_length, task.priority, task.push_length};
+    pending_[PartitionKey{task.task->tensor_id(), task.part}] = Pending{
+        task.task, task.part, task.offset, task.reply_length, task.priority, task.push_length};
   }
   push_stage_.Push(std::move(task));
 }

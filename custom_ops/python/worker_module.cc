@@ -41,15 +41,15 @@ PYBIND11_MODULE(_bps_worker, m) {
   m.def(
       "init",
       [](int rank, int size, const std::string& servers, long long partition_bytes,
-         long long credit_bytes, int timeout_ms,
-         const std::string& token, const std::string& local_ranks,
-         const std::string& local_socket_prefix, const std::string& debug_sample) {
+         long long credit_bytes, int timeout_ms, const std::string& token,
+         const std::string& local_ranks, const std::string& local_socket_prefix,
+         const std::string& debug_sample) {
         int result;
         {
           py::gil_scoped_release unlocked;  // Connecting may take up to the timeout.
-          result = bps_worker_init(rank, size, servers.c_str(), partition_bytes, credit_bytes, timeout_ms,
-                                   token.c_str(), local_ranks.c_str(), local_socket_prefix.c_str(),
-                                   debug_sample.c_str());
+          result = bps_worker_init(rank, size, servers.c_str(), partition_bytes, credit_bytes,
+                                   timeout_ms, token.c_str(), local_ranks.c_str(),
+                                   local_socket_prefix.c_str(), debug_sample.c_str());
         }
         Check(result);
       },
