@@ -14,7 +14,7 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 WORKERS = TESTS / "workers"
-LAUNCH = [sys.executable, "-m", "tf_bps.launcher"]
+LAUNCH = [sys.executable, "-m", "tf_bps.launch"]
 sys.path.insert(0, str(WORKERS))  # cases.py is shared by worker scripts and tests.
 
 

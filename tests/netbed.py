@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 
 
 class NetBedUnavailable(RuntimeError):
@@ -31,6 +32,9 @@ class NetBed:
 
     def address(self, host: int) -> str:
         return f"{self._subnet}.{host + 1}"
+
+    def namespace(self, host: int) -> str:
+        return self._namespaces[host]
 
     def command(self, host: int, argv: list[str]) -> list[str]:
         """`argv` run on `host` (in its namespace)."""
@@ -72,6 +76,8 @@ class NetBed:
             self._ip("netns", "add", namespace)
             self._made.append(["ip", "netns", "del", namespace])
             self._ip("link", "add", f"{namespace}a", "type", "veth", "peer", "name", outside)
+            # Deleted explicitly: a namespace a process still holds would keep it.
+            self._made.append(["ip", "link", "del", outside])
             self._ip("link", "set", f"{namespace}a", "netns", namespace)
             self._ip("-n", namespace, "link", "set", f"{namespace}a", "name", "eth0")
             self._ip("-n", namespace, "addr", "add", f"{self.address(host)}/24", "dev", "eth0")
@@ -81,3 +87,68 @@ class NetBed:
             self._ip("link", "set", outside, "up")
             self._limit(namespace, "eth0")  # what the host sends
             self._limit(None, outside)  # what it receives
+
+
+class SshHosts:
+    """A real sshd (Debian's openssh-server) in every host of a NetBed, on port `port`,
+    reachable as root with a key made for the test. `ssh_options()` are the bpslaunch
+    options that reach them; the client's host-key checks are off, as the keys are new.
+
+        with NetBed(hosts=3) as bed, SshHosts(bed, workdir) as ssh:
+            bpslaunch -H ... *ssh.ssh_options() python train.py
+    """
+
+    def __init__(self, bed: NetBed, workdir: str, port: int = 2222):
+        self.bed, self.workdir, self.port = bed, workdir, port
+        self.key = os.path.join(workdir, "id_ed25519")
+        self._daemons: list[subprocess.Popen] = []
+
+    def ssh_options(self) -> list[str]:
+        return ["--ssh-port", str(self.port), "--ssh-identity-file", self.key,
+                "--ssh-command", f"ssh -F {os.path.join(self.workdir, 'ssh_config')}"]
+
+    def __enter__(self) -> SshHosts:
+        sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+        if not os.path.exists(sshd) or not shutil.which("ssh-keygen"):
+            raise NetBedUnavailable("sshd is not installed (apt-get install openssh-server)")
+        host_key = os.path.join(self.workdir, "host_key")
+        for path in (self.key, host_key):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", path],
+                           check=True, capture_output=True)
+        shutil.copy(f"{self.key}.pub", os.path.join(self.workdir, "authorized_keys"))
+        with open(os.path.join(self.workdir, "sshd_config"), "w") as config:
+            config.write(f"HostKey {host_key}\nAuthorizedKeysFile {self.workdir}/authorized_keys"
+                         "\nPermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+                         "StrictModes no\nUsePAM no\nPidFile none\nMaxStartups 100\n")
+        with open(os.path.join(self.workdir, "ssh_config"), "w") as config:
+            config.write("Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n"
+                         "  LogLevel ERROR\n")
+        os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege separation directory
+        for host in range(self.bed.hosts):
+            self._daemons.append(subprocess.Popen(
+                self.bed.command(host, [sshd, "-D", "-e", "-p", str(self.port), "-f",
+                                        os.path.join(self.workdir, "sshd_config")]),
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        self._wait_until_listening()
+        return self
+
+    def _wait_until_listening(self) -> None:
+        deadline = time.monotonic() + 20
+        for host in range(self.bed.hosts):
+            probe = self.bed.command(host, ["ssh", "-F", os.path.join(self.workdir, "ssh_config"),
+                                            "-p", str(self.port), "-i", self.key, "-o",
+                                            "BatchMode=yes", self.bed.address(host), "true"])
+            while subprocess.run(probe, capture_output=True).returncode != 0:
+                if time.monotonic() > deadline:
+                    self.__exit__()
+                    raise NetBedUnavailable(f"sshd on host {host} does not answer")
+                time.sleep(0.2)
+
+    def daemon_pids(self) -> set[int]:
+        return {daemon.pid for daemon in self._daemons}
+
+    def __exit__(self, *exc) -> None:
+        for daemon in self._daemons:
+            daemon.kill()
+            daemon.wait()
+        self._daemons.clear()

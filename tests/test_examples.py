@@ -11,7 +11,7 @@ EXAMPLES = TESTS.parent / "examples"
 def run_example(procs, name, *args, workers=None):
     command = [sys.executable, str(EXAMPLES / name), *args]
     if workers:
-        command = [sys.executable, "-m", "tf_bps.launcher", "-np", str(workers), *command]
+        command = [sys.executable, "-m", "tf_bps.launch", "-np", str(workers), *command]
     status, output = procs.run(command, base_env(), timeout=240)
     assert status == 0, output
     return output

@@ -43,7 +43,7 @@ def test_force_distributed_single_worker_uses_servers(procs):
 
 
 def test_server_and_scheduler_import_no_tensorflow(procs):
-    probe = ("import sys, tf_bps, tf_bps.server, tf_bps.scheduler, tf_bps.launcher; "
+    probe = ("import sys, tf_bps, tf_bps.server, tf_bps.scheduler, tf_bps.launch.bpslaunch; "
              "tf_bps.core.server_engine(); print('tensorflow' in sys.modules, "
              "'tf_bps._bps_worker' in sys.modules)")
     status, output = procs.run([sys.executable, "-c", probe], base_env())

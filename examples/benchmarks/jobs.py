@@ -23,7 +23,7 @@ def run_tf_bps(worker_command: list[str], out_path: str, num_workers: int,
                num_servers: int | None = None, env: dict[str, str] | None = None,
                output: list[str] | None = None) -> dict:
     """The figures rank 0 wrote; the job's printed output goes to `output` if given."""
-    command = [sys.executable, "-m", "tf_bps.launcher", "-np", str(num_workers)]
+    command = [sys.executable, "-m", "tf_bps.launch", "-np", str(num_workers)]
     if num_servers is not None:
         command += ["--num-servers", str(num_servers)]
     done = subprocess.run([*command, *worker_command], capture_output=True, text=True,
@@ -49,7 +49,7 @@ def run_tf_bps_hosts(worker_command: list[str], out_path: str, hosts: int, local
     common = {**os.environ, "DMLC_PS_ROOT_URI": root, "DMLC_PS_ROOT_PORT": str(_free_port()),
               "DMLC_NUM_WORKER": str(hosts), "DMLC_NUM_SERVER": str(num_servers),
               "BYTEPS_LOCAL_SIZE": str(local_size), **(env or {})}
-    launch = [sys.executable, "-m", "tf_bps.launcher"]
+    launch = [sys.executable, "-m", "tf_bps.launch"]
     roles = [(on(hosts, launch), {"DMLC_ROLE": "scheduler"})]
     roles += [(on(hosts + i, launch), {"DMLC_ROLE": "server"}) for i in range(num_servers)]
     for host in range(hosts):

@@ -106,7 +106,7 @@ def run_layout(bed: NetBed, workers: int, servers: int, colocated: bool, nbytes:
     env = {**os.environ, "DMLC_PS_ROOT_URI": bed.address(server_hosts[0]),
            "DMLC_PS_ROOT_PORT": str(PORT), "DMLC_NUM_WORKER": str(workers),
            "DMLC_NUM_SERVER": str(len(server_hosts)), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    launch = [sys.executable, "-m", "tf_bps.launcher"]
+    launch = [sys.executable, "-m", "tf_bps.launch"]
     worker = [*launch, sys.executable, __file__, "--role", "tf_bps", "--out", out_path,
               "--mb", str(nbytes >> 20)]
     roles = [(server_hosts[0], launch, {"DMLC_ROLE": "scheduler"})]

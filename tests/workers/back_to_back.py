@@ -13,7 +13,7 @@ import tensorflow as tf
 import tf_bps as bps
 
 # Workers listed in TEST_TCP_WORKERS use TCP, the others shared memory.
-if os.environ["DMLC_WORKER_ID"] in os.environ.get("TEST_TCP_WORKERS", "").split(","):
+if os.environ["HOROVOD_RANK"] in os.environ.get("TEST_TCP_WORKERS", "").split(","):
     os.environ["BYTEPS_ENABLE_IPC"] = "0"
 bps.init()
 rank, size = bps.rank(), bps.size()

@@ -11,7 +11,7 @@ import tf_bps as bps
 
 # Workers listed in TEST_TCP_WORKERS reach their servers over TCP while the others use
 # shared memory: the servers must mix both in one round.
-if os.environ["DMLC_WORKER_ID"] in os.environ.get("TEST_TCP_WORKERS", "").split(","):
+if os.environ["HOROVOD_RANK"] in os.environ.get("TEST_TCP_WORKERS", "").split(","):
     os.environ["BYTEPS_ENABLE_IPC"] = "0"
 bps.init()
 rank, size = bps.rank(), bps.size()

@@ -1,0 +1,46 @@
+"""Host lists and job layouts (tf_bps/launch/hosts.py), without starting anything."""
+
+import pytest
+
+from tf_bps.launch.hosts import Host, HostError, parse_hosts, plan_layout, read_hostfile
+
+
+def _roles(layout):
+    return [(h.name, h.scheduler, h.servers, h.worker_id, h.workers) for h in layout.hosts]
+
+
+def test_host_lists_read_as_horovodrun_and_open_mpi_write_them(tmp_path):
+    assert parse_hosts("a:4,b:4, 10.0.0.3") == [Host("a", 4), Host("b", 4), Host("10.0.0.3", 1)]
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# workers\na slots=2\nb:2  # second\n\nc\n")
+    assert read_hostfile(str(hostfile)) == [Host("a", 2), Host("b", 2), Host("c", 1)]
+    hostfile.write_text("a slots=2 extra\n")
+    with pytest.raises(HostError, match="line 1: 'a slots=2 extra' is not"):
+        read_hostfile(str(hostfile))
+    with pytest.raises(HostError, match="'a;b' is not a host name"):
+        parse_hosts("a;b:2")
+
+
+def test_workers_fill_hosts_in_order_and_servers_are_dealt_over_them():
+    layout = plan_layout([Host("a", 2), Host("b", 2), Host("c", 2)], num_workers=4)
+    assert (layout.num_worker_hosts, layout.local_size, layout.num_servers) == (2, 2, 2)
+    # c gets no workers; one server per worker host; the scheduler on the first host.
+    assert _roles(layout) == [("a", True, 1, 0, 2), ("b", False, 1, 1, 2)]
+    layout = plan_layout([Host("a", 1), Host("b", 1)], num_servers=3)
+    assert _roles(layout) == [("a", True, 2, 0, 1), ("b", False, 1, 1, 1)]
+
+
+def test_server_hosts_hold_the_servers():
+    layout = plan_layout([Host("a", 2), Host("b", 2)], server_hosts=[Host("s1", 2), Host("s2", 1)])
+    assert layout.num_servers == 3
+    assert _roles(layout) == [("a", True, 0, 0, 2), ("b", False, 0, 1, 2),
+                              ("s1", False, 2, None, 0), ("s2", False, 1, None, 0)]
+    layout = plan_layout([Host("a", 1)], num_servers=3, server_hosts=[Host("s1", 1), Host("s2", 1)])
+    assert [h.servers for h in layout.hosts] == [0, 2, 1]
+
+
+def test_layouts_that_cannot_work_are_refused():
+    with pytest.raises(HostError, match="same number of workers.*a:2, b:1"):
+        plan_layout([Host("a", 2), Host("b", 2)], num_workers=3)
+    with pytest.raises(HostError, match="--num-servers must be at least 1"):
+        plan_layout([Host("a", 2)], num_servers=0)

@@ -1,0 +1,111 @@
+"""bpslaunch -H across hosts made of network namespaces (tests/netbed.py), each with a
+real sshd: the launcher runs on the first host and reaches the others over ssh, as on a
+cluster. Skipped without root or openssh-server."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import LAUNCH, base_env, finish, worker_command
+from netbed import NetBed, NetBedUnavailable, SshHosts
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    try:
+        with NetBed(hosts=3, mbit=1000) as bed, SshHosts(bed, str(tmp_path)) as ssh:
+            yield bed, ssh
+            _assert_nothing_left(bed, ssh)
+    except NetBedUnavailable as error:
+        pytest.skip(str(error))
+
+
+def _assert_nothing_left(bed: NetBed, ssh: SshHosts) -> None:
+    """Only the test's sshd (and the session processes it is ending) run on the hosts."""
+    deadline = time.monotonic() + 15
+    while True:
+        left = {}
+        for host in range(bed.hosts):
+            listing = subprocess.run(["ip", "netns", "pids", bed.namespace(host)],
+                                     capture_output=True, text=True).stdout.split()
+            for pid in map(int, listing):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                        command = cmdline.read().replace(b"\0", b" ").decode()
+                except OSError:
+                    continue
+                if pid not in ssh.daemon_pids() and "sshd" not in command:
+                    left[pid] = command
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"processes left on the hosts: {left}")
+        time.sleep(0.5)
+
+
+def _bpslaunch(bed, ssh, *args):
+    """bpslaunch run on host 0 (its first argument list ends with the worker command)."""
+    return bed.command(0, [*LAUNCH, *ssh.ssh_options(), *args])
+
+
+def test_a_job_runs_across_hosts_over_ssh(procs, hosts):
+    bed, ssh = hosts
+    # Two worker hosts of two workers each (one local to the launcher, one over ssh), and
+    # a host of servers only, as with BytePS's CPU-only server machines.
+    command = _bpslaunch(bed, ssh, "-H", f"{bed.address(0)}:2,{bed.address(1)}:2",
+                         "--server-hosts", bed.address(2), "--num-servers", "2",
+                         *worker_command("steady_sums.py"))
+    status, output = procs.run(command, base_env(TEST_ROUNDS=5), timeout=180)
+    assert status == 0, output
+    for rank in range(4):
+        assert f"[{rank}]: SUMS OK {rank}" in output, output
+
+
+def test_a_failure_on_one_host_ends_the_job_on_every_host(procs, hosts):
+    bed, ssh = hosts
+    # Both worker hosts are remote; rank 1 (on host 2) fails, and the launcher must end
+    # host 1's worker, server and scheduler through their ssh session.
+    started = time.monotonic()
+    command = _bpslaunch(bed, ssh, "-H", f"{bed.address(1)}:1,{bed.address(2)}:1",
+                         *worker_command("exit_with.py", "7"))
+    status, output = procs.run(command, base_env(), timeout=120)
+    assert status == 7, output
+    assert f"host {bed.address(2)} failed with status 7" in output, output
+    assert "worker 1 failed with status 7" in output, output
+    assert time.monotonic() - started < 50  # Rank 0 would sleep 60 s if left alone.
+
+
+def test_a_launcher_that_is_stopped_leaves_nothing_running(procs, hosts):
+    bed, ssh = hosts
+    command = _bpslaunch(bed, ssh, "-H", f"{bed.address(1)}:1,{bed.address(2)}:1",
+                         *worker_command("steady_sums.py"))
+    launcher = procs.start(command, base_env(TEST_ROUNDS=100000))
+    ready, lines = 0, []
+    deadline = time.monotonic() + 90
+    while ready < 2 and time.monotonic() < deadline:
+        line = launcher.stdout.readline()
+        lines.append(line)
+        ready += "READY" in line
+    assert ready == 2, "".join(lines)
+    # `ip netns exec` runs bpslaunch itself in the launcher's process.
+    os.kill(launcher.pid, signal.SIGTERM)
+    status, output = finish(launcher, timeout=30)
+    assert status == 128 + signal.SIGTERM, "".join(lines) + output
+
+
+def test_bad_host_lists_are_refused_before_anything_starts(procs):
+    cases = [
+        (["-H", "a:2,b:1"], "every host must run the same number of workers"),
+        (["-H", "a:0"], "the slots of 'a' must be a number from 1 to 4096"),
+        (["-H", "a:2,a:2"], "a listed more than once"),
+        (["-np", "5", "-H", "a:2,b:2"], "-np 5: the hosts have 4 slot(s)"),
+        (["-H", "no-such-host.invalid:1,b:1"], "cannot resolve host 'no-such-host.invalid'"),
+        (["--hostfile", "/nonexistent"], "--hostfile '/nonexistent': No such file"),
+    ]
+    for args, message in cases:
+        status, output = procs.run([*LAUNCH, *args, sys.executable, "-c", "pass"], base_env(),
+                                   timeout=30)
+        assert status != 0 and message in output, (args, output)

@@ -1,0 +1,52 @@
+"""A host's share of a bpslaunch job, started by the launcher over ssh (remote.py).
+
+    python -m tf_bps.launch.agent HOST   (the plan arrives on standard input)
+
+It runs the processes of the plan under a JobSupervisor, so their output is prefixed
+and the first failure ends them all, and ends them too as soon as its standard input
+closes: the launcher is gone or has ended the job.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+from tf_bps.launch.remote import MAX_PLAN_BYTES, decode_plan
+from tf_bps.launch.supervisor import JobSupervisor, LaunchError, supervise
+
+
+def main(argv: list[str]) -> int:
+    host = argv[0] if argv else "?"
+    name = f"bpslaunch on {host}"
+    line = sys.stdin.buffer.readline(MAX_PLAN_BYTES)
+    try:
+        if not line.endswith(b"\n"):
+            raise ValueError("no complete plan arrived")
+        plan = decode_plan(line)
+    except (ValueError, TypeError) as error:
+        print(f"{name}: {error}", file=sys.stderr, flush=True)
+        return 2
+    supervisor = JobSupervisor(name)
+    try:
+        for process in plan:
+            supervisor.start(process.label, process.command, {**os.environ, **process.env},
+                             process.is_worker, prefix=process.prefix)
+    except LaunchError as error:
+        supervisor.report(str(error))
+        return 127
+
+    def watch_launcher() -> None:
+        # os.read, not sys.stdin: a thread blocked in a buffered read would stop the
+        # interpreter from shutting down.
+        while os.read(0, 4096):
+            pass
+        supervisor.stop("the launcher ended the job or was lost")
+
+    threading.Thread(target=watch_launcher, daemon=True).start()
+    return supervise(supervisor)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,256 @@
+"""bpslaunch: starts one role of a job (with DMLC_ROLE), or a whole job on this machine
+or across hosts.
+
+    DMLC_ROLE=scheduler bpslaunch
+    DMLC_ROLE=server bpslaunch
+    DMLC_ROLE=worker DMLC_WORKER_ID=0 ... bpslaunch python train.py
+    bpslaunch -np 2 [--num-servers 2] python train.py
+    bpslaunch -np 8 -H node1:4,node2:4 [--server-hosts cpu1,cpu2] python train.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import random
+import secrets
+import shutil
+import socket
+import sys
+
+from tf_bps.config import Config, ConfigError
+from tf_bps.launch import remote
+from tf_bps.launch.hosts import Host, HostError, Layout, parse_hosts, plan_layout, read_hostfile
+from tf_bps.launch.remote import ProcessPlan, SshOptions
+from tf_bps.launch.supervisor import JobSupervisor, LaunchError, supervise
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _resolve_command(command: list[str]) -> str | None:
+    """Why `command` cannot start (checked before anything is started), or None."""
+    program = command[0]
+    if os.sep in program:
+        if not os.path.isfile(program):
+            return f"cannot run {program!r}: no such file"
+        if not os.access(program, os.X_OK):
+            return f"cannot run {program!r}: not executable"
+        return None
+    if shutil.which(program) is None:
+        return f"cannot run {program!r}: command not found on PATH"
+    return None
+
+
+def _under_gdb(command: list[str]) -> list[str]:
+    """BYTEPS_ENABLE_GDB=1: the worker runs under gdb in batch mode, which prints the
+    backtrace of every thread if it crashes and exits with the worker's status."""
+    if shutil.which("gdb") is None:
+        raise LaunchError("BYTEPS_ENABLE_GDB=1 needs gdb, which is not on PATH "
+                          "(apt-get install gdb)")
+    return ["gdb", "-q", "-batch", "-return-child-result", "-ex", "set pagination off",
+            "-ex", "set print thread-events off", "-ex", "run", "-ex", "thread apply all bt",
+            "--args", *command]
+
+
+def _horovod_variables(rank: int, size: int, local_rank: int, local_size: int) -> dict:
+    """What horovodrun tells each process, for scripts and tests that read it."""
+    return {"HOROVOD_RANK": str(rank), "HOROVOD_SIZE": str(size),
+            "HOROVOD_LOCAL_RANK": str(local_rank), "HOROVOD_LOCAL_SIZE": str(local_size)}
+
+
+def _plan_processes(layout: Layout, command: list[str], base: dict[str, str],
+                    local: dict[str, bool], interface: str | None) -> dict[str, list]:
+    """The processes of each host, with the variables that place them in the job."""
+    config = Config.from_env(base)
+    single = layout.num_workers == 1 and not config.force_distributed
+    scheduler_host = layout.hosts[0].name
+    job = {"DMLC_NUM_WORKER": str(layout.num_worker_hosts),
+           "BYTEPS_LOCAL_SIZE": str(layout.local_size)}
+    if interface:
+        job["DMLC_INTERFACE"] = interface
+    if not single:
+        every_host_local = all(local.values())
+        if not every_host_local and scheduler_host == "localhost":
+            raise LaunchError("name this machine in -H by a name or address the other hosts "
+                              "can reach, not 'localhost'")
+        port = base.get("DMLC_PS_ROOT_PORT") or str(
+            _free_port() if local[scheduler_host] else random.randrange(20000, 60000))
+        # One token for every process of this job, unless the user brought one.
+        job.update(BYTEPS_JOB_TOKEN=base.get("BYTEPS_JOB_TOKEN") or secrets.token_hex(16),
+                   DMLC_PS_ROOT_URI="127.0.0.1" if every_host_local else scheduler_host,
+                   DMLC_PS_ROOT_PORT=port, DMLC_NUM_SERVER=str(layout.num_servers))
+    python = sys.executable
+    # TF_CONFIG as TensorFlow's multi-worker recipes read it (the worker count, this
+    # worker's index), unless the user set one.
+    tf_cluster = {"worker": [
+        f"{'127.0.0.1' if local[h.name] else h.name}:"
+        f"{_free_port() if local[h.name] else random.randrange(20000, 60000)}"
+        for h in layout.hosts if h.has_workers for _ in range(layout.local_size)]}
+    plans: dict[str, list[ProcessPlan]] = {}
+    server_index = itertools.count()
+    for host in layout.hosts:
+        processes = plans.setdefault(host.name, [])
+        if host.scheduler and not single:
+            processes.append(ProcessPlan("scheduler", [python, "-m", "tf_bps.scheduler"],
+                                         {**job, "DMLC_ROLE": "scheduler"}, is_worker=False))
+        for _ in range(0 if single else host.servers):
+            processes.append(ProcessPlan(f"server {next(server_index)}",
+                                         [python, "-m", "tf_bps.server"],
+                                         {**job, "DMLC_ROLE": "server"}, is_worker=False))
+        for local_rank in range(host.workers):
+            rank = host.worker_id * layout.local_size + local_rank
+            env = {**job, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(host.worker_id),
+                   "BYTEPS_LOCAL_RANK": str(local_rank),
+                   **_horovod_variables(rank, layout.num_workers, local_rank,
+                                        layout.local_size)}
+            if "TF_CONFIG" not in base and layout.num_workers > 1:
+                env["TF_CONFIG"] = json.dumps({"cluster": tf_cluster,
+                                               "task": {"type": "worker", "index": rank}})
+            processes.append(ProcessPlan(f"worker {rank}", command, env, is_worker=True,
+                                         prefix=f"[{rank}]: "))
+    return plans
+
+
+def _launch_job(layout: Layout, command: list[str], ssh: SshOptions,
+                interface: str | None) -> int:
+    base = dict(os.environ)
+    try:
+        local = {host.name: remote.is_this_machine(host.name) for host in layout.hosts}
+    except ValueError as error:
+        raise LaunchError(str(error)) from None
+    plans = _plan_processes(layout, command, base, local, interface)
+    supervisor = JobSupervisor()
+    forwarded = remote.forwarded_environment(base)
+    for host, processes in plans.items():
+        if local[host]:
+            for process in processes:
+                supervisor.start(process.label, process.command, {**base, **process.env},
+                                 process.is_worker, prefix=process.prefix)
+        elif processes:
+            for process in processes:
+                process.env = {**forwarded, **process.env}
+            supervisor.start(f"host {host}", remote.agent_command(host, ssh), base,
+                             is_worker=any(p.is_worker for p in processes),
+                             stdin=remote.encode_plan(processes))
+    return supervise(supervisor)
+
+
+def _launch_local_ranks(config: Config, command: list[str]) -> int:
+    """DMLC_ROLE=worker with BYTEPS_LOCAL_SIZE > 1, or several visible GPUs: one process
+    per local rank (each uses the GPU of its local rank, see basics._pin_gpu)."""
+    supervisor = JobSupervisor()
+    for local_rank in range(config.local_size):
+        rank = config.worker_id * config.local_size + local_rank
+        env = {**os.environ, "BYTEPS_LOCAL_RANK": str(local_rank),
+               "BYTEPS_LOCAL_SIZE": str(config.local_size),
+               **_horovod_variables(rank, config.size, local_rank, config.local_size)}
+        supervisor.start(f"worker {rank}", command, env, is_worker=True, prefix=f"[{rank}]: ")
+    return supervise(supervisor)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bpslaunch",
+        description="Start a tf_bps job. With DMLC_ROLE set, run that one role; without it, "
+                    "start a scheduler, servers and -np workers on this machine, or on the "
+                    "hosts of -H/--hostfile over ssh.")
+    parser.add_argument("-np", "--num-workers", type=int, dest="num_workers",
+                        help="worker processes (default with -H: every slot)")
+    parser.add_argument("-H", "--hosts", help="worker hosts and their slots: host1:4,host2:4 "
+                        "(the scheduler runs on the first)")
+    parser.add_argument("--hostfile", help="worker hosts, one per line: `host slots=N`")
+    parser.add_argument("--num-servers", type=int,
+                        help="servers (default: one per worker on this machine, one per "
+                             "worker host with -H, or the slots of --server-hosts)")
+    parser.add_argument("--server-hosts", help="hosts for the servers (host or host:N, comma "
+                        "separated), e.g. CPU-only machines; default: the worker hosts")
+    parser.add_argument("--network-interface", help="the interface every process advertises "
+                        "(sets DMLC_INTERFACE)")
+    parser.add_argument("--ssh-port", type=int, help="the port of sshd on the hosts")
+    parser.add_argument("--ssh-identity-file", help="the private key ssh uses")
+    parser.add_argument("--ssh-command", default="ssh",
+                        help="the ssh client and any options of yours (default: ssh)")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="the worker's command (may follow a `--`)")
+    return parser
+
+
+def _layout(args) -> Layout:
+    if args.hosts and args.hostfile:
+        raise HostError("give -H or --hostfile, not both")
+    if args.hosts:
+        hosts = parse_hosts(args.hosts)
+    elif args.hostfile:
+        hosts = read_hostfile(args.hostfile)
+    else:
+        if args.num_workers is None or args.num_workers < 1:
+            raise HostError("set DMLC_ROLE (scheduler, server or worker), or give -np N to "
+                            "start a whole job on this machine (-H host:N,... across hosts)")
+        hosts = [Host("localhost", args.num_workers)]
+    server_hosts = parse_hosts(args.server_hosts, "--server-hosts") if args.server_hosts else None
+    num_servers = args.num_servers
+    if num_servers is None and not args.hosts and not args.hostfile and not server_hosts:
+        num_servers = args.num_workers  # One per worker on this machine.
+    return plan_layout(hosts, args.num_workers, num_servers, server_hosts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    try:
+        config = Config.from_env()
+    except ConfigError as error:
+        print(f"bpslaunch: {error}", file=sys.stderr)
+        return 2
+    if config.role == "scheduler":
+        from tf_bps import scheduler
+
+        return scheduler.main()
+    if config.role == "server":
+        from tf_bps import server
+
+        return server.main()
+    if config.role is None:
+        try:
+            layout = _layout(args)
+        except HostError as error:
+            print(f"bpslaunch: {error}", file=sys.stderr)
+            return 2
+    if not args.command:
+        print("bpslaunch: no command to run for the workers", file=sys.stderr)
+        return 2
+    problem = _resolve_command(args.command)
+    if problem:
+        print(f"bpslaunch: {problem}", file=sys.stderr)
+        return 127
+    if config.enable_gdb:
+        try:
+            args.command = _under_gdb(args.command)
+        except LaunchError as error:
+            print(f"bpslaunch: {error}", file=sys.stderr)
+            return 127
+    if config.role == "worker":
+        if config.local_size > 1 and "BYTEPS_LOCAL_RANK" not in os.environ:
+            return _run(_launch_local_ranks, config, args.command)
+        os.execvp(args.command[0], args.command)
+    ssh = SshOptions(args.ssh_command, args.ssh_port, args.ssh_identity_file)
+    return _run(_launch_job, layout, args.command, ssh, args.network_interface)
+
+
+def _run(launch, *args) -> int:
+    try:
+        return launch(*args)
+    except LaunchError as error:
+        print(f"bpslaunch: {error}", file=sys.stderr)
+        return 127
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""Runs the processes of a job on one machine and ends them as a whole.
+
+bpslaunch uses it for the processes it starts on its own machine (and for the ssh
+sessions that carry the other hosts), and each remote host's agent (agent.py) for the
+processes of that host. The rules are the same everywhere: workers' output is prefixed
+with their rank, the first worker that fails ends the job with its status, and nothing
+started is left running when `run` returns.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+# How long servers and the scheduler get to exit by themselves once the workers are done,
+# and how long the workers get to report their own error once a server has failed.
+EXIT_GRACE_S = 30.0
+FAILURE_GRACE_S = 5.0
+TERMINATE_GRACE_S = 3.0
+
+
+class LaunchError(RuntimeError):
+    """A process of the job could not be started; everything started is ended."""
+
+
+@dataclass
+class Child:
+    label: str  # "worker 0", "server 1", "scheduler", "host node2"
+    process: subprocess.Popen
+    is_worker: bool  # The job is done when every worker child has exited.
+
+
+def exit_status(returncode: int) -> int:
+    """A shell's view of a status: 128 + N for a process killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class JobSupervisor:
+    """Starts processes, prefixes worker output, and ends the job as a whole."""
+
+    def __init__(self, name: str = "bpslaunch"):
+        self.name = name  # How its own messages start.
+        self.children: list[Child] = []
+        self._exits: queue.Queue[Child | str] = queue.Queue()
+        self._output_lock = threading.Lock()
+        self._pumps: list[threading.Thread] = []
+
+    def start(self, label: str, command: list[str], env: dict[str, str], is_worker: bool,
+              prefix: str | None = None, stdin: bytes | None = None) -> None:
+        """`prefix`: tag each line of its output (else it writes to ours directly);
+        `stdin`: written to its standard input, which then stays open (an ssh session's
+        remote side ends its processes when it closes)."""
+        pipe = subprocess.PIPE if prefix is not None else None
+        try:
+            process = subprocess.Popen(command, env=env, stdout=pipe, stderr=pipe,
+                                       stdin=subprocess.PIPE if stdin is not None else None,
+                                       start_new_session=True)
+        except OSError as error:
+            self.terminate()
+            raise LaunchError(f"cannot start {label} ({command[0]!r}): "
+                              f"{error.strerror or error}") from None
+        if stdin is not None:
+            try:
+                process.stdin.write(stdin)
+                process.stdin.flush()
+            except BrokenPipeError:
+                pass  # It exited already; its status says why.
+        child = Child(label, process, is_worker)
+        self.children.append(child)
+        if prefix is not None:
+            for source, sink in ((process.stdout, sys.stdout), (process.stderr, sys.stderr)):
+                pump = threading.Thread(target=self._pump, args=(source, sink, prefix),
+                                        daemon=True)
+                pump.start()
+                self._pumps.append(pump)
+        threading.Thread(target=self._wait, args=(child,), daemon=True).start()
+
+    def stop(self, reason: str) -> None:
+        """Makes `run` end the job now (from any thread), reporting `reason`."""
+        self._exits.put(reason)
+
+    def _pump(self, source, sink, prefix: str) -> None:
+        tag = prefix.encode()
+        for line in iter(source.readline, b""):
+            with self._output_lock:
+                sink.buffer.write(tag + line)
+                sink.flush()
+
+    def _wait(self, child: Child) -> None:
+        child.process.wait()
+        self._exits.put(child)
+
+    def terminate(self) -> None:
+        """Ends every child still running: SIGTERM to its process group, then SIGKILL."""
+        running = [c for c in self.children if c.process.poll() is None]
+        for child in running:
+            self._signal(child, signal.SIGTERM)
+        deadline = time.monotonic() + TERMINATE_GRACE_S
+        for child in running:
+            try:
+                child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self._signal(child, signal.SIGKILL)
+                child.process.wait()
+
+    @staticmethod
+    def _signal(child: Child, sig: int) -> None:
+        try:
+            os.killpg(child.process.pid, sig)  # Its own session: the group id is its pid.
+        except ProcessLookupError:
+            pass
+
+    def run(self) -> int:
+        """Waits for the children in the order they exit; returns the job's status.
+
+        With workers among the children, the job is done when they all succeeded and
+        the others (servers, scheduler) exited within EXIT_GRACE_S. Without workers (a
+        host that only serves), it is done when every child succeeded.
+        """
+        workers_left = sum(c.is_worker for c in self.children)
+        others_left = len(self.children) - workers_left
+        only_helpers = workers_left == 0
+        failed_helper: tuple[Child, float] | None = None
+        helpers_deadline: float | None = None
+        try:
+            while workers_left or others_left:
+                deadline = failed_helper[1] if failed_helper else helpers_deadline
+                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    child = self._exits.get(timeout=timeout)
+                except queue.Empty:
+                    if failed_helper is None:
+                        self.report("servers or scheduler did not exit after the workers "
+                                    "finished")
+                        return 1
+                    helper = failed_helper[0]
+                    status = exit_status(helper.process.returncode)
+                    self.report(f"{helper.label} exited with status {status}; ending the job")
+                    return status or 1
+                if isinstance(child, str):
+                    self.report(f"{child}; ending the job")
+                    return 1
+                status = exit_status(child.process.returncode)
+                if child.is_worker:
+                    workers_left -= 1
+                    if status != 0:
+                        self.report(f"{child.label} failed with status {status}; ending the job")
+                        return status
+                    if not workers_left:
+                        helpers_deadline = time.monotonic() + EXIT_GRACE_S
+                    continue
+                others_left -= 1
+                if status == 0 or helpers_deadline is not None:
+                    continue  # The workers are done; their results stand.
+                if only_helpers:
+                    self.report(f"{child.label} exited with status {status}; ending the job")
+                    return status
+                if failed_helper is None:
+                    # The workers will see the failure themselves; let them say why.
+                    failed_helper = (child, time.monotonic() + FAILURE_GRACE_S)
+            return 0
+        finally:
+            self.terminate()
+            for pump in self._pumps:
+                pump.join(timeout=1)
+
+    def report(self, message: str) -> None:
+        print(f"{self.name}: {message}", file=sys.stderr, flush=True)
+
+
+def supervise(supervisor: JobSupervisor) -> int:
+    """`supervisor.run()`, ending every child if this process is told to stop."""
+    def on_signal(signum, frame):
+        supervisor.terminate()
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return supervisor.run()
