@@ -109,3 +109,17 @@ def test_bad_host_lists_are_refused_before_anything_starts(procs):
         status, output = procs.run([*LAUNCH, *args, sys.executable, "-c", "pass"], base_env(),
                                    timeout=30)
         assert status != 0 and message in output, (args, output)
+
+
+def test_perseusrun_takes_the_aiacc_syntax_across_hosts(procs, hosts):
+    bed, ssh = hosts
+    # As the AIACC document writes it, dashes and all.
+    perseusrun = [sys.executable, "-m", "tf_bps.launch.perseusrun"]
+    command = bed.command(0, [*perseusrun, "\u2013-mpi", "\u2013np", "2", "\u2013H",
+                              f"{bed.address(1)}:1,{bed.address(2)}:1", *ssh.ssh_options(),
+                              "--", *worker_command("steady_sums.py")])
+    status, output = procs.run(command, base_env(TEST_ROUNDS=3), timeout=120)
+    assert status == 0, output
+    assert "[0]: SUMS OK 0" in output and "[1]: SUMS OK 1" in output, output
+    status, output = procs.run([*perseusrun, "-h"], base_env(), timeout=30)
+    assert status == 0 and "--gloo" in output and "changes nothing" in output, output

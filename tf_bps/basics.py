@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import sys
 import threading
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from tf_bps import core
 from tf_bps import process_sets as process_sets_module
 from tf_bps.config import Config, configure_logging
+from tf_bps.launch.cluster import start_helpers
 from tf_bps.rendezvous import SchedulerLink
 
 log = logging.getLogger("tf_bps")
@@ -29,6 +31,9 @@ class _Job:
 
 _lock = threading.Lock()
 _job: _Job | None = None
+# The agent running the scheduler or server a cluster manager's placement asked this
+# process for (launch/cluster.py); it ends them once this process is gone.
+_cluster_helpers = None
 
 
 def init(comm=None, process_sets=None) -> None:
@@ -46,11 +51,19 @@ def init(comm=None, process_sets=None) -> None:
 
 
 def _join() -> None:
-    global _job
+    global _job, _cluster_helpers
     with _lock:
         if _job is not None:
             return
         config = Config.from_env()
+        if config.cluster is not None and config.role == "server":
+            # A TF_CONFIG ps task running the training script: it serves until the job
+            # ends and exits, as TensorFlow's ps tasks do in server.join().
+            from tf_bps import server
+
+            sys.exit(server.main())
+        if config.cluster is not None:
+            _cluster_helpers = start_helpers(config.cluster, os.environ)
         if config.role not in (None, "worker"):
             raise RuntimeError(f"bps.init() runs in workers, but DMLC_ROLE={config.role!r}")
         configure_logging(config, "tf_bps")

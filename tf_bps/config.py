@@ -15,6 +15,8 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from tf_bps.launch.cluster import ClusterError, Placement, placement
+
 ROLES = ("scheduler", "server", "worker")
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 DEFAULT_PARTITION_BYTES = 4096000
@@ -141,10 +143,19 @@ class Config:
     job_token: str
     max_tensor_bytes: int  # the largest tensor a server accepts a declaration of
     listen_any: bool  # servers and the scheduler listen on every interface
+    # Set when a cluster manager (mpirun, Slurm, TF_CONFIG) placed this process and
+    # implied the DMLC_* variables the user did not set (launch/cluster.py).
+    cluster: Placement | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
         env = os.environ if env is None else env
+        try:
+            cluster = placement(env)
+        except ClusterError as error:
+            raise ConfigError(str(error)) from None
+        if cluster is not None:
+            env = {**cluster.variables, **env}
         if _flag(env, "DMLC_ENABLE_RDMA"):
             raise ConfigError(
                 "DMLC_ENABLE_RDMA=1 is not supported: this build of tf_bps has the TCP "
@@ -180,6 +191,7 @@ class Config:
             max_tensor_bytes=_int(env, "BYTEPS_MAX_TENSOR_BYTES", DEFAULT_MAX_TENSOR_BYTES,
                                   minimum=2**20, maximum=2**48),
             listen_any=_flag(env, "BYTEPS_LISTEN_ANY"),
+            cluster=cluster,
         )
         if config.heartbeat_interval >= config.heartbeat_timeout:
             raise ConfigError(

@@ -4,6 +4,15 @@
 # Safe to run again: it only installs what is missing and rebuilds the ops.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The multi-host tests run a real sshd in network namespaces and a real mpirun (they
+# skip without them). Installed only where we are root and apt-get exists.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  packages="openssh-server openmpi-bin"
+  install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+    $packages >/dev/null; }
+  install || { apt-get update -q >/dev/null && install; } ||
+    echo "bootstrap: could not install $packages; the tests that need them will skip" >&2
+fi
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check \
   "tensorflow==2.21.0" "pyzmq>=25" numpy "setuptools>=68" wheel "pybind11>=2.12" \

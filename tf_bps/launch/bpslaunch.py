@@ -154,12 +154,8 @@ def _launch_local_ranks(config: Config, command: list[str]) -> int:
     return supervise(supervisor)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="bpslaunch",
-        description="Start a tf_bps job. With DMLC_ROLE set, run that one role; without it, "
-                    "start a scheduler, servers and -np workers on this machine, or on the "
-                    "hosts of -H/--hostfile over ssh.")
+def job_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options that describe a whole job (bpslaunch's and perseusrun's)."""
     parser.add_argument("-np", "--num-workers", type=int, dest="num_workers",
                         help="worker processes (default with -H: every slot)")
     parser.add_argument("-H", "--hosts", help="worker hosts and their slots: host1:4,host2:4 "
@@ -201,7 +197,17 @@ def _layout(args) -> Layout:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = argparse.ArgumentParser(
+        prog="bpslaunch",
+        description="Start a tf_bps job. With DMLC_ROLE set, run that one role; without it, "
+                    "start a scheduler, servers and -np workers on this machine, or on the "
+                    "hosts of -H/--hostfile over ssh.")
+    return run(job_arguments(parser).parse_args(argv))
+
+
+def run(args: argparse.Namespace, whole_job: bool = False) -> int:
+    """Runs what parsed `args` ask for; `whole_job`: start a whole job even when
+    DMLC_ROLE is set (perseusrun)."""
     if args.command[:1] == ["--"]:
         args.command = args.command[1:]
     try:
@@ -209,15 +215,19 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"bpslaunch: {error}", file=sys.stderr)
         return 2
-    if config.role == "scheduler":
+    # Asking for a layout (-np, -H) starts a whole job, even where a cluster manager's
+    # variables would make this process one role of a job.
+    whole_job = whole_job or any((args.num_workers, args.hosts, args.hostfile))
+    role = None if whole_job else config.role
+    if role == "scheduler":
         from tf_bps import scheduler
 
         return scheduler.main()
-    if config.role == "server":
+    if role == "server":
         from tf_bps import server
 
         return server.main()
-    if config.role is None:
+    if role is None:
         try:
             layout = _layout(args)
         except HostError as error:
@@ -236,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         except LaunchError as error:
             print(f"bpslaunch: {error}", file=sys.stderr)
             return 127
-    if config.role == "worker":
+    if role == "worker":
         if config.local_size > 1 and "BYTEPS_LOCAL_RANK" not in os.environ:
             return _run(_launch_local_ranks, config, args.command)
         os.execvp(args.command[0], args.command)

@@ -1,0 +1,134 @@
+"""Jobs started by cluster managers, with no bpslaunch: each process finds its place in
+the job from the variables its manager sets (tf_bps/launch/cluster.py). A real mpirun
+(Debian's Open MPI) on this machine; Slurm's srun and Kubeflow's TF_CONFIG as they set
+their variables, on hosts made of network namespaces (tests/netbed.py)."""
+
+import json
+import shutil
+import time
+
+import pytest
+from conftest import base_env, finish, worker_command
+from netbed import NetBed, NetBedUnavailable
+
+from tf_bps.config import Config, ConfigError
+from tf_bps.launch.cluster import expand_nodelist
+
+
+@pytest.fixture
+def bed():
+    try:
+        with NetBed(hosts=3) as made:
+            yield made
+    except NetBedUnavailable as error:
+        pytest.skip(str(error))
+
+
+def _all_succeed(started, timeout=150):
+    outputs = []
+    deadline = time.monotonic() + timeout
+    for process in started:
+        status, output = finish(process, timeout=max(1, deadline - time.monotonic()))
+        assert status == 0, output
+        outputs.append(output)
+    return outputs
+
+
+def test_mpirun_places_workers_and_starts_scheduler_and_server(procs):
+    if not shutil.which("mpirun"):
+        pytest.skip("mpirun is not installed (apt-get install openmpi-bin)")
+    # Open MPI refuses root unless told; the test machine runs as root.
+    env = base_env(TEST_ROUNDS=5, OMPI_ALLOW_RUN_AS_ROOT=1, OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)
+    command = ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none",
+               *worker_command("steady_sums.py")]
+    status, output = procs.run(command, env, timeout=150)
+    assert status == 0, output
+    assert "SUMS OK 0" in output and "SUMS OK 1" in output, output
+
+
+def test_srun_variables_place_workers_across_hosts(procs, bed):
+    # What srun sets for 2 tasks on 2 nodes; rank 0 starts the scheduler on the first
+    # node of the list, and each node's first task a server.
+    nodes = f"{bed.address(0).rsplit('.', 1)[0]}.[1-2]"
+    started = []
+    for rank in range(2):
+        env = base_env(TEST_ROUNDS=5, SLURM_PROCID=rank, SLURM_NTASKS=2, SLURM_LOCALID=0,
+                       SLURM_NODEID=rank, SLURM_NNODES=2, SLURM_NODELIST=nodes,
+                       SLURM_JOB_ID=4242, SLURM_STEP_ID=0)
+        started.append(procs.start(bed.command(rank, worker_command("steady_sums.py")), env))
+    for rank, output in enumerate(_all_succeed(started)):
+        assert f"SUMS OK {rank}" in output, output
+
+
+def test_tf_config_chief_worker_and_ps_tasks(procs, bed):
+    # Kubeflow's TFJob runs the same script in every task: chief and worker tasks train,
+    # the ps task's bps.init() serves until the job ends and exits.
+    cluster = {"chief": [f"{bed.address(0)}:2222"], "worker": [f"{bed.address(1)}:2222"],
+               "ps": [f"{bed.address(2)}:2222"]}
+    started = []
+    for host, (kind, index) in enumerate([("chief", 0), ("worker", 0), ("ps", 0)]):
+        tf_config = json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}})
+        started.append(procs.start(bed.command(host, worker_command("steady_sums.py")),
+                                   base_env(TEST_ROUNDS=5, TF_CONFIG=tf_config)))
+    chief, worker, ps = _all_succeed(started)
+    assert "SUMS OK 0" in chief and "SUMS OK 1" in worker, chief + worker
+    assert "READY" not in ps, ps
+
+
+def _config(**env):
+    return Config.from_env({k: str(v) for k, v in env.items()})
+
+
+def test_placements_follow_each_manager():
+    # Open MPI, 2 hosts of 2: rank 3 is host 1's second worker; only rank 0 starts the
+    # scheduler, and only local rank 0 a server.
+    ompi = dict(OMPI_COMM_WORLD_SIZE=4, OMPI_COMM_WORLD_LOCAL_SIZE=2,
+                OMPI_MCA_ess_base_jobid=77, DMLC_PS_ROOT_URI="10.0.0.1")
+    config = _config(OMPI_COMM_WORLD_RANK=3, OMPI_COMM_WORLD_LOCAL_RANK=1, **ompi)
+    assert (config.role, config.rank, config.size, config.num_server) == ("worker", 3, 4, 2)
+    assert not config.cluster.starts_scheduler and not config.cluster.starts_server
+    leader = _config(OMPI_COMM_WORLD_RANK=0, OMPI_COMM_WORLD_LOCAL_RANK=0, **ompi)
+    assert leader.cluster.starts_scheduler and leader.cluster.starts_server
+    assert leader.root_port == config.root_port  # derived alike from the job id
+    # Servers the user placed are not started again; explicit variables win.
+    named = _config(OMPI_COMM_WORLD_RANK=0, OMPI_COMM_WORLD_LOCAL_RANK=0, DMLC_NUM_SERVER=3,
+                    DMLC_PS_ROOT_PORT=9100, **ompi)
+    assert (named.num_server, named.root_port, named.cluster.starts_server) == (3, 9100, False)
+    # Intel MPI / MPICH.
+    pmi = _config(PMI_RANK=1, PMI_SIZE=2, MPI_LOCALRANKID=1, MPI_LOCALNRANKS=2, PMI_JOBID="j")
+    assert (pmi.rank, pmi.root_uri) == (1, "127.0.0.1")
+    # TF_CONFIG without ps tasks: every worker task runs a server beside it.
+    tf_config = {"cluster": {"worker": ["w0:2222", "w1:2222"]}, "task": {"type": "worker",
+                                                                       "index": 1}}
+    config = _config(TF_CONFIG=json.dumps(tf_config))
+    assert (config.rank, config.num_server, config.root_uri, config.root_port) == \
+        (1, 2, "w0", 2222)
+    assert config.cluster.starts_server and not config.cluster.starts_scheduler
+    # DMLC_ROLE set: the job was described by hand, nothing is implied.
+    assert _config(DMLC_ROLE="worker", TF_CONFIG=json.dumps(tf_config)).cluster is None
+
+
+def test_placements_tf_bps_cannot_run_are_refused():
+    cases = [
+        (dict(OMPI_COMM_WORLD_RANK=1, OMPI_COMM_WORLD_SIZE=4, OMPI_COMM_WORLD_LOCAL_RANK=0,
+              OMPI_COMM_WORLD_LOCAL_SIZE=2, DMLC_PS_ROOT_URI="h", OMPI_MCA_ess_base_jobid=1),
+         "ranks numbered host by host"),
+        (dict(OMPI_COMM_WORLD_RANK=0, OMPI_COMM_WORLD_SIZE=4, OMPI_COMM_WORLD_LOCAL_RANK=0,
+              OMPI_COMM_WORLD_LOCAL_SIZE=2, OMPI_MCA_ess_base_jobid=1),
+         "set DMLC_PS_ROOT_URI to the address of the host of rank 0"),
+        (dict(TF_CONFIG="{not json"), "TF_CONFIG is not valid"),
+        (dict(TF_CONFIG=json.dumps({"cluster": {"worker": ["a:1"]},
+                                    "task": {"type": "evaluator", "index": 0}})),
+         "task type 'evaluator' takes no part"),
+        (dict(SLURM_PROCID=0, SLURM_NTASKS=2, SLURM_LOCALID=0, SLURM_NODELIST="n[1-x]"),
+         "SLURM_NODELIST='n[1-x]': cannot read '1-x'"),
+    ]
+    for env, message in cases:
+        with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
+            _config(**env)
+
+
+def test_slurm_node_lists_expand():
+    assert expand_nodelist("node[01-03,07],gpu5,a[9-10]") == [
+        "node01", "node02", "node03", "node07", "gpu5", "a9", "a10"]
+    assert expand_nodelist("10.0.0.[1-2]") == ["10.0.0.1", "10.0.0.2"]
