@@ -29,7 +29,7 @@ from tensorflow.python.distribute import values as values_lib
 from tensorflow.python.util import nest
 
 import tf_bps as bps
-from tf_bps import ops
+from tf_bps import basics, ops
 
 _WIRE_DTYPES = {tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64, tf.bool}
 
@@ -55,18 +55,26 @@ class PushPullCrossDeviceOps(tf.distribute.CrossDeviceOps):
         return self._reduce(reduce_op, per_replica_value, destinations)
 
     def batch_reduce_implementation(self, reduce_op, value_destination_pairs, options):
-        return [self._reduce(reduce_op, value, destinations)
-                for value, destinations in value_destination_pairs]
+        names = [None] * len(value_destination_pairs)
+        if bps.is_distributed() and not tf.executing_eagerly():
+            # Named, and ranked, in the order given (the model's variables): the next
+            # step's forward pass needs the first layers' sums first.
+            graph = tf.compat.v1.get_default_graph()
+            names = [graph.unique_name("PushPull") for _ in value_destination_pairs]
+            basics.declare(names)
+        return [self._reduce(reduce_op, value, destinations, name)
+                for (value, destinations), name in zip(value_destination_pairs, names,
+                                                       strict=True)]
 
     def broadcast_implementation(self, tensor, destinations):
         return cross_device_ops_lib.simple_broadcast(tensor, destinations, always_mirrored=True)
 
-    def _reduce(self, reduce_op, value, destinations):
+    def _reduce(self, reduce_op, value, destinations, name=None):
         local = list(value.values) if isinstance(value, values_lib.DistributedValues) else [value]
         with tf.device(local[0].device):
             total = tf.add_n(local) if len(local) > 1 else tf.identity(local[0])
             if bps.is_distributed():
-                total = ops.push_pull(total, op=ops.Sum)
+                total = ops.push_pull(total, op=ops.Sum, name=name)
             if reduce_op == tf.distribute.ReduceOp.MEAN:
                 # A plain tensor is one value per worker; a PerReplica, one per replica.
                 count = len(local) * bps.size()

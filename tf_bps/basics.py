@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tf_bps import core
 from tf_bps import process_sets as process_sets_module
@@ -27,6 +27,7 @@ class _Job:
     local_size: int
     link: SchedulerLink | None  # None on the single-worker local path.
     worker_hosts: tuple[str, ...] = ()  # By rank; empty on the local path.
+    declared: set = field(default_factory=set)  # name lists given to declare()
 
 
 _lock = threading.Lock()
@@ -127,6 +128,17 @@ def shutdown() -> None:
     core.worker_shutdown()
     if job.link is not None:
         job.link.close(failure=failure or None)
+
+
+def declare(names) -> None:
+    """Gives the tensors `names` their scheduling priority in this order (earlier goes
+    first) before their first use; names already used keep theirs."""
+    job = _current()
+    names = tuple(names)
+    if job.link is None or names in job.declared:
+        return
+    core.worker_declare(list(names))
+    job.declared.add(names)
 
 
 def _current() -> _Job:

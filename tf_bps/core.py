@@ -84,6 +84,12 @@ def worker_failure() -> str:
     return worker_engine().failure()
 
 
+def worker_declare(names: list[str]) -> None:
+    """Gives the tensors their priority in this order (earlier goes first), unless they
+    already have one."""
+    worker_engine().declare(list(names))
+
+
 def worker_set_process_set(set_id: int, ranks: list[int]) -> None:
     """Registers (ranks) or removes (no ranks) a process set here and at every server."""
     worker_engine().set_process_set(set_id, list(ranks))

@@ -107,6 +107,9 @@ def synchronise_gradients(grads, names, options: SyncOptions = SyncOptions()):
     if not options.synchronises_here():
         return grads  # One worker (in the set), or not in it: gradients stay local.
     set_id = options.process_set_id
+    # Priority follows the model's order (the variables'), not the backward pass's:
+    # the next step's forward pass needs the first layers' sums first.
+    basics.declare(name for grad, name in zip(grads, names, strict=True) if grad is not None)
     op, prescale, postscale = options.plan()
     results = [None] * len(grads)
     dense_index, dense_tensors, dense_names, contexts = [], [], [], []

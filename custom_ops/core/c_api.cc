@@ -8,6 +8,8 @@
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "logging.h"
 #include "reduce.h"
@@ -245,6 +247,21 @@ void bps_enqueue(const bps_op* op, bps_allocate_fn allocate, bps_done_fn done, v
     return bps::RunLocally(spec, allocate_output, finish);
   }
   worker->Enqueue(std::move(spec), std::move(allocate_output), std::move(finish));
+}
+
+int bps_worker_declare(const char* const* names, int count) {
+  if (count < 0 || (count > 0 && !names)) return bps::Fail("malformed tensor declaration");
+  std::shared_ptr<bps::Worker> worker;
+  if (!bps::CurrentWorker(&worker))
+    return bps::Fail(Status::Error(bps::ErrorKind::kShutdown, "tf_bps is not initialised"));
+  if (!worker) return 0;  // One worker: nothing is scheduled.
+  std::vector<std::string> declared;
+  for (int i = 0; i < count; ++i) {
+    if (!names[i]) return bps::Fail("malformed tensor declaration");
+    declared.emplace_back(names[i]);
+  }
+  worker->Declare(declared);
+  return 0;
 }
 
 int bps_worker_set_process_set(int id, const int* ranks, int count) {

@@ -36,6 +36,9 @@ void bps_worker_shutdown(void);
 int bps_worker_join(int* last_rank);
 /* This worker's rank; -1 before init. */
 int bps_worker_rank(void);
+/* Gives the `count` tensors named in `names` their priority, in that order (earlier
+ * goes first), unless they already have one. Without servers it does nothing. */
+int bps_worker_declare(const char* const* names, int count);
 /* Registers process set `id` (> 0) with `count` ranks of this job here and at every
  * server; count 0 removes it. Every worker registers the same sets in the same order. */
 int bps_worker_set_process_set(int id, const int* ranks, int count);

@@ -396,6 +396,25 @@ Status Worker::fatal_error() {
   return fatal_;
 }
 
+Worker::TensorEntry& Worker::EntryLocked(const std::string& name) {
+  auto it = registry_.find(name);
+  if (it == registry_.end()) {
+    TensorEntry fresh;
+    fresh.id = StableHash(name.data(), name.size());
+    fresh.order = registry_.size();
+    // A tensor first used here after a join may have had rounds without this worker.
+    auto floor = round_floors_.find(fresh.id);
+    if (floor != round_floors_.end()) fresh.round = floor->second;
+    it = registry_.emplace(name, fresh).first;
+  }
+  return it->second;
+}
+
+void Worker::Declare(const std::vector<std::string>& names) {
+  std::lock_guard<std::mutex> lock(registry_mutex_);
+  for (const std::string& name : names) EntryLocked(name);
+}
+
 void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
   const std::string name = spec.op.name;
   Status status = fatal_error();
@@ -420,25 +439,16 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
   TensorEntry entry;
   {
     std::lock_guard<std::mutex> lock(registry_mutex_);
-    auto it = registry_.find(name);
-    if (it == registry_.end()) {
-      TensorEntry fresh;
-      fresh.id = StableHash(name.data(), name.size());
-      fresh.order = registry_.size();
-      // A tensor first used here after a join may have had rounds without this worker.
-      auto floor = round_floors_.find(fresh.id);
-      if (floor != round_floors_.end()) fresh.round = floor->second;
-      it = registry_.emplace(name, fresh).first;
-    }
-    if (it->second.in_flight) {
+    TensorEntry& known = EntryLocked(name);
+    if (known.in_flight) {
       done(Status::Error(
           ErrorKind::kInvalidArgument,
           "tensor '" + name + "' is already in flight; concurrent operations need distinct names"));
       return;
     }
-    it->second.in_flight = true;
-    ++it->second.round;
-    entry = it->second;
+    known.in_flight = true;
+    ++known.round;
+    entry = known;
   }
   const OpKind kind = spec.op.kind;
   // The result's size is known here only where it is the input's.

@@ -134,6 +134,11 @@ class Worker {
   // Asynchronous: `done` runs once, on a core thread once the output holds the
   // result, or inline when the task is refused.
   void Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done);
+  // Gives tensors their priority before first use, in the order given (earlier goes
+  // first); names already known keep theirs. Training declares its gradients in the
+  // model's forward order, so the first layers' sums, which the next forward pass
+  // needs first, overtake the last layers' (BytePS's priority scheduling).
+  void Declare(const std::vector<std::string>& names);
   // Registers process set `id` (ranks of this job) here and at every server; every
   // worker registers the same sets. No ranks: removes it.
   Status SetProcessSet(uint32_t id, std::vector<int32_t> ranks);
@@ -177,6 +182,9 @@ class Worker {
     bool in_flight = false;
   };
 
+  // The registry's entry for `name`, made (with the next priority) if new. Needs
+  // registry_mutex_.
+  TensorEntry& EntryLocked(const std::string& name);
   void WatchdogLoop();
   void OnTaskFinished(const std::string& name, OpKind kind, uint64_t tensor_id, uint32_t round,
                       const Status& status);

@@ -62,6 +62,14 @@ PYBIND11_MODULE(_bps_worker, m) {
       "abort", [](const std::string& reason) { bps_worker_abort(reason.c_str()); },
       py::arg("reason"), "Fails every operation in flight and to come with `reason`.");
   m.def(
+      "declare",
+      [](const std::vector<std::string>& names) {
+        std::vector<const char*> pointers;
+        for (const std::string& name : names) pointers.push_back(name.c_str());
+        Check(bps_worker_declare(pointers.data(), static_cast<int>(pointers.size())));
+      },
+      py::arg("names"), "Gives the tensors their priority in this order (earlier goes first).");
+  m.def(
       "set_process_set",
       [](int id, const std::vector<int>& ranks) {
         Check(bps_worker_set_process_set(id, ranks.data(), static_cast<int>(ranks.size())));
