@@ -87,6 +87,34 @@ def _seconds(env: Mapping[str, str], name: str, default: float,
     return value
 
 
+def read_cpu_list(text: str) -> set[int]:
+    """The kernel's CPU list format, `0-3,8`; ValueError naming the part that is not."""
+    cpus = set()
+    for part in text.strip().split(","):
+        first, _, last = part.strip().partition("-")
+        if not first.isdigit() or (last and not last.isdigit()) or int(last or first) < int(first):
+            raise ValueError(part)
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def _cpu_lists(env: Mapping[str, str], name: str, sections: bool) -> tuple[frozenset, ...]:
+    """A CPU list (or, with `sections`, colon-separated lists) in the variable `name`."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return ()
+    lists = []
+    for section in raw.split(":") if sections else [raw]:
+        try:
+            lists.append(frozenset(read_cpu_list(section)))
+        except ValueError as error:
+            raise ConfigError(f"{name}={raw!r} is not valid: {str(error)!r} is not a CPU number "
+                              "or range (expected lists such as 0,2-5" +
+                              (", one per worker, separated by colons)" if sections else ")")
+                              ) from None
+    return tuple(lists)
+
+
 def _flag(env: Mapping[str, str], name: str, default: bool = False) -> bool:
     raw = env.get(name, "").strip()
     if raw == "":
@@ -129,6 +157,14 @@ class Config:
     # The workers of one host sum push_pull partitions among themselves before one of
     # them pushes (custom_ops/core/local_merge.h); it needs shared memory (IPC).
     local_merge: bool
+    # Core affinity of the workers bpslaunch starts (launch/affinity.py): BYTEPS_NUMA_ON,
+    # the physical cores per worker, CPUs to avoid, explicit lists per local worker,
+    # and whether a worker gets every hyperthread of its cores.
+    numa_on: bool
+    numa_quota: int | None
+    cpu_blacklist: frozenset
+    visible_cpu_cores: tuple[frozenset, ...] | None
+    multithreaded_cpu: bool
     enable_gdb: bool  # bpslaunch runs each worker under gdb and prints its backtrace
     debug_sample_tensor: str  # a tensor name or id whose values workers log at each stage
     log_level: str
@@ -178,6 +214,11 @@ class Config:
             force_distributed=_flag(env, "BYTEPS_FORCE_DISTRIBUTED"),
             enable_ipc=_flag(env, "BYTEPS_ENABLE_IPC", default=True),
             local_merge=_flag(env, "BYTEPS_LOCAL_MERGE", default=True),
+            numa_on=_flag(env, "BYTEPS_NUMA_ON", default=True),
+            numa_quota=_int(env, "BYTEPS_NUMA_DEFAULT_QUOTA", None, minimum=1, maximum=1 << 20),
+            cpu_blacklist=frozenset().union(*_cpu_lists(env, "BYTEPS_CPU_BLACKLIST", False)),
+            visible_cpu_cores=_cpu_lists(env, "BYTEPS_VISIBLE_CPU_CORES", True) or None,
+            multithreaded_cpu=_flag(env, "BYTEPS_MULTITHREADED_CPU", default=True),
             enable_gdb=_flag(env, "BYTEPS_ENABLE_GDB"),
             debug_sample_tensor=env.get("BYTEPS_DEBUG_SAMPLE_TENSOR", "").strip(),
             log_level=_choice(env, "BYTEPS_LOG_LEVEL", LOG_LEVELS, "WARNING", upper=True),

@@ -37,9 +37,7 @@ def main(argv: list[str]) -> int:
         return 2
     supervisor = JobSupervisor(name)
     try:
-        for process in plan:
-            supervisor.start(process.label, process.command, {**os.environ, **process.env},
-                             process.is_worker, prefix=process.prefix)
+        supervisor.start_host(plan, dict(os.environ))
     except LaunchError as error:
         supervisor.report(str(error))
         return 127

@@ -23,8 +23,8 @@ import sys
 from tf_bps.config import Config, ConfigError
 from tf_bps.launch import remote
 from tf_bps.launch.hosts import Host, HostError, Layout, parse_hosts, plan_layout, read_hostfile
-from tf_bps.launch.remote import ProcessPlan, SshOptions
-from tf_bps.launch.supervisor import JobSupervisor, LaunchError, supervise
+from tf_bps.launch.remote import SshOptions
+from tf_bps.launch.supervisor import JobSupervisor, LaunchError, ProcessPlan, supervise
 
 
 def _free_port() -> int:
@@ -129,9 +129,7 @@ def _launch_job(layout: Layout, command: list[str], ssh: SshOptions,
     forwarded = remote.forwarded_environment(base)
     for host, processes in plans.items():
         if local[host]:
-            for process in processes:
-                supervisor.start(process.label, process.command, {**base, **process.env},
-                                 process.is_worker, prefix=process.prefix)
+            supervisor.start_host(processes, base)
         elif processes:
             for process in processes:
                 process.env = {**forwarded, **process.env}
@@ -144,13 +142,15 @@ def _launch_job(layout: Layout, command: list[str], ssh: SshOptions,
 def _launch_local_ranks(config: Config, command: list[str]) -> int:
     """DMLC_ROLE=worker with BYTEPS_LOCAL_SIZE > 1, or several visible GPUs: one process
     per local rank (each uses the GPU of its local rank, see basics._pin_gpu)."""
-    supervisor = JobSupervisor()
+    processes = []
     for local_rank in range(config.local_size):
         rank = config.worker_id * config.local_size + local_rank
-        env = {**os.environ, "BYTEPS_LOCAL_RANK": str(local_rank),
-               "BYTEPS_LOCAL_SIZE": str(config.local_size),
+        env = {"BYTEPS_LOCAL_RANK": str(local_rank), "BYTEPS_LOCAL_SIZE": str(config.local_size),
                **_horovod_variables(rank, config.size, local_rank, config.local_size)}
-        supervisor.start(f"worker {rank}", command, env, is_worker=True, prefix=f"[{rank}]: ")
+        processes.append(ProcessPlan(f"worker {rank}", command, env, is_worker=True,
+                                     prefix=f"[{rank}]: "))
+    supervisor = JobSupervisor()
+    supervisor.start_host(processes, dict(os.environ))
     return supervise(supervisor)
 
 

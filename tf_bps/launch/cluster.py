@@ -177,7 +177,8 @@ def start_helpers(found: Placement, env: Mapping[str, str]) -> subprocess.Popen 
     """Starts the scheduler and/or server `found` asks this process for, under an agent
     (agent.py) that ends them once this process is gone and they had time to finish
     the job. The caller keeps the returned process (its stdin) for its lifetime."""
-    from tf_bps.launch.remote import ProcessPlan, encode_plan
+    from tf_bps.launch.remote import encode_plan
+    from tf_bps.launch.supervisor import ProcessPlan
 
     plans = []
     job = {**found.variables, **{k: v for k, v in env.items() if k.startswith("DMLC_")}}

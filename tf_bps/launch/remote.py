@@ -18,6 +18,7 @@ import sys
 from dataclasses import asdict, dataclass
 
 from tf_bps.config import is_local_address
+from tf_bps.launch.supervisor import ProcessPlan
 
 # The largest plan an agent reads (a plan is a few kB per process).
 MAX_PLAN_BYTES = 16 << 20
@@ -27,15 +28,6 @@ MAX_PLAN_BYTES = 16 << 20
 _SESSION_VARIABLES = {"HOME", "USER", "LOGNAME", "SHELL", "PWD", "OLDPWD", "SHLVL", "HOSTNAME",
                       "TERM", "DISPLAY", "MAIL", "_", "TMPDIR", "LS_COLORS"}
 _SESSION_PREFIXES = ("SSH_", "XDG_", "BASH_FUNC_")
-
-
-@dataclass
-class ProcessPlan:
-    label: str  # "worker 3", "server 0", "scheduler"
-    command: list[str]
-    env: dict[str, str]  # set on top of the host's environment
-    is_worker: bool
-    prefix: str | None = None  # tag for each line of its output
 
 
 @dataclass

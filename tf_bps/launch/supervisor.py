@@ -18,6 +18,9 @@ import threading
 import time
 from dataclasses import dataclass
 
+from tf_bps.config import Config, ConfigError
+from tf_bps.launch import affinity
+
 # How long servers and the scheduler get to exit by themselves once the workers are done,
 # and how long the workers get to report their own error once a server has failed.
 EXIT_GRACE_S = 30.0
@@ -27,6 +30,15 @@ TERMINATE_GRACE_S = 3.0
 
 class LaunchError(RuntimeError):
     """A process of the job could not be started; everything started is ended."""
+
+
+@dataclass
+class ProcessPlan:
+    label: str  # "worker 3", "server 0", "scheduler"
+    command: list[str]
+    env: dict[str, str]  # set on top of the host's environment
+    is_worker: bool
+    prefix: str | None = None  # tag for each line of its output
 
 
 @dataclass
@@ -51,16 +63,36 @@ class JobSupervisor:
         self._output_lock = threading.Lock()
         self._pumps: list[threading.Thread] = []
 
+    def start_host(self, processes: list[ProcessPlan], env: dict[str, str]) -> None:
+        """Starts this host's share of a job, on top of `env`, with its workers pinned
+        to their cores (affinity.py; the workers are in local rank order)."""
+        workers = [process for process in processes if process.is_worker]
+        cores = None
+        if workers:
+            try:
+                config = Config.from_env({**env, **workers[0].env})
+                cores = affinity.plan_cores(config, len(workers),
+                                            gpu_nodes=affinity.gpu_numa_nodes(env))
+            except ConfigError as error:
+                self.terminate()
+                raise LaunchError(str(error)) from None
+        for process in processes:
+            cpus = cores[workers.index(process)] if cores and process.is_worker else None
+            self.start(process.label, process.command, {**env, **process.env},
+                       process.is_worker, prefix=process.prefix, cpus=cpus)
+
     def start(self, label: str, command: list[str], env: dict[str, str], is_worker: bool,
-              prefix: str | None = None, stdin: bytes | None = None) -> None:
+              prefix: str | None = None, stdin: bytes | None = None,
+              cpus: frozenset[int] | None = None) -> None:
         """`prefix`: tag each line of its output (else it writes to ours directly);
         `stdin`: written to its standard input, which then stays open (an ssh session's
-        remote side ends its processes when it closes)."""
+        remote side ends its processes when it closes); `cpus`: where it may run."""
         pipe = subprocess.PIPE if prefix is not None else None
+        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
         try:
             process = subprocess.Popen(command, env=env, stdout=pipe, stderr=pipe,
                                        stdin=subprocess.PIPE if stdin is not None else None,
-                                       start_new_session=True)
+                                       start_new_session=True, preexec_fn=pin)
         except OSError as error:
             self.terminate()
             raise LaunchError(f"cannot start {label} ({command[0]!r}): "
