@@ -30,7 +30,8 @@ def sources(folder: str, *names: str) -> list[str]:
 SHARED = [*sources("core", "common", "logging", "protocol", "reduce"),
           *sources("core/transport", "socket", "shared_memory", "transport",
                    "shared_memory_channel", "auth")]
-CORE_SOURCES = [*SHARED, *sources("core", "task", "credits", "local_merge", "worker", "c_api")]
+CORE_SOURCES = [*SHARED, *sources("core", "task", "credits", "timeline", "local_merge", "worker",
+                                   "c_api")]
 SERVER_SOURCES = [*SHARED, *sources("server", "server"), *sources("python", "server_module")]
 WORKER_MODULE_SOURCES = sources("python", "worker_module")
 TF_SOURCES = sorted(str(p) for p in Path("custom_ops", "tf").glob("*.cc"))

@@ -1,6 +1,6 @@
 """Builds and runs the core's C++ unit tests (tests/cpp): reduce kernels, the wire
-format, partitioning rules, request checks, a pipeline stage and its credits and the server's round
-policies, in one process and without TensorFlow."""
+format, partitioning rules, request checks, a pipeline stage and its credits, the timeline, and the
+server's round policies, in one process and without TensorFlow."""
 
 import os
 import subprocess
@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # The pieces under test, without the worker and the C API (which they do not need).
 SOURCES = [ROOT / "custom_ops" / "core" / f"{name}.cc"
-           for name in ("common", "logging", "protocol", "reduce", "task", "credits")]
+           for name in ("common", "logging", "protocol", "reduce", "task", "credits", "timeline")]
 SOURCES += [ROOT / "custom_ops" / "core" / "transport" / f"{name}.cc"
             for name in ("socket", "shared_memory", "transport", "shared_memory_channel", "auth")]
 SOURCES.append(ROOT / "custom_ops" / "server" / "server.cc")

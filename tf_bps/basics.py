@@ -89,6 +89,11 @@ def _join() -> None:
             _job = _Job(config, rank=book["rank"], size=book["size"],
                         local_rank=book["local_rank"], local_size=book["local_size"], link=link,
                         worker_hosts=tuple(book["workers"]))
+            if config.trace_on:
+                folder = os.path.join(config.trace_dir, str(_job.local_rank))
+                os.makedirs(folder, exist_ok=True)
+                core.worker_start_timeline(os.path.join(folder, "comm.json"),
+                                           config.trace_start_step, config.trace_end_step)
             log.info("worker rank %d of %d joined; servers %s", _job.rank, _job.size,
                      book["servers"])
         process_sets_module._reset(_job.size)

@@ -165,6 +165,12 @@ class Config:
     cpu_blacklist: frozenset
     visible_cpu_cores: tuple[frozenset, ...] | None
     multithreaded_cpu: bool
+    # The timeline (BYTEPS_TRACE_*): each worker writes <dir>/<local rank>/comm.json
+    # for steps start to end (custom_ops/core/timeline.h).
+    trace_on: bool
+    trace_start_step: int
+    trace_end_step: int
+    trace_dir: str
     enable_gdb: bool  # bpslaunch runs each worker under gdb and prints its backtrace
     debug_sample_tensor: str  # a tensor name or id whose values workers log at each stage
     log_level: str
@@ -219,6 +225,11 @@ class Config:
             cpu_blacklist=frozenset().union(*_cpu_lists(env, "BYTEPS_CPU_BLACKLIST", False)),
             visible_cpu_cores=_cpu_lists(env, "BYTEPS_VISIBLE_CPU_CORES", True) or None,
             multithreaded_cpu=_flag(env, "BYTEPS_MULTITHREADED_CPU", default=True),
+            trace_on=_flag(env, "BYTEPS_TRACE_ON"),
+            trace_start_step=_int(env, "BYTEPS_TRACE_START_STEP", 10, minimum=1,
+                                  maximum=2**31 - 1),
+            trace_end_step=_int(env, "BYTEPS_TRACE_END_STEP", 20, minimum=1, maximum=2**31 - 1),
+            trace_dir=env.get("BYTEPS_TRACE_DIR", "").strip() or "./traces",
             enable_gdb=_flag(env, "BYTEPS_ENABLE_GDB"),
             debug_sample_tensor=env.get("BYTEPS_DEBUG_SAMPLE_TENSOR", "").strip(),
             log_level=_choice(env, "BYTEPS_LOG_LEVEL", LOG_LEVELS, "WARNING", upper=True),
@@ -239,6 +250,10 @@ class Config:
                 f"PS_HEARTBEAT_INTERVAL={config.heartbeat_interval:g} is not valid: it must be "
                 f"shorter than PS_HEARTBEAT_TIMEOUT={config.heartbeat_timeout:g}, or every "
                 "node would be declared dead between two heartbeats")
+        if config.trace_end_step < config.trace_start_step:
+            raise ConfigError(
+                f"BYTEPS_TRACE_END_STEP={config.trace_end_step} is not valid: it comes before "
+                f"BYTEPS_TRACE_START_STEP={config.trace_start_step}")
         if config.size > MAX_NODES:
             raise ConfigError(
                 f"DMLC_NUM_WORKER={config.num_worker} x BYTEPS_LOCAL_SIZE={config.local_size} "

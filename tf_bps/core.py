@@ -84,6 +84,11 @@ def worker_failure() -> str:
     return worker_engine().failure()
 
 
+def worker_start_timeline(path: str, first_step: int, last_step: int) -> None:
+    """Records the timeline of steps `first_step` to `last_step` into the file `path`."""
+    worker_engine().start_timeline(path, first_step, last_step)
+
+
 def worker_declare(names: list[str]) -> None:
     """Gives the tensors their priority in this order (earlier goes first), unless they
     already have one."""

@@ -25,6 +25,9 @@ struct WorkerState {
   bool initialised = false;
   std::shared_ptr<Worker> worker;    // null on the single-worker local path.
   std::shared_ptr<Worker> starting;  // connecting to its servers: an abort may stop it.
+  // The job's abort when it came before any worker existed (bps.init() hears from the
+  // scheduler before it starts connecting): the next init fails with it at once.
+  std::string early_abort;
 };
 
 WorkerState& State() {
@@ -191,6 +194,11 @@ int bps_worker_init(int rank, int size, const char* servers, long long partition
   {
     std::lock_guard<std::mutex> lock(state.mutex);
     if (state.initialised || state.starting) return bps::Fail("tf_bps is already initialised");
+    if (!state.early_abort.empty()) {
+      const std::string reason = std::move(state.early_abort);
+      state.early_abort.clear();
+      return bps::Fail(Status::Error(bps::ErrorKind::kAborted, reason));
+    }
     state.starting = worker;
   }
   status = worker->Start();  // Without the lock: bps_worker_abort may stop it.
@@ -208,6 +216,7 @@ void bps_worker_abort(const char* reason) {
     auto& state = bps::State();
     std::lock_guard<std::mutex> lock(state.mutex);
     worker = state.worker ? state.worker : state.starting;
+    if (!worker) state.early_abort = reason && *reason ? reason : "aborted";
   }
   if (worker) worker->Abort(reason ? reason : "aborted");
 }
@@ -247,6 +256,18 @@ void bps_enqueue(const bps_op* op, bps_allocate_fn allocate, bps_done_fn done, v
     return bps::RunLocally(spec, allocate_output, finish);
   }
   worker->Enqueue(std::move(spec), std::move(allocate_output), std::move(finish));
+}
+
+int bps_worker_start_timeline(const char* path, int first_step, int last_step) {
+  if (!path || first_step < 1 || last_step < first_step)
+    return bps::Fail("malformed timeline request");
+  std::shared_ptr<bps::Worker> worker;
+  if (!bps::CurrentWorker(&worker))
+    return bps::Fail(Status::Error(bps::ErrorKind::kShutdown, "tf_bps is not initialised"));
+  if (worker)
+    worker->StartTimeline(path, static_cast<uint32_t>(first_step),
+                          static_cast<uint32_t>(last_step));
+  return 0;
 }
 
 int bps_worker_declare(const char* const* names, int count) {
@@ -302,6 +323,7 @@ void bps_worker_shutdown(void) {
     std::lock_guard<std::mutex> lock(state.mutex);
     worker.swap(state.worker);
     state.initialised = false;
+    state.early_abort.clear();
   }
   if (worker) worker->Stop();
 }

@@ -36,6 +36,10 @@ void bps_worker_shutdown(void);
 int bps_worker_join(int* last_rank);
 /* This worker's rank; -1 before init. */
 int bps_worker_rank(void);
+/* BYTEPS_TRACE_ON: records the timeline of steps `first_step` to `last_step` (a step is
+ * a tensor's round) into the file `path`. Call right after bps_worker_init, before any
+ * operation. Without servers it does nothing. */
+int bps_worker_start_timeline(const char* path, int first_step, int last_step);
 /* Gives the `count` tensors named in `names` their priority, in that order (earlier
  * goes first), unless they already have one. Without servers it does nothing. */
 int bps_worker_declare(const char* const* names, int count);

@@ -205,7 +205,13 @@ void LocalMerge::CheckAgreement(const PartitionKey& key, MergeState* state, int 
 // ---------------------------------------------------------------------------
 // Contributions
 
+Timeline* LocalMerge::TracerFor(const Task& task) const {
+  Timeline* timeline = worker_->timeline();
+  return timeline && timeline->Traces(task.round()) ? timeline : nullptr;
+}
+
 void LocalMerge::Contribute(PartitionTask partition) {
+  if (TracerFor(*partition.task)) partition.queued_at = Timeline::Now();
   const PartitionKey key{partition.task->tensor_id(), partition.part};
   const int leader = LeaderOf(key.tensor_id, key.part);
   Effects effects;
@@ -257,6 +263,15 @@ bool LocalMerge::SendToLeader(PartitionTask& partition) {
     header.length = partition.push_length;
     status = peer.channel->SendData(header, partition.data,
                                     SlotKey{{task.tensor_id(), partition.part}, kStagedCopy});
+  }
+  if (Timeline* tracer = TracerFor(task); tracer && status.ok()) {
+    // REDUCE: until the leader has this worker's copy; BROADCAST: until its result.
+    const int64_t sent_at = Timeline::Now();
+    tracer->Stage(task.name(), task.round(), partition.part, "REDUCE", partition.queued_at,
+                  sent_at);
+    std::lock_guard<std::mutex> lock(merge_mutex_);
+    auto it = pending_.find(PartitionKey{task.tensor_id(), partition.part});
+    if (it != pending_.end() && it->second.task == partition.task) it->second.sent_at = sent_at;
   }
   task.EndIo();
   if (!status.ok())
@@ -342,6 +357,7 @@ void LocalMerge::Arrive(const Arrival& arrival, const PartitionTask* own, Effect
     state.own = own->task;
     state.own_offset = own->offset;
     state.priority = own->priority;
+    state.own_arrived_at = own->queued_at;
   }
   // A worker of the host that declared something else for this round never comes.
   for (size_t i = 0; i < state.inputs.size() && state.active; ++i)
@@ -383,6 +399,12 @@ void LocalMerge::MaybeMerge(const PartitionKey& key, MergeState* state, Effects*
       ReduceInto(op.reduce_op, op.dtype, sum, inputs[i], count);
   }
   state->sum = sum;
+  if (state->own_arrived_at && state->own) {
+    // The leader's REDUCE: from its own copy until the host's sum is ready.
+    if (Timeline* tracer = TracerFor(*state->own))
+      tracer->Stage(op.name, state->round, key.part, "REDUCE", state->own_arrived_at,
+                    Timeline::Now());
+  }
   worker_->Sample(op.name, key.tensor_id, state->round, op.dtype,
                   ("host sum of partition " + std::to_string(key.part)).c_str(), sum,
                   state->length);
@@ -685,6 +707,9 @@ Status LocalMerge::HandleResult(int index, const FrameHeader& header, DataReader
   }
   if (!task.BeginIo()) return payload->Skip();
   Status status = payload->Read(static_cast<char*>(task.output()) + pending.offset, pending.length);
+  if (Timeline* tracer = TracerFor(task); tracer && status.ok() && pending.sent_at)
+    tracer->Stage(task.name(), task.round(), header.part, "BROADCAST", pending.sent_at,
+                  Timeline::Now());
   task.EndIo();
   if (!status.ok()) return status;
   task.PartitionDone();

@@ -43,6 +43,7 @@
 #include "protocol.h"
 #include "stage.h"
 #include "task.h"
+#include "timeline.h"
 #include "transport/transport.h"
 
 namespace bps {
@@ -104,6 +105,7 @@ class LocalMerge {
     std::shared_ptr<Task> own;        // this worker's task, if it contributed
     size_t own_offset = 0;            // of the partition in its output
     uint64_t priority = 0;
+    int64_t own_arrived_at = 0;      // when this worker contributed, if the timeline traces it
     Declaration op;                  // of the first contributor
     std::shared_ptr<Task> upstream;  // the merged push, once on its way to the server
     char* sum = nullptr;             // where the merge and then the result lie
@@ -148,7 +150,10 @@ class LocalMerge {
     size_t offset;
     size_t length;
     int leader;
+    int64_t sent_at = 0;  // when it reached its leader, if the timeline traces it
   };
+  // The timeline if it traces `task`'s step, else null.
+  Timeline* TracerFor(const Task& task) const;
 
   int LeaderOf(uint64_t tensor_id, uint32_t part) const;
   Status ConnectPeers(Cancellation* cancel);

@@ -148,6 +148,7 @@ struct PartitionTask {
   uint64_t signature;
   uint8_t flags = 0;        // FrameFlags
   uint16_t join_epoch = 0;  // local merges: the joins the sender had seen complete
+  int64_t queued_at = 0;    // when it entered its push stage, if the timeline traces it
 };
 
 struct PartitionTaskOrder {

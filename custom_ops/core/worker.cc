@@ -40,7 +40,13 @@ void ServerLink::Start() {
   receiver_ = std::thread([this] { ReceiveLoop(); });
 }
 
+Timeline* ServerLink::TracerFor(const Task& task) const {
+  Timeline* timeline = worker_->timeline();
+  return timeline && timeline->Traces(task.round()) ? timeline : nullptr;
+}
+
 void ServerLink::Enqueue(PartitionTask task) {
+  if (TracerFor(*task.task)) task.queued_at = Timeline::Now();
   {
     std::lock_guard<std::mutex> lock(pending_mutex_);
     pending_[PartitionKey{task.task->tensor_id(), task.part}] = Pending{
@@ -111,6 +117,8 @@ bool ServerLink::Push(PartitionTask& partition) {
     }
   }
   if (!task.BeginIo()) return true;  // Failed meanwhile: nothing to send.
+  Timeline* const tracer = TracerFor(task);
+  const int64_t served_at = tracer ? Timeline::Now() : 0;
   FrameHeader header;
   header.rank = static_cast<uint32_t>(worker_->options().rank);
   header.part = partition.part;
@@ -125,6 +133,15 @@ bool ServerLink::Push(PartitionTask& partition) {
   header.flags = partition.flags;
   if (IsGather(task.kind())) header.rows = task.op().shape[0];
   Status status = SendPartition(partition, &header);
+  if (tracer && status.ok()) {
+    const int64_t pushed_at = Timeline::Now();
+    tracer->Stage(task.name(), task.round(), partition.part, "QUEUE", partition.queued_at,
+                  served_at);
+    tracer->Stage(task.name(), task.round(), partition.part, "PUSH", served_at, pushed_at);
+    std::lock_guard<std::mutex> lock(pending_mutex_);
+    auto it = pending_.find(PartitionKey{task.tensor_id(), partition.part});
+    if (it != pending_.end() && it->second.task == partition.task) it->second.pushed_at = pushed_at;
+  }
   task.EndIo();
   BPS_LOG(kTrace) << "pushed " << task.name() << " part " << partition.part << " round "
                   << task.round() << " to " << description();
@@ -232,6 +249,9 @@ Status ServerLink::HandleReply(const FrameHeader& header, DataReader* payload) {
   void* dst = static_cast<char*>(task.output()) + pending.offset;
   Status status = payload->Read(dst, length);
   if (status.ok()) FinishPartition(task, dst, length);
+  if (Timeline* tracer = TracerFor(task); tracer && status.ok() && pending.pushed_at)
+    tracer->Stage(task.name(), task.round(), header.part, "PULL", pending.pushed_at,
+                  Timeline::Now());
   task.EndIo();
   if (!status.ok()) return status;
   task.PartitionDone();
@@ -410,6 +430,10 @@ Worker::TensorEntry& Worker::EntryLocked(const std::string& name) {
   return it->second;
 }
 
+void Worker::StartTimeline(const std::string& path, uint32_t first, uint32_t last) {
+  timeline_ = std::make_unique<Timeline>(path, first, last);
+}
+
 void Worker::Declare(const std::vector<std::string>& names) {
   std::lock_guard<std::mutex> lock(registry_mutex_);
   for (const std::string& name : names) EntryLocked(name);
@@ -450,22 +474,28 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
     ++known.round;
     entry = known;
   }
+  // The operation's whole time, queues included, if the timeline traces its step.
+  int64_t traced_from = 0;
+  if (timeline_) {
+    timeline_->OperationStarted(entry.round);
+    if (timeline_->Traces(entry.round)) traced_from = Timeline::Now();
+  }
   const OpKind kind = spec.op.kind;
   // The result's size is known here only where it is the input's.
   const DataType dtype = spec.op.dtype;
   const size_t result_bytes =
       kind == OpKind::kPushPull || kind == OpKind::kBroadcast ? spec.bytes : 0;
   void* const result = spec.output;
-  auto task =
-      std::make_shared<Task>(std::move(spec), std::move(group), entry.id, entry.order, entry.round,
-                             options_.timeout_ms, std::move(allocate),
-                             [this, name, kind, dtype, result, result_bytes, id = entry.id,
-                              round = entry.round, done = std::move(done)](const Status& status) {
-                               if (status.ok())
-                                 Sample(name, id, round, dtype, "result", result, result_bytes);
-                               OnTaskFinished(name, kind, id, round, status);
-                               done(status);
-                             });
+  auto task = std::make_shared<Task>(
+      std::move(spec), std::move(group), entry.id, entry.order, entry.round, options_.timeout_ms,
+      std::move(allocate),
+      [this, name, kind, dtype, result, result_bytes, id = entry.id, round = entry.round,
+       traced_from, done = std::move(done)](const Status& status) {
+        if (traced_from) timeline_->OperationEnded(name, round, traced_from);
+        if (status.ok()) Sample(name, id, round, dtype, "result", result, result_bytes);
+        OnTaskFinished(name, kind, id, round, status);
+        done(status);
+      });
   std::vector<PartitionTask> plan;
   status = Plan(task, &plan);
   if (!status.ok()) {
@@ -848,6 +878,7 @@ void Worker::Stop() {
     local_->Close();
     local_->FailPending(shutdown);
   }
+  if (timeline_) timeline_->Finish();  // A job that ended inside the window: written now.
   BPS_LOG(kInfo) << "worker " << options_.rank << " stopped";
 }
 

@@ -30,6 +30,7 @@
 #include "local_merge.h"
 #include "stage.h"
 #include "task.h"
+#include "timeline.h"
 #include "transport/transport.h"
 
 namespace bps {
@@ -89,7 +90,10 @@ class ServerLink {
     uint64_t priority;
     size_t push_length;
     bool credited = false;  // pushed: its credit returns with the answer or the failure
+    int64_t pushed_at = 0;  // when its push ended, if the timeline traces it
   };
+  // The timeline if it traces `task`'s step, else null.
+  Timeline* TracerFor(const Task& task) const;
 
   // The push stage's admission: whether the scheduling credit lets `partition` go.
   bool Admit(const PartitionTask& partition);
@@ -139,6 +143,10 @@ class Worker {
   // model's forward order, so the first layers' sums, which the next forward pass
   // needs first, overtake the last layers' (BytePS's priority scheduling).
   void Declare(const std::vector<std::string>& names);
+  // BYTEPS_TRACE_ON: records steps `first` to `last` into the file `path`. Called
+  // once, before the first operation.
+  void StartTimeline(const std::string& path, uint32_t first, uint32_t last);
+  Timeline* timeline() const { return timeline_.get(); }
   // Registers process set `id` (ranks of this job) here and at every server; every
   // worker registers the same sets. No ranks: removes it.
   Status SetProcessSet(uint32_t id, std::vector<int32_t> ranks);
@@ -218,6 +226,8 @@ class Worker {
   // a name first used afterwards starts counting. Guarded by registry_mutex_.
   std::unordered_map<uint64_t, uint32_t> round_floors_;
   std::unordered_map<std::string, TensorEntry> registry_;
+
+  std::unique_ptr<Timeline> timeline_;  // set before the first operation, if tracing
 
   std::mutex fatal_mutex_;
   Status fatal_ = Status::OK();

@@ -62,6 +62,13 @@ PYBIND11_MODULE(_bps_worker, m) {
       "abort", [](const std::string& reason) { bps_worker_abort(reason.c_str()); },
       py::arg("reason"), "Fails every operation in flight and to come with `reason`.");
   m.def(
+      "start_timeline",
+      [](const std::string& path, int first_step, int last_step) {
+        Check(bps_worker_start_timeline(path.c_str(), first_step, last_step));
+      },
+      py::arg("path"), py::arg("first_step"), py::arg("last_step"),
+      "Records the timeline of those steps into the file `path`.");
+  m.def(
       "declare",
       [](const std::vector<std::string>& names) {
         std::vector<const char*> pointers;
