@@ -136,7 +136,7 @@ class _ParameterServerExtended(mirrored_strategy.MirroredExtended):
             if bps.is_distributed():
                 perm = [axis] + [i for i in range(joined.shape.rank) if i != axis]
                 moved = tf.transpose(joined, perm) if axis != 0 else joined
-                gathered = ops.allgather(moved)
+                gathered = ops._allgather(moved)
                 inverse = [perm.index(i) for i in range(len(perm))]
                 joined = tf.transpose(gathered, inverse) if axis != 0 else gathered
         return cross_device_ops_lib.simple_broadcast(joined, destinations, always_mirrored=True)

@@ -153,6 +153,11 @@ def _current() -> _Job:
     return job
 
 
+def config() -> Config:
+    """The configuration this worker joined with."""
+    return _current().config
+
+
 def is_initialized() -> bool:
     return _job is not None
 

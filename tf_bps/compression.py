@@ -37,6 +37,40 @@ class FP16Compressor(Compressor):
         return tensor if context is None else tf.cast(tensor, context)
 
 
+class ScaledFP16Compressor(Compressor):
+    """AIACC-Training's wire types (PERSEUS_ALLREDUCE_DTYPE): floating-point tensors
+    travel as float16, multiplied by `scale` first and divided by it after, so that
+    small gradients keep their digits. `mixed`: only tensors of two or more dimensions
+    (kernels) do; vectors (biases, normalisation parameters) keep their precision."""
+
+    def __init__(self, scale: float, mixed: bool):
+        self.scale = scale
+        self.mixed = mixed
+
+    def compress(self, tensor):
+        import tensorflow as tf
+
+        if (not tensor.dtype.is_floating or tensor.dtype == tf.float16
+                or (self.mixed and tensor.shape.rank is not None and tensor.shape.rank < 2)):
+            return tensor, None
+        return tf.cast(tensor * tf.cast(self.scale, tensor.dtype), tf.float16), tensor.dtype
+
+    def decompress(self, tensor, context):
+        import tensorflow as tf
+
+        if context is None:
+            return tensor
+        return tf.cast(tensor, context) / tf.cast(self.scale, context)
+
+
 class Compression:
     none = NoneCompressor
     fp16 = FP16Compressor
+
+
+def from_config(config) -> Compressor | None:
+    """The compressor PERSEUS_ALLREDUCE_DTYPE asks for; None when it leaves the choice
+    to the code (unset or 1, float32)."""
+    if config.wire_dtype in ("float16", "mixed"):
+        return ScaledFP16Compressor(config.gradient_scale, config.wire_dtype == "mixed")
+    return None

@@ -137,6 +137,48 @@ def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default
     return value
 
 
+def _float(env: Mapping[str, str], name: str, default: float, minimum: float,
+           maximum: float) -> float:
+    raw = env.get(name, "").strip()
+    if raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not minimum <= value <= maximum:  # NaN fails too
+        raise ConfigError(f"{name}={raw!r} is not valid: expected a number from {minimum:g} "
+                          f"to {maximum:g}")
+    return value
+
+
+# Variables of BytePS and AIACC-Training that have no effect here, and why (README lists
+# them); their values are still checked where they have a documented form.
+WITHOUT_EFFECT = {
+    "PERSEUS_MASTER_PORT": "the rendezvous port of PyTorch DDP launchers",
+    "PERSEUS_USE_DDP_LAUNCHER": "a PyTorch DDP launcher switch",
+    "PERSEUS_ALLREDUCE_MODE": "AIACC's choice of all-reduce algorithm; tf_bps always sums "
+                              "through its servers",
+    "PERSEUS_NCCL_NETWORK_INTERFACE": "the NCCL interface of AIACC's GPU path",
+    "PERSEUS_OFFLINE_NEG": "AIACC's offline gradient negotiation; tf_bps matches tensors by "
+                           "name, which needs none",
+    "BYTEPS_PCIE_SWITCH_SIZE": "BytePS's GPU topology hint; this build has no GPU pipeline",
+    "BYTEPS_NCCL_NUM_RINGS": "a NCCL tuning knob of BytePS's GPU pipeline",
+    "BYTEPS_NCCL_GROUP_SIZE": "a NCCL tuning knob of BytePS's GPU pipeline",
+    "BYTEPS_NCCL_HOME": "where BytePS builds NCCL from; tf_bps needs none to build",
+}
+# Variables whose feature tf_bps does not have: set to 1 they are refused, saying why.
+_REFUSED = {
+    "BYTEPS_ENABLE_ASYNC": "asynchronous training is not implemented yet; workers and "
+                           "servers run synchronously",
+    "BYTEPS_SERVER_ENABLE_SCHEDULE": "servers sum partitions in arrival order; workers already "
+                                     "send them in priority order within the scheduling credit",
+    "PERSEUS_NCCL_ENABLE": "it needs AIACC's special build for RDMA and VPC links together",
+}
+# PERSEUS_ALLREDUCE_DTYPE: what gradients travel as.
+WIRE_DTYPES = {"0": "float16", "1": "float32", "2": "mixed"}
+
+
 @dataclass(frozen=True)
 class Config:
     role: str | None
@@ -165,6 +207,16 @@ class Config:
     cpu_blacklist: frozenset
     visible_cpu_cores: tuple[frozenset, ...] | None
     multithreaded_cpu: bool
+    # AIACC-Training's options (README, "AIACC-Training's variables"): a NaN or Inf in a
+    # push_pull fails it; what gradients travel as (None: the compression argument
+    # decides) and the scale applied before float16; local gradient accumulation;
+    # fusion buffers (0: none); allgather's layout.
+    nan_check: bool
+    wire_dtype: str | None
+    gradient_scale: float
+    accumulate_steps: int
+    fusion: int
+    stacked_allgather: bool
     # The timeline (BYTEPS_TRACE_*): each worker writes <dir>/<local rank>/comm.json
     # for steps start to end (custom_ops/core/timeline.h).
     trace_on: bool
@@ -213,8 +265,10 @@ class Config:
             local_size=_local_size(env),
             partition_bytes=_int(env, "BYTEPS_PARTITION_BYTES", DEFAULT_PARTITION_BYTES,
                                  minimum=8, maximum=2**31 - 1),
-            scheduling_credit=_int(env, "BYTEPS_SCHEDULING_CREDIT", DEFAULT_SCHEDULING_CREDIT,
-                                   minimum=0, maximum=1024),
+            # AIACC's stream count bounds what is in flight, as the credit does.
+            scheduling_credit=_int(env, "BYTEPS_SCHEDULING_CREDIT", _int(
+                env, "PERSEUS_ALLREDUCE_STREAMS", DEFAULT_SCHEDULING_CREDIT, minimum=1,
+                maximum=12), minimum=0, maximum=1024),
             server_engine_threads=_int(env, "BYTEPS_SERVER_ENGINE_THREAD", 4, minimum=1,
                                        maximum=MAX_ENGINE_THREADS),
             force_distributed=_flag(env, "BYTEPS_FORCE_DISTRIBUTED"),
@@ -225,6 +279,15 @@ class Config:
             cpu_blacklist=frozenset().union(*_cpu_lists(env, "BYTEPS_CPU_BLACKLIST", False)),
             visible_cpu_cores=_cpu_lists(env, "BYTEPS_VISIBLE_CPU_CORES", True) or None,
             multithreaded_cpu=_flag(env, "BYTEPS_MULTITHREADED_CPU", default=True),
+            nan_check=_flag(env, "PERSEUS_ALLREDUCE_NANCHECK"),
+            wire_dtype=WIRE_DTYPES.get(_choice(env, "PERSEUS_ALLREDUCE_DTYPE",
+                                               tuple(WIRE_DTYPES), None)),
+            gradient_scale=_float(env, "PERSEUS_ALLREDUCE_GRADIENT_SCALE", 10.0, 1e-6, 1e6),
+            accumulate_steps=_int(env, "PERSEUS_ACCUMULATE_N_STEPS", 1, minimum=1,
+                                  maximum=1 << 20),
+            fusion=_int(env, "PERSEUS_ALLREDUCE_FUSION", 0, minimum=0, maximum=128),
+            stacked_allgather=_choice(env, "PERSEUS_CHANGE_HVD_ALLGATHER", ("0", "1"),
+                                      "1") == "0",
             trace_on=_flag(env, "BYTEPS_TRACE_ON"),
             trace_start_step=_int(env, "BYTEPS_TRACE_START_STEP", 10, minimum=1,
                                   maximum=2**31 - 1),
@@ -235,10 +298,12 @@ class Config:
             log_level=_choice(env, "BYTEPS_LOG_LEVEL", LOG_LEVELS, "WARNING", upper=True),
             ps_verbose=int(_choice(env, "PS_VERBOSE", ("0", "1", "2"), "0")),
             node_host=env.get("DMLC_NODE_HOST", "").strip() or None,
-            interface=env.get("DMLC_INTERFACE", "").strip() or None,
+            interface=(env.get("DMLC_INTERFACE", "").strip()
+                       or env.get("PERSEUS_GLOO_NETWORK_INTERFACE", "").strip() or None),
             heartbeat_interval=_seconds(env, "PS_HEARTBEAT_INTERVAL", 1.0),
             heartbeat_timeout=_seconds(env, "PS_HEARTBEAT_TIMEOUT", 10.0),
-            op_timeout=_seconds(env, "BYTEPS_OP_TIMEOUT", 300.0),
+            op_timeout=_seconds(env, "BYTEPS_OP_TIMEOUT",
+                                _seconds(env, "GLOO_TIMEOUT_SECONDS", 300.0)),
             job_token=env.get("BYTEPS_JOB_TOKEN", ""),
             max_tensor_bytes=_int(env, "BYTEPS_MAX_TENSOR_BYTES", DEFAULT_MAX_TENSOR_BYTES,
                                   minimum=2**20, maximum=2**48),
@@ -250,6 +315,10 @@ class Config:
                 f"PS_HEARTBEAT_INTERVAL={config.heartbeat_interval:g} is not valid: it must be "
                 f"shorter than PS_HEARTBEAT_TIMEOUT={config.heartbeat_timeout:g}, or every "
                 "node would be declared dead between two heartbeats")
+        for name, reason in _REFUSED.items():
+            if _flag(env, name):
+                raise ConfigError(f"{name}=1 is not supported: {reason}; set it to 0 or unset")
+        _check_without_effect(env)
         if config.trace_end_step < config.trace_start_step:
             raise ConfigError(
                 f"BYTEPS_TRACE_END_STEP={config.trace_end_step} is not valid: it comes before "
@@ -331,6 +400,23 @@ class Config:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect((root_uri, root_port))
             return probe.getsockname()[0]
+
+
+def _check_without_effect(env: Mapping[str, str]) -> None:
+    """The variables that change nothing here must still be well formed."""
+    _int(env, "PERSEUS_MASTER_PORT", None, minimum=1, maximum=65535)
+    for name in ("PERSEUS_USE_DDP_LAUNCHER", "PERSEUS_OFFLINE_NEG"):
+        _flag(env, name)
+    for name in ("BYTEPS_PCIE_SWITCH_SIZE", "BYTEPS_NCCL_NUM_RINGS", "BYTEPS_NCCL_GROUP_SIZE"):
+        _int(env, name, None, minimum=1, maximum=1 << 20)
+    # Not implemented yet: their neutral values pass, anything else is refused.
+    if _int(env, "PERSEUS_DOWNSAMPLE_N_ELEMENTS", 1, minimum=1, maximum=1024) > 1:
+        raise ConfigError("PERSEUS_DOWNSAMPLE_N_ELEMENTS above 1 is not supported: gradient "
+                          "down-sampling is not implemented yet; set 1 or unset")
+    _float(env, "PERSEUS_GRADIENT_MOMENTUM", 1.0, 0.0, 1.0)  # used only with down-sampling
+    if _int(env, "PERSEUS_PERF_CHECK_N_STEPS", 0, minimum=0, maximum=1 << 30) > 0:
+        raise ConfigError("PERSEUS_PERF_CHECK_N_STEPS above 0 is not supported: the step-time "
+                          "outlier check is not implemented yet; set 0 or unset")
 
 
 def is_local_address(host: str) -> bool:

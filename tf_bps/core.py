@@ -72,7 +72,8 @@ def worker_init(rank: int, size: int, servers: list[str], merge_with: list[int],
     worker_engine().init(rank, size, ",".join(entry(server) for server in servers),
                          config.partition_bytes, config.credit_bytes,
                          int(config.op_timeout * 1000),
-                         config.job_token, local_ranks, prefix, config.debug_sample_tensor)
+                         config.job_token, local_ranks, prefix, config.debug_sample_tensor,
+                         config.nan_check)
 
 
 def worker_abort(reason: str) -> None:

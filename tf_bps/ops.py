@@ -239,10 +239,29 @@ def allgather(tensor, name: str | None = None, ignore_name_scope=False,
     The first dimension may differ between workers; each worker's rows cross the
     network once to a server and once back to every worker.
     """
+    gathered = _allgather(tensor, name, process_set)
+    if basics.is_initialized() and basics.config().stacked_allgather:
+        return _stacked(gathered, tensor, process_set)
+    return gathered
+
+
+def _allgather(tensor, name: str | None = None, process_set=global_process_set) -> tf.Tensor:
     set_id = process_set_id(process_set)
     tensor = tf.convert_to_tensor(tensor)
     name = name or _default_name("Allgather", tensor, set_id)
     return _library.byteps_allgather(tensor, tensor_name=name, process_set=set_id)
+
+
+def _stacked(gathered: tf.Tensor, tensor, process_set) -> tf.Tensor:
+    """PERSEUS_CHANGE_HVD_ALLGATHER=0: a new first axis, one entry per worker (the
+    layout of PyTorch DDP and mpi4py), which needs the same shape on every worker."""
+    workers = len(ranks_of(process_set_id(process_set)))
+    shape = tf.shape(tf.convert_to_tensor(tensor), out_type=tf.int64)
+    with tf.control_dependencies([tf.debugging.assert_equal(
+            tf.shape(gathered, out_type=tf.int64)[0], workers * shape[0],
+            message="PERSEUS_CHANGE_HVD_ALLGATHER=0 stacks every worker's tensor, so their "
+                    "first dimensions must agree")]):
+        return tf.reshape(gathered, tf.concat([[workers], shape], 0))
 
 
 def alltoall(tensor, splits=None, name: str | None = None, ignore_name_scope=False,
@@ -347,9 +366,9 @@ def allgather_object(obj, session=None, name: str | None = None,
     through `session`)."""
     name = name or f"AllgatherObject.{type(obj).__name__}"
     payload = pickle.dumps(obj)
-    lengths = _evaluate(allgather(tf.constant([len(payload)], tf.int64), name=f"{name}.lengths",
+    lengths = _evaluate(_allgather(tf.constant([len(payload)], tf.int64), name=f"{name}.lengths",
                                   process_set=process_set), session)
-    data = _evaluate(allgather(tf.constant(list(payload), tf.uint8, shape=[len(payload)]),
+    data = _evaluate(_allgather(tf.constant(list(payload), tf.uint8, shape=[len(payload)]),
                                name=f"{name}.data", process_set=process_set), session).tobytes()
     objects, offset = [], 0
     for length in lengths.tolist():

@@ -13,8 +13,10 @@ import dataclasses
 
 import tensorflow as tf
 
-from tf_bps import basics
+from tf_bps import basics, fusion
 from tf_bps.compression import Compression
+from tf_bps.compression import from_config as compression_from_config
+from tf_bps.config import Config
 from tf_bps.ops import (
     Average,
     ReduceOp,
@@ -43,6 +45,7 @@ class SyncOptions:
     device_dense: str = ""
     device_sparse: str = ""
     process_set_id: int = 0  # 0: every worker
+    fusion: int = 0  # PERSEUS_ALLREDUCE_FUSION: buffers a step's gradients are packed into
 
     @classmethod
     def from_arguments(cls, compression=Compression.none, op=Average, sparse_as_dense=False,
@@ -65,12 +68,16 @@ class SyncOptions:
             raise ValueError(f"groups={groups!r} must be a positive integer or a list of "
                              "lists of variables")
         set_id = process_set_id(process_set)
+        config = Config.from_env()
+        if compression is Compression.none:  # AIACC's wire type, unless the code chose one
+            compression = compression_from_config(config) or compression
         for argument, device in (("device_dense", device_dense),
                                  ("device_sparse", device_sparse)):
             if not isinstance(device, str):
                 raise ValueError(f"{argument}={device!r} must be a device string")
         return cls(compression, ReduceOp(op), bool(sparse_as_dense),
-                   float(gradient_predivide_factor), device_dense, device_sparse, set_id)
+                   float(gradient_predivide_factor), device_dense, device_sparse, set_id,
+                   config.fusion)
 
     def group_size(self) -> int:
         return len(ranks_of(self.process_set_id))
@@ -107,9 +114,6 @@ def synchronise_gradients(grads, names, options: SyncOptions = SyncOptions()):
     if not options.synchronises_here():
         return grads  # One worker (in the set), or not in it: gradients stay local.
     set_id = options.process_set_id
-    # Priority follows the model's order (the variables'), not the backward pass's:
-    # the next step's forward pass needs the first layers' sums first.
-    basics.declare(name for grad, name in zip(grads, names, strict=True) if grad is not None)
     op, prescale, postscale = options.plan()
     results = [None] * len(grads)
     dense_index, dense_tensors, dense_names, contexts = [], [], [], []
@@ -128,12 +132,21 @@ def synchronise_gradients(grads, names, options: SyncOptions = SyncOptions()):
         dense_names.append(name)
         contexts.append(context)
     if dense_tensors:
+        unfuse = None
+        if options.fusion:
+            dense_tensors, dense_names, unfuse = fusion.fuse(dense_tensors, dense_names,
+                                                             options.fusion)
+        # Priority follows the model's order (the variables'), not the backward pass's:
+        # the next step's forward pass needs the first layers' sums first.
+        basics.declare(dense_names)
         with _placed(options.device_dense):
             if tf.executing_eagerly():
                 summed = _push_pull_group(dense_tensors, tuple(dense_names), int(op), set_id)
             else:
                 summed = [_push_pull(t, n, op, set_id=set_id)
                           for t, n in zip(dense_tensors, dense_names, strict=True)]
+        if unfuse:
+            summed = unfuse(summed)
         for index, tensor, context in zip(dense_index, summed, contexts, strict=True):
             results[index] = _scale(options.compression.decompress(tensor, context), postscale)
     return results
@@ -283,7 +296,7 @@ class _DistributedLegacyOptimizer(tf.compat.v1.train.Optimizer, _LocalVariables)
 
 def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="",
                          device_sparse="", compression=Compression.none, sparse_as_dense=False,
-                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         backward_passes_per_step=None, op=Average, gradient_predivide_factor=1.0,
                          average_aggregated_gradients=False, num_groups=0, groups=None,
                          process_set=global_process_set, scale_local_gradients=True):
     """Wraps a Keras 3 (or tf.compat.v1) optimizer so that it applies gradients
@@ -299,6 +312,8 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
     options = SyncOptions.from_arguments(compression, op, sparse_as_dense,
                                          gradient_predivide_factor, device_dense,
                                          device_sparse, num_groups, groups, process_set)
+    if backward_passes_per_step is None:  # 1, or AIACC's PERSEUS_ACCUMULATE_N_STEPS
+        backward_passes_per_step = Config.from_env().accumulate_steps
     if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be an integer >= 1, got "
                          f"{backward_passes_per_step!r}")

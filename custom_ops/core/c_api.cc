@@ -172,22 +172,22 @@ int bps_worker_init_local(void) {
   return 0;
 }
 
-int bps_worker_init(int rank, int size, const char* servers, long long partition_bytes,
-                    long long credit_bytes, int timeout_ms, const char* token,
-                    const char* local_ranks, const char* local_socket_prefix,
-                    const char* debug_sample) {
+int bps_worker_init(const bps_worker_config* config) {
+  if (!config) return bps::Fail("no worker configuration");
+  auto text = [](const char* value) { return std::string(value ? value : ""); };
   bps::WorkerOptions options;
-  options.debug_sample = debug_sample ? debug_sample : "";
-  options.token = token ? token : "";
-  options.local_socket_prefix = local_socket_prefix ? local_socket_prefix : "";
-  Status parsed = bps::ParseRanks(local_ranks ? local_ranks : "", &options.local_ranks);
+  options.debug_sample = text(config->debug_sample);
+  options.token = text(config->token);
+  options.local_socket_prefix = text(config->local_socket_prefix);
+  Status parsed = bps::ParseRanks(text(config->local_ranks), &options.local_ranks);
   if (!parsed.ok()) return bps::Fail(parsed);
-  options.rank = rank;
-  options.size = size;
-  options.partition_bytes = static_cast<size_t>(partition_bytes);
-  options.credit_bytes = static_cast<size_t>(std::max(0LL, credit_bytes));
-  options.timeout_ms = timeout_ms;
-  Status status = bps::ParseServers(servers, &options.servers);
+  options.rank = config->rank;
+  options.size = config->size;
+  options.partition_bytes = static_cast<size_t>(std::max(1LL, config->partition_bytes));
+  options.credit_bytes = static_cast<size_t>(std::max(0LL, config->credit_bytes));
+  options.timeout_ms = config->timeout_ms;
+  options.nan_check = config->nan_check != 0;
+  Status status = bps::ParseServers(config->servers, &options.servers);
   if (!status.ok()) return bps::Fail(status);
   auto& state = bps::State();
   auto worker = std::make_shared<bps::Worker>(options);

@@ -17,16 +17,27 @@ void bps_set_logging(int level, const char* prefix);
 
 /* Worker. Exactly one of the two init calls, then bps_worker_shutdown. */
 int bps_worker_init_local(void);
-/* `credit_bytes`: BYTEPS_SCHEDULING_CREDIT in bytes, pushed to one server and not
- * yet answered (0: no limit).
- * `token`: the job's (BYTEPS_JOB_TOKEN), proven to every server and by it.
- * `local_ranks`: the workers of this host, comma-separated and ascending; with more
- * than one, push_pull merges among them first, over Unix sockets named
- * `local_socket_prefix` + rank. Empty: every worker pushes its own copy. */
-int bps_worker_init(int rank, int size, const char* servers, long long partition_bytes,
-                    long long credit_bytes, int timeout_ms, const char* token,
-                    const char* local_ranks, const char* local_socket_prefix,
-                    const char* debug_sample);
+/* How a worker joins its servers (bps_worker_init). */
+typedef struct bps_worker_config {
+  int rank;
+  int size;
+  const char* servers; /* "host:port", comma-separated; "+local" marks same-host ones */
+  long long partition_bytes;
+  /* BYTEPS_SCHEDULING_CREDIT in bytes, pushed to one server and not yet answered
+   * (0: no limit). */
+  long long credit_bytes;
+  int timeout_ms;
+  const char* token; /* the job's (BYTEPS_JOB_TOKEN), proven to every server and by it */
+  /* The workers of this host, comma-separated and ascending; with more than one,
+   * push_pull merges among them first, over Unix sockets named `local_socket_prefix`
+   * + rank. Empty: every worker pushes its own copy. */
+  const char* local_ranks;
+  const char* local_socket_prefix;
+  const char* debug_sample; /* BYTEPS_DEBUG_SAMPLE_TENSOR */
+  /* PERSEUS_ALLREDUCE_NANCHECK: a floating-point push_pull holding NaN or Inf fails. */
+  int nan_check;
+} bps_worker_config;
+int bps_worker_init(const bps_worker_config* config);
 void bps_worker_abort(const char* reason);
 /* Copies why the worker failed (a server died, say; empty when healthy) into buf. */
 int bps_worker_failure(char* buf, int capacity);

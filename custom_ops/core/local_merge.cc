@@ -631,20 +631,8 @@ Status LocalMerge::HandleFrame(int index, const FrameHeader& header, DataReader*
       return HandleResult(index, header, payload);
     case FrameType::kAbandon: {
       std::lock_guard<std::mutex> lock(merge_mutex_);
-      MergeState& state = merges_[PartitionKey{header.tensor_id, header.part}];
-      const std::string why = "worker rank " + std::to_string(peer.rank) + " gave up round " +
-                              std::to_string(header.round) + " of tensor " +
-                              Describe(header.tensor_id, index) +
-                              " (its operation failed or timed out there)";
-      if (state.active && header.round >= state.round) {
-        FailRound(PartitionKey{header.tensor_id, header.part}, &state, ErrorKind::kAborted, why,
-                  &effects);
-        state.last_closed = header.round;
-      } else if (!state.active && header.round > state.last_closed) {
-        state.last_closed = header.round;
-        state.closed_error = why;
-        state.closed_kind = ErrorKind::kAborted;
-      }
+      GiveUpLocked(PartitionKey{header.tensor_id, header.part}, header.round, peer.rank,
+                   Describe(header.tensor_id, index), &effects);
       break;
     }
     case FrameType::kJoin: {
@@ -741,6 +729,39 @@ void LocalMerge::OnPeerGone(int index, bool said_bye) {
 
 // ---------------------------------------------------------------------------
 // Failures, joins and the end
+
+void LocalMerge::GiveUpLocked(const PartitionKey& key, uint32_t round, int rank,
+                              const std::string& tensor, Effects* effects) {
+  MergeState& state = merges_[key];
+  const std::string why = "worker rank " + std::to_string(rank) + " gave up round " +
+                          std::to_string(round) + " of tensor " + tensor +
+                          " (its operation failed or timed out there)";
+  if (state.active && round >= state.round) {
+    FailRound(key, &state, ErrorKind::kAborted, why, effects);
+    state.last_closed = round;
+  } else if (!state.active && round > state.last_closed) {
+    // The round has not begun here: whoever contributes to it later hears why it ended.
+    state.last_closed = round;
+    state.closed_error = why;
+    state.closed_kind = ErrorKind::kAborted;
+  }
+}
+
+void LocalMerge::AbandonUnsent(const Task& task, uint32_t part) {
+  const PartitionKey key{task.tensor_id(), part};
+  const int leader = LeaderOf(key.tensor_id, part);
+  Effects effects;
+  {
+    std::lock_guard<std::mutex> lock(merge_mutex_);
+    if (leader != index_) {
+      Queue(&effects, leader, FrameType::kAbandon, key, task.round()).header.op_kind =
+          static_cast<uint8_t>(OpKind::kPushPull);
+    } else {
+      GiveUpLocked(key, task.round(), options_.rank, "'" + task.name() + "'", &effects);
+    }
+  }
+  Run(effects);
+}
 
 void LocalMerge::Abandon(uint64_t tensor_id, uint32_t round) {
   Effects effects;

@@ -79,6 +79,9 @@ class LocalMerge {
   // This worker's `task` failed: its partitions leave their rounds, which end for
   // the other workers of the host too.
   void Abandon(uint64_t tensor_id, uint32_t round);
+  // This worker's operation failed before its partition `part` reached the leader (it
+  // held a NaN, say): the round ends for the host's other workers.
+  void AbandonUnsent(const Task& task, uint32_t part);
   // This worker joins (bps.join): its peers stop waiting for it.
   void BeginJoin();
   // Every worker joined: the next operations belong to the next epoch.
@@ -161,6 +164,9 @@ class LocalMerge {
   void ReceiveLoop(int index);
   Status HandleFrame(int index, const FrameHeader& header, DataReader* payload);
   Status HandleResult(int index, const FrameHeader& header, DataReader* payload);
+  // Ends `key`'s round `round` because worker `rank` gave it up (needs merge_mutex_).
+  void GiveUpLocked(const PartitionKey& key, uint32_t round, int rank, const std::string& tensor,
+                    Effects* effects);
   void OnPeerGone(int index, bool said_bye);
 
   // Locked steps (merge_mutex_).

@@ -1,6 +1,7 @@
 #include "reduce.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <sstream>
@@ -197,6 +198,33 @@ void DivideInPlace(DataType dtype, void* buf, size_t count, int divisor) {
       ScaleLoop(static_cast<T*>(buf), count, 1.0 / divisor);
     }
   });
+}
+
+bool AllFinite(DataType dtype, const void* data, size_t count) {
+  // Half-precision types hold NaN and Inf as an exponent of all ones: test the bits.
+  auto exponent_clear = [&](uint16_t mask) {
+    const uint16_t* bits = static_cast<const uint16_t*>(data);
+    bool finite = true;
+    for (size_t i = 0; i < count; ++i) finite &= (bits[i] & mask) != mask;
+    return finite;
+  };
+  auto all_finite = [&](auto* values) {
+    bool finite = true;
+    for (size_t i = 0; i < count; ++i) finite &= std::isfinite(values[i]);
+    return finite;
+  };
+  switch (dtype) {
+    case DataType::kFloat16:
+      return exponent_clear(0x7C00);
+    case DataType::kBFloat16:
+      return exponent_clear(0x7F80);
+    case DataType::kFloat32:
+      return all_finite(static_cast<const float*>(data));
+    case DataType::kFloat64:
+      return all_finite(static_cast<const double*>(data));
+    default:
+      return true;
+  }
 }
 
 std::string SampleText(DataType dtype, const void* data, size_t count) {

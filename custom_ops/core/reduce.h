@@ -26,6 +26,9 @@ void DivideInPlace(DataType dtype, void* buf, size_t count, int divisor);
 // buf[i] *= factor (prescale / postscale); integers round toward zero, as a cast does.
 void ScaleInPlace(DataType dtype, void* buf, size_t count, double factor);
 
+// Whether every element is finite (no NaN, no Inf); integer types always are.
+bool AllFinite(DataType dtype, const void* data, size_t count);
+
 // "first [1, 2, 3, ...] sum 6 of 3 elements": what BYTEPS_DEBUG_SAMPLE_TENSOR logs.
 std::string SampleText(DataType dtype, const void* data, size_t count);
 

@@ -80,6 +80,15 @@ void ServerLink::Abandon(uint64_t tensor_id, uint32_t round, OpKind kind) {
       }
     }
   }
+  SendAbandons(tensor_id, round, kind, parts);
+}
+
+void ServerLink::AbandonUnsent(uint64_t tensor_id, uint32_t round, uint32_t part, OpKind kind) {
+  SendAbandons(tensor_id, round, kind, {part});
+}
+
+void ServerLink::SendAbandons(uint64_t tensor_id, uint32_t round, OpKind kind,
+                              const std::vector<uint32_t>& parts) {
   if (parts.empty() || worker_->stopping()) return;
   FrameHeader header;
   header.type = static_cast<uint8_t>(FrameType::kAbandon);
@@ -498,9 +507,14 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
       });
   std::vector<PartitionTask> plan;
   status = Plan(task, &plan);
+  if (status.ok()) {
+    status = CheckFinite(*task);
+    if (!status.ok()) AbandonUnsent(*task, plan);
+  }
   if (!status.ok()) {
-    task->Launch(0);
+    // Failed first: launched with nothing to wait for, it would otherwise complete.
     task->Fail(status);
+    task->Launch(0);
     return;
   }
   Sample(name, task->tensor_id(), task->round(), dtype, "pushed", task->source(),
@@ -514,6 +528,26 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
     } else {
       LinkFor(task->tensor_id(), item.part).Enqueue(std::move(item));
     }
+  }
+}
+
+Status Worker::CheckFinite(const Task& task) const {
+  const TaskSpec& spec = task.spec();
+  if (!options_.nan_check || !IsReduction(task.kind()) ||
+      AllFinite(task.dtype(), spec.input, spec.bytes / DataTypeSize(task.dtype())))
+    return Status::OK();
+  return Status::Error(ErrorKind::kInvalidArgument,
+                       "tensor '" + task.name() + "' holds NaN or Inf on worker rank " +
+                           std::to_string(options_.rank) + " at step " +
+                           std::to_string(task.round()) + " (PERSEUS_ALLREDUCE_NANCHECK=1)");
+}
+
+void Worker::AbandonUnsent(const Task& task, const std::vector<PartitionTask>& plan) {
+  const bool merged = local_ && local_->Merges(task);
+  for (const PartitionTask& item : plan) {
+    LinkFor(task.tensor_id(), item.part)
+        .AbandonUnsent(task.tensor_id(), task.round(), item.part, task.kind());
+    if (merged) local_->AbandonUnsent(task, item.part);
   }
 }
 

@@ -53,6 +53,9 @@ struct WorkerOptions {
   // BYTEPS_DEBUG_SAMPLE_TENSOR: a tensor name or id whose values are logged as they
   // enter and leave each stage.
   std::string debug_sample;
+  // PERSEUS_ALLREDUCE_NANCHECK: a floating-point push_pull holding NaN or Inf fails
+  // before anything is sent (the other workers then fail its round too).
+  bool nan_check = false;
 };
 
 class Worker;
@@ -73,6 +76,9 @@ class ServerLink {
   // gave up their round, so no other worker's contribution waits for it in vain.
   // The tensor's next pushes get fresh shared memory: a peer may still be reading.
   void Abandon(uint64_t tensor_id, uint32_t round, OpKind kind);
+  // Tells the server this worker gives up `part` of the round without having pushed
+  // it, so that the other workers' contributions do not wait for it.
+  void AbandonUnsent(uint64_t tensor_id, uint32_t round, uint32_t part, OpKind kind);
   // Sends Bye and closes; pending partitions are failed by the caller.
   void Close(int rank);
   void Join();
@@ -99,6 +105,8 @@ class ServerLink {
   bool Admit(const PartitionTask& partition);
   // Gives back the credit of partitions that left pending_.
   void ReturnCredit(const Pending& pending);
+  void SendAbandons(uint64_t tensor_id, uint32_t round, OpKind kind,
+                    const std::vector<uint32_t>& parts);
   // The push stage's work: one partition to the server. False once the link broke.
   bool Push(PartitionTask& partition);
   Status SendPartition(const PartitionTask& task, FrameHeader* header);
@@ -181,6 +189,12 @@ class Worker {
                           const char* data, size_t push_length, size_t reply_length) const;
   // The group of an operation in the global set: every worker.
   Group GlobalGroup() const;
+  // PERSEUS_ALLREDUCE_NANCHECK: a reduction whose input holds NaN or Inf is refused,
+  // naming the tensor, this rank and the step.
+  Status CheckFinite(const Task& task) const;
+  // A task that fails before its partitions left: every server and local leader that
+  // would have received one hears that this worker gave up the round.
+  void AbandonUnsent(const Task& task, const std::vector<PartitionTask>& plan);
 
  private:
   struct TensorEntry {

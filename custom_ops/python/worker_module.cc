@@ -43,19 +43,29 @@ PYBIND11_MODULE(_bps_worker, m) {
       [](int rank, int size, const std::string& servers, long long partition_bytes,
          long long credit_bytes, int timeout_ms, const std::string& token,
          const std::string& local_ranks, const std::string& local_socket_prefix,
-         const std::string& debug_sample) {
+         const std::string& debug_sample, bool nan_check) {
+        const bps_worker_config config{rank,
+                                       size,
+                                       servers.c_str(),
+                                       partition_bytes,
+                                       credit_bytes,
+                                       timeout_ms,
+                                       token.c_str(),
+                                       local_ranks.c_str(),
+                                       local_socket_prefix.c_str(),
+                                       debug_sample.c_str(),
+                                       nan_check ? 1 : 0};
         int result;
         {
           py::gil_scoped_release unlocked;  // Connecting may take up to the timeout.
-          result = bps_worker_init(rank, size, servers.c_str(), partition_bytes, credit_bytes,
-                                   timeout_ms, token.c_str(), local_ranks.c_str(),
-                                   local_socket_prefix.c_str(), debug_sample.c_str());
+          result = bps_worker_init(&config);
         }
         Check(result);
       },
       py::arg("rank"), py::arg("size"), py::arg("servers"), py::arg("partition_bytes"),
       py::arg("credit_bytes"), py::arg("timeout_ms"), py::arg("token"), py::arg("local_ranks") = "",
       py::arg("local_socket_prefix") = "", py::arg("debug_sample") = "",
+      py::arg("nan_check") = false,
       "Connects to the servers ('host:port' list, '+local' for same-host ones) and, with "
       "several local ranks ('0,1'), to the other workers of this host.");
   m.def(
