@@ -71,15 +71,23 @@ def _local_size(env: Mapping[str, str]) -> int:
     return max(1, len(visible_gpus(env)))
 
 
-def _seconds(env: Mapping[str, str], name: str, default: float,
-             maximum: float = MAX_TIMEOUT_SECONDS) -> float:
+def _raw_float(env: Mapping[str, str], name: str) -> tuple[str, float] | None:
+    """The variable as written and as a number (NaN where it is none); None if unset."""
     raw = env.get(name, "").strip()
     if raw == "":
-        return default
+        return None
     try:
-        value = float(raw)
+        return raw, float(raw)
     except ValueError:
-        value = math.nan
+        return raw, math.nan
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float,
+             maximum: float = MAX_TIMEOUT_SECONDS) -> float:
+    given = _raw_float(env, name)
+    if given is None:
+        return default
+    raw, value = given
     # Not `value <= 0`, which NaN would pass.
     if not 0 < value <= maximum:
         raise ConfigError(f"{name}={raw!r} is not valid: expected a number of seconds greater "
@@ -139,13 +147,10 @@ def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default
 
 def _float(env: Mapping[str, str], name: str, default: float, minimum: float,
            maximum: float) -> float:
-    raw = env.get(name, "").strip()
-    if raw == "":
+    given = _raw_float(env, name)
+    if given is None:
         return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
+    raw, value = given
     if not minimum <= value <= maximum:  # NaN fails too
         raise ConfigError(f"{name}={raw!r} is not valid: expected a number from {minimum:g} "
                           f"to {maximum:g}")
