@@ -58,6 +58,12 @@ def _under_gdb(command: list[str]) -> list[str]:
             "--args", *command]
 
 
+def _port_on(is_local: bool) -> int:
+    """A port for a listener on a host: a free one here; elsewhere, where nothing can be
+    asked, a random one (a clash fails that listener with a clear error)."""
+    return _free_port() if is_local else random.randrange(20000, 60000)
+
+
 def _horovod_variables(rank: int, size: int, local_rank: int, local_size: int) -> dict:
     """What horovodrun tells each process, for scripts and tests that read it."""
     return {"HOROVOD_RANK": str(rank), "HOROVOD_SIZE": str(size),
@@ -79,8 +85,7 @@ def _plan_processes(layout: Layout, command: list[str], base: dict[str, str],
         if not every_host_local and scheduler_host == "localhost":
             raise LaunchError("name this machine in -H by a name or address the other hosts "
                               "can reach, not 'localhost'")
-        port = base.get("DMLC_PS_ROOT_PORT") or str(
-            _free_port() if local[scheduler_host] else random.randrange(20000, 60000))
+        port = base.get("DMLC_PS_ROOT_PORT") or str(_port_on(local[scheduler_host]))
         # One token for every process of this job, unless the user brought one.
         job.update(BYTEPS_JOB_TOKEN=base.get("BYTEPS_JOB_TOKEN") or secrets.token_hex(16),
                    DMLC_PS_ROOT_URI="127.0.0.1" if every_host_local else scheduler_host,
@@ -89,8 +94,7 @@ def _plan_processes(layout: Layout, command: list[str], base: dict[str, str],
     # TF_CONFIG as TensorFlow's multi-worker recipes read it (the worker count, this
     # worker's index), unless the user set one.
     tf_cluster = {"worker": [
-        f"{'127.0.0.1' if local[h.name] else h.name}:"
-        f"{_free_port() if local[h.name] else random.randrange(20000, 60000)}"
+        f"{'127.0.0.1' if local[h.name] else h.name}:{_port_on(local[h.name])}"
         for h in layout.hosts if h.has_workers for _ in range(layout.local_size)]}
     plans: dict[str, list[ProcessPlan]] = {}
     server_index = itertools.count()
