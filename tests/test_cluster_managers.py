@@ -39,11 +39,12 @@ def test_mpirun_places_workers_and_starts_scheduler_and_server(procs):
         pytest.skip("mpirun is not installed (apt-get install openmpi-bin)")
     # Open MPI refuses root unless told; the test machine runs as root.
     env = base_env(TEST_ROUNDS=5, OMPI_ALLOW_RUN_AS_ROOT=1, OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)
-    command = ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none",
+    # --tag-output: mpirun passes each rank's lines whole, tagged [job,rank]<stdout>.
+    command = ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", "--tag-output",
                *worker_command("steady_sums.py")]
     status, output = procs.run(command, env, timeout=150)
     assert status == 0, output
-    assert "SUMS OK 0" in output and "SUMS OK 1" in output, output
+    assert ",0]<stdout>:SUMS OK 0" in output and ",1]<stdout>:SUMS OK 1" in output, output
 
 
 def test_srun_variables_place_workers_across_hosts(procs, bed):

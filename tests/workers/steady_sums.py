@@ -20,5 +20,5 @@ for step in range(int(os.environ.get("TEST_ROUNDS", "100"))):
         print(f"WRONG round {step}: {got.numpy()[:4]} where {want} was due", flush=True)
         sys.exit(1)
     time.sleep(0.02)
-print("SUMS OK", rank, flush=True)
+print(f"SUMS OK {rank}", flush=True)
 bps.shutdown()
