@@ -1,14 +1,14 @@
 """push_pull where the network is the bottleneck, against the floor the links allow and
 against TensorFlow's ring all-reduce, on hosts made of network namespaces.
 
-    sudo python examples/benchmarks/network_bound.py [--mbit 200] [--mb 64]
+    sudo python examples/benchmarks/network_bound.py [--mbit 200] [--mb 4,64]
         [--layouts 2x2,4x2,4x4,2c,4c]
 
 A layout "NxK" is N worker hosts (one worker each) and K separate server hosts; "Nc"
 puts a server on each of the N worker hosts. Every host's link is limited to --mbit
 in each direction (tests/netbed.py); the bandwidth B a host gets is measured with a
 plain TCP transfer first. For each layout the script prints the median time of a
---mb push_pull, the floor the links allow for that placement and the ratio:
+push_pull of each --mb size, the floor the links allow for that placement and the ratio:
 
     K separate server hosts, even split:   max(1, N/K) M/B
     servers on the N worker hosts:          2(N-1)M/(N B)   (also the ring optimum)
@@ -128,20 +128,20 @@ def run_ring(bed: NetBed, workers: int, nbytes: int, scratch: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mbit", type=float, default=200, help="link rate per host and way")
-    parser.add_argument("--mb", type=int, default=64, help="MB per push_pull")
+    parser.add_argument("--mb", default="4,64", help="MB per push_pull, comma-separated")
     parser.add_argument("--layouts", default="2x2,4x2,4x4,2c,4c")
     parser.add_argument("--no-ring", action="store_true", help="skip the ring all-reduce")
     parser.add_argument("--role", choices=["tf_bps", "mwms"], help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--receive", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    nbytes = args.mb << 20
+    sizes = [int(mb) for mb in args.mb.split(",")]
     if args.receive:
         return receive(PORT)
     if args.role == "tf_bps":
-        return tf_bps_worker(args.out, nbytes)
+        return tf_bps_worker(args.out, sizes[0] << 20)
     if args.role == "mwms":
-        return mwms_worker(args.out, nbytes)
+        return mwms_worker(args.out, sizes[0] << 20)
 
     layouts = []
     for text in args.layouts.split(","):
@@ -151,27 +151,30 @@ def main() -> None:
     hosts = max(n + (0 if colocated else k) for n, k, colocated in layouts)
     with NetBed(hosts=hosts, mbit=args.mbit) as bed, tempfile.TemporaryDirectory() as scratch:
         bandwidth = measure_bandwidth(bed)
-        mb = nbytes / 1e6
-        print(f"{args.mb} MB push_pull, links of {args.mbit:g} Mbit/s: B = "
-              f"{bandwidth / 1e6:.1f} MB/s measured; median of {STEPS} steps")
-        print(f"{'layout':>24}  {'tf_bps s':>8}  {'floor s':>7}  {'ratio':>5}  {'ring s':>6}  "
-              f"{'ring/tf_bps':>11}")
-        rings: dict[int, float] = {}
-        for n, k, colocated in layouts:
-            seconds = run_layout(bed, n, k, colocated, nbytes, scratch)
-            if colocated:
-                floor = 2 * (n - 1) * mb / (n * bandwidth / 1e6)
-                name = f"{n} workers, colocated"
-            else:
-                floor = max(1.0, n / k) * mb / (bandwidth / 1e6)
-                name = f"{n} workers, {k} server hosts"
-            ring = "      -            -"
-            if not args.no_ring:
-                if n not in rings:
-                    rings[n] = run_ring(bed, n, nbytes, scratch)
-                ring = f"{rings[n]:6.2f}  {rings[n] / seconds:10.2f}x"
-            print(f"{name:>24}  {seconds:8.2f}  {floor:7.2f}  {seconds / floor:5.2f}  {ring}")
-
+        print(f"links of {args.mbit:g} Mbit/s: B = {bandwidth / 1e6:.1f} MB/s measured; "
+              f"median of {STEPS} steps")
+        for size in sizes:
+            print(f"\n{size} MB push_pull")
+            print(f"{'layout':>24}  {'tf_bps s':>8}  {'floor s':>7}  {'ratio':>5}  "
+                  f"{'ring s':>6}  {'ring/tf_bps':>11}")
+            rings: dict[int, float] = {}
+            for n, k, colocated in layouts:
+                nbytes = size << 20
+                seconds = run_layout(bed, n, k, colocated, nbytes, scratch)
+                megabytes = nbytes / 1e6
+                if colocated:
+                    floor = 2 * (n - 1) * megabytes / (n * bandwidth / 1e6)
+                    name = f"{n} workers, colocated"
+                else:
+                    floor = max(1.0, n / k) * megabytes / (bandwidth / 1e6)
+                    name = f"{n} workers, {k} server hosts"
+                ring = "      -            -"
+                if not args.no_ring:
+                    if n not in rings:
+                        rings[n] = run_ring(bed, n, nbytes, scratch)
+                    ring = f"{rings[n]:6.2f}  {rings[n] / seconds:10.2f}x"
+                print(f"{name:>24}  {seconds:8.2f}  {floor:7.2f}  {seconds / floor:5.2f}  "
+                      f"{ring}", flush=True)
 
 if __name__ == "__main__":
     main()
