@@ -76,8 +76,11 @@ class JobSupervisor:
             except ConfigError as error:
                 self.terminate()
                 raise LaunchError(str(error)) from None
+        local_ranks = iter(range(len(workers)))
         for process in processes:
-            cpus = cores[workers.index(process)] if cores and process.is_worker else None
+            # Compared by value, a plan could match another worker's: count instead.
+            local_rank = next(local_ranks) if process.is_worker else None
+            cpus = cores[local_rank] if cores and local_rank is not None else None
             self.start(process.label, process.command, {**env, **process.env},
                        process.is_worker, prefix=process.prefix, cpus=cpus)
 
