@@ -14,6 +14,11 @@ are in this file:
   - input_util / cross_device_ops helpers that MirroredExtended itself uses.
   - Keras 3's ModelCheckpoint and BackupAndRestore, which write on every worker: under
     this strategy only rank 0 writes (see _save_on_rank_0_only).
+
+With BYTEPS_ENABLE_ASYNC=1 training is asynchronous (tf_bps/asynchronous.py): reductions
+stay inside the worker, and every update of a trainable variable is followed by an
+exchange of its weights with the servers. The strategy then describes one worker's
+replicas, as a local MirroredStrategy would, so that nothing waits for other workers.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from tensorflow.python.util import nest
 
 import tf_bps as bps
 from tf_bps import basics, ops
+from tf_bps.asynchronous import AsyncExchange
+from tf_bps.config import Config
 
 _WIRE_DTYPES = {tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64, tf.bool}
 
@@ -40,23 +47,25 @@ def _local_devices() -> list[str]:
 
 
 class PushPullCrossDeviceOps(tf.distribute.CrossDeviceOps):
-    """Sums local replicas on one device, then across workers with push_pull."""
+    """Sums local replicas on one device, then across workers with push_pull (unless
+    `across_workers` is False: asynchronous training reduces inside the worker only)."""
 
-    def __init__(self):
+    def __init__(self, across_workers: bool = True):
         super().__init__()
+        self._workers = bps.size() if across_workers else 1
 
     @property
     def _num_between_graph_workers(self):
         # CrossDeviceOps.reduce returns its input untouched, without calling
         # reduce_implementation, when it believes there is one worker and one device.
-        return bps.size()
+        return self._workers
 
     def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):
         return self._reduce(reduce_op, per_replica_value, destinations)
 
     def batch_reduce_implementation(self, reduce_op, value_destination_pairs, options):
         names = [None] * len(value_destination_pairs)
-        if bps.is_distributed() and not tf.executing_eagerly():
+        if self._workers > 1 and not tf.executing_eagerly():
             # Named, and ranked, in the order given (the model's variables): the next
             # step's forward pass needs the first layers' sums first.
             graph = tf.compat.v1.get_default_graph()
@@ -73,11 +82,11 @@ class PushPullCrossDeviceOps(tf.distribute.CrossDeviceOps):
         local = list(value.values) if isinstance(value, values_lib.DistributedValues) else [value]
         with tf.device(local[0].device):
             total = tf.add_n(local) if len(local) > 1 else tf.identity(local[0])
-            if bps.is_distributed():
+            if self._workers > 1:
                 total = ops.push_pull(total, op=ops.Sum, name=name)
             if reduce_op == tf.distribute.ReduceOp.MEAN:
                 # A plain tensor is one value per worker; a PerReplica, one per replica.
-                count = len(local) * bps.size()
+                count = len(local) * self._workers
                 total = (total // count if total.dtype.is_integer
                          else total / tf.cast(count, total.dtype))
         return cross_device_ops_lib.simple_broadcast(total, destinations, always_mirrored=True)
@@ -90,18 +99,24 @@ class _ParameterServerExtended(mirrored_strategy.MirroredExtended):
         self._bps_size = bps.size()
         self._bps_rank = bps.rank()
         self._variables_created = itertools.count()
+        # BYTEPS_ENABLE_ASYNC: weights are exchanged after each update instead.
+        self._bps_async = Config.from_env().enable_async and bps.is_distributed()
+        self._bps_exchange = AsyncExchange()
+        self._bps_async_names = {}
+        # How many workers a reduction spans.
+        self._bps_sync_size = 1 if self._bps_async else self._bps_size
         super().__init__(container_strategy, devices=devices,
-                         cross_device_ops=PushPullCrossDeviceOps())
+                         cross_device_ops=PushPullCrossDeviceOps(not self._bps_async))
 
     # Private: MirroredExtended counts only this process's devices.
     @property
     def _num_replicas_in_sync(self):
-        return len(self._devices) * self._bps_size
+        return len(self._devices) * self._bps_sync_size
 
     # Private: tells TensorFlow's input pipeline (end-of-data agreement) and Keras
     # (metric averaging, predict gathering) that replicas live in several processes.
     def _in_multi_worker_mode(self):
-        return self._bps_size > 1
+        return self._bps_sync_size > 1
 
     # Private: MirroredExtended hands int32 values to a local-only ReductionToOneDevice.
     def _get_cross_device_ops(self, value):
@@ -116,7 +131,7 @@ class _ParameterServerExtended(mirrored_strategy.MirroredExtended):
         def reduce_one(item):
             # With several workers a plain tensor is this worker's value (MWMS does the
             # same), so it is reduced across workers like a PerReplica.
-            if not isinstance(item, values_lib.DistributedValues) and self._bps_size == 1:
+            if not isinstance(item, values_lib.DistributedValues) and self._bps_sync_size == 1:
                 return cross_device_ops_lib.reduce_non_distributed_value(
                     reduce_op, item, destinations, self._num_replicas_in_sync)
             return self._cross_device_ops.reduce(reduce_op, item, destinations=destinations,
@@ -127,6 +142,21 @@ class _ParameterServerExtended(mirrored_strategy.MirroredExtended):
     def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
         return self._cross_device_ops.batch_reduce(reduce_op, value_destination_pairs,
                                                    options=options)
+
+    # Private: with BYTEPS_ENABLE_ASYNC, each update of a trainable variable (Keras's
+    # optimizer step, weight decay) is followed by the exchange of its weights.
+    def _update(self, var, fn, args, kwargs, group):
+        if not (self._bps_async and getattr(var, "trainable", False)):
+            return super()._update(var, fn, args, kwargs, group)
+        if id(var) not in self._bps_async_names:  # Numbered in first-update order.
+            index = len(self._bps_async_names)
+            self._bps_async_names[id(var)] = f"AsyncParameter.{index}.{var.name}"
+        copies, names = [list(var.values)], [self._bps_async_names[id(var)]]
+        self._bps_exchange.start(copies, names)
+        before = AsyncExchange.snapshot(copies)
+        result = super()._update(var, fn, args, kwargs, group)
+        AsyncExchange.exchange(copies, before, names)
+        return result
 
     # Private: gathers across workers too (Keras concatenates predict outputs this way).
     def _gather_to_implementation(self, value, destinations, axis, options):
@@ -170,6 +200,10 @@ class _ParameterServerExtended(mirrored_strategy.MirroredExtended):
         return self._bps_rank == 0
 
     def _input_context(self) -> tf.distribute.InputContext:
+        # Asynchronous workers are independent: each reads its whole input (as a
+        # Horovod script shards it, if it wants), and predict returns all of it.
+        if self._bps_async:
+            return tf.distribute.InputContext(num_replicas_in_sync=self._num_replicas_in_sync)
         return tf.distribute.InputContext(num_input_pipelines=self._bps_size,
                                           input_pipeline_id=self._bps_rank,
                                           num_replicas_in_sync=self._num_replicas_in_sync)

@@ -60,7 +60,6 @@ def test_perseus_variables_map_onto_ours():
     ({"GLOO_TIMEOUT_SECONDS": 0}, "GLOO_TIMEOUT_SECONDS='0' is not valid"),
     ({"PERSEUS_MASTER_PORT": 70000}, "PERSEUS_MASTER_PORT='70000' is not valid"),
     ({"PERSEUS_NCCL_ENABLE": 1}, "PERSEUS_NCCL_ENABLE=1 is not supported: it needs AIACC's"),
-    ({"BYTEPS_ENABLE_ASYNC": 1}, "BYTEPS_ENABLE_ASYNC=1 is not supported"),
     ({"BYTEPS_SERVER_ENABLE_SCHEDULE": 1}, "BYTEPS_SERVER_ENABLE_SCHEDULE=1 is not supported"),
     ({"PERSEUS_DOWNSAMPLE_N_ELEMENTS": 4}, "PERSEUS_DOWNSAMPLE_N_ELEMENTS above 1 is not"),
     ({"PERSEUS_PERF_CHECK_N_STEPS": 100}, "PERSEUS_PERF_CHECK_N_STEPS above 0 is not"),

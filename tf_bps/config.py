@@ -174,8 +174,6 @@ WITHOUT_EFFECT = {
 }
 # Variables whose feature tf_bps does not have: set to 1 they are refused, saying why.
 _REFUSED = {
-    "BYTEPS_ENABLE_ASYNC": "asynchronous training is not implemented yet; workers and "
-                           "servers run synchronously",
     "BYTEPS_SERVER_ENABLE_SCHEDULE": "servers sum partitions in arrival order; workers already "
                                      "send them in priority order within the scheduling credit",
     "PERSEUS_NCCL_ENABLE": "it needs AIACC's special build for RDMA and VPC links together",
@@ -200,6 +198,9 @@ class Config:
     scheduling_credit: int
     server_engine_threads: int
     force_distributed: bool
+    # BYTEPS_ENABLE_ASYNC: servers keep the parameters and workers push weight deltas
+    # without waiting for each other (training.py, custom_ops/core/protocol.h).
+    enable_async: bool
     enable_ipc: bool
     # The workers of one host sum push_pull partitions among themselves before one of
     # them pushes (custom_ops/core/local_merge.h); it needs shared memory (IPC).
@@ -277,6 +278,7 @@ class Config:
             server_engine_threads=_int(env, "BYTEPS_SERVER_ENGINE_THREAD", 4, minimum=1,
                                        maximum=MAX_ENGINE_THREADS),
             force_distributed=_flag(env, "BYTEPS_FORCE_DISTRIBUTED"),
+            enable_async=_flag(env, "BYTEPS_ENABLE_ASYNC"),
             enable_ipc=_flag(env, "BYTEPS_ENABLE_IPC", default=True),
             local_merge=_flag(env, "BYTEPS_LOCAL_MERGE", default=True),
             numa_on=_flag(env, "BYTEPS_NUMA_ON", default=True),

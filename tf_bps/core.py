@@ -116,4 +116,5 @@ def server_start(config: Config):
     engine = server_engine()
     set_logging(config, "tf_bps server", engine)
     return engine.ServerEngine(config.server_engine_threads, int(config.op_timeout * 1000),
-                               config.job_token, config.max_tensor_bytes, config.listen_host())
+                               config.job_token, config.max_tensor_bytes, config.listen_host(),
+                               enable_async=config.enable_async)

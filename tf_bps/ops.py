@@ -84,6 +84,13 @@ def _push_pull(tensor: tf.Tensor, name: str, op: ReduceOp, prescale_factor=1.0,
                                      postscale_factor=postscale_factor, process_set=set_id)
 
 
+def _async_push_pull(tensor: tf.Tensor, name: str) -> tf.Tensor:
+    """BYTEPS_ENABLE_ASYNC: adds this worker's weight delta to the servers' copy of the
+    parameters and returns that copy, waiting for no other worker. The first call on a
+    name sends the initial value instead, and every worker receives rank 0's."""
+    return _library.byteps_async_push_pull(tensor, tensor_name=name)
+
+
 def push_pull(tensor, average: bool | None = None, name: str | None = None,
               compression=Compression.none, op: ReduceOp | None = None,
               prescale_factor=1.0, postscale_factor=1.0,

@@ -14,6 +14,7 @@ import dataclasses
 import tensorflow as tf
 
 from tf_bps import basics, fusion
+from tf_bps.asynchronous import AsyncExchange
 from tf_bps.compression import Compression
 from tf_bps.compression import from_config as compression_from_config
 from tf_bps.config import Config
@@ -46,6 +47,8 @@ class SyncOptions:
     device_sparse: str = ""
     process_set_id: int = 0  # 0: every worker
     fusion: int = 0  # PERSEUS_ALLREDUCE_FUSION: buffers a step's gradients are packed into
+    # BYTEPS_ENABLE_ASYNC: steps apply local gradients and exchange weights (asynchronous.py)
+    asynchronous: bool = False
 
     @classmethod
     def from_arguments(cls, compression=Compression.none, op=Average, sparse_as_dense=False,
@@ -75,9 +78,18 @@ class SyncOptions:
                                  ("device_sparse", device_sparse)):
             if not isinstance(device, str):
                 raise ValueError(f"{argument}={device!r} must be a device string")
+        if config.enable_async:
+            # The servers keep full-precision parameters for every worker.
+            if set_id != 0:
+                raise ValueError("BYTEPS_ENABLE_ASYNC=1 trains every worker against the same "
+                                 "parameters; a process set is not supported with it")
+            if compression is not Compression.none:
+                raise ValueError(f"compression={compression.__name__} does not apply with "
+                                 "BYTEPS_ENABLE_ASYNC=1: workers exchange full-precision "
+                                 "weights, not gradients (unset PERSEUS_ALLREDUCE_DTYPE too)")
         return cls(compression, ReduceOp(op), bool(sparse_as_dense),
                    float(gradient_predivide_factor), device_dense, device_sparse, set_id,
-                   config.fusion)
+                   config.fusion, config.enable_async)
 
     def group_size(self) -> int:
         return len(ranks_of(self.process_set_id))
@@ -91,6 +103,14 @@ class SyncOptions:
         if self.process_set_id == 0:
             return True
         return basics.rank() in ranks_of(self.process_set_id) and self.group_size() > 1
+
+    def refuse_asynchronous(self, what: str) -> None:
+        if self.asynchronous:
+            raise ValueError(
+                f"BYTEPS_ENABLE_ASYNC=1: {what} cannot train asynchronously, because it only "
+                "synchronises gradients and the exchange happens after the optimizer's step; "
+                "use bps.DistributedOptimizer with a Keras optimizer, or "
+                "tf_bps.ParameterServerStrategy")
 
     def plan(self) -> tuple[ReduceOp, float, float]:
         """(op on the wire, prescale, postscale). A predivide factor f splits an average
@@ -202,6 +222,7 @@ class _DistributedKerasOptimizer(_LocalVariables):
         self._bps_average_passes = average_aggregated_gradients
         self._bps_accumulators = None
         self._bps_pass_count = None
+        self._bps_exchange = AsyncExchange()
         self._bps_init_local(scale_local_gradients)
 
     def register_local_var(self, var):
@@ -223,8 +244,26 @@ class _DistributedKerasOptimizer(_LocalVariables):
                 self.build(variables)
                 self.built = True
         if self._bps_passes == 1:
-            return super().apply(self._bps_synchronise(grads, variables), trainable_variables)
+            return self._bps_update(grads, variables, trainable_variables)
         return self._bps_accumulate_then_apply(grads, variables, trainable_variables)
+
+    def _bps_update(self, grads, variables, trainable_variables):
+        """One step of the wrapped optimizer: on gradients synchronised over the workers,
+        or (BYTEPS_ENABLE_ASYNC) on this worker's own, with the changed weights then
+        exchanged with the servers (asynchronous.py)."""
+        apply = super().apply
+        options = self._bps_options
+        if not (options.asynchronous and options.synchronises_here()):
+            return apply(self._bps_synchronise(grads, variables), trainable_variables)
+        stepped = [v for v, g in zip(variables, grads, strict=True)
+                   if g is not None and not self._bps_is_local(v)]
+        copies = [[v] for v in stepped]
+        names = [f"{self._bps_prefix}.async.{_variable_name(v)}" for v in stepped]
+        self._bps_exchange.start(copies, names)
+        before = AsyncExchange.snapshot(copies)
+        apply(grads, trainable_variables)
+        AsyncExchange.exchange(copies, before, names)
+        return None
 
     def _bps_synchronise(self, grads, variables):
         names = [f"{self._bps_prefix}.{_variable_name(v)}" for v in variables]
@@ -251,8 +290,7 @@ class _DistributedKerasOptimizer(_LocalVariables):
             aggregated = [None if g is None else tf.convert_to_tensor(a) / tf.cast(divisor,
                                                                                    a.dtype)
                           for a, g in zip(self._bps_accumulators, grads, strict=True)]
-            super(_DistributedKerasOptimizer, self).apply(
-                self._bps_synchronise(aggregated, variables), trainable_variables)
+            self._bps_update(aggregated, variables, trainable_variables)
             for accumulator in self._bps_accumulators:
                 accumulator.assign(tf.zeros_like(accumulator))
             return tf.constant(True)
@@ -327,6 +365,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
         if backward_passes_per_step != 1:
             raise ValueError(f"backward_passes_per_step={backward_passes_per_step} needs a "
                              "Keras optimizer, not a tf.compat.v1 one")
+        options.refuse_asynchronous("a tf.compat.v1 optimizer")
         return _DistributedLegacyOptimizer(optimizer, prefix, options, use_locking,
                                            scale_local_gradients)
     if use_locking:
@@ -385,6 +424,7 @@ class DistributedGradientTape(_LocalVariables):
         self._options = SyncOptions.from_arguments(
             compression, op, sparse_as_dense, gradient_predivide_factor, device_dense,
             device_sparse, num_groups, groups, process_set)
+        self._options.refuse_asynchronous("DistributedGradientTape")
         self._prefix = name
         self._bps_init_local(scale_local_gradients)
 

@@ -97,6 +97,10 @@ Status ParseRanks(const std::string& text, std::vector<int32_t>* ranks) {
 
 // One worker and no servers: every collective is the tensor itself (scaled).
 void RunLocally(const TaskSpec& spec, const AllocateFn& allocate, const DoneFn& done) {
+  if (spec.op.kind == OpKind::kAsyncPushPull)
+    return done(Status::Error(ErrorKind::kInvalidArgument,
+                              "asynchronous training of tensor '" + spec.op.name +
+                                  "' needs servers: the parameters live there"));
   void* output = spec.output;
   Status status = Status::OK();
   if (!output) output = allocate(0, spec.op.shape, &status);

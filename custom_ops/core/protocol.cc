@@ -59,11 +59,13 @@ const char* OpKindName(OpKind kind) {
       return "alltoall";
     case OpKind::kReduceScatter:
       return "reducescatter";
+    case OpKind::kAsyncPushPull:
+      return "async push_pull";
   }
   return "unknown operation";
 }
 
-bool IsValidOpKind(uint8_t value) { return value >= 1 && value <= 5; }
+bool IsValidOpKind(uint8_t value) { return value >= 1 && value <= 6; }
 
 std::string EncodeDeclaration(const Declaration& d) {
   Writer out;

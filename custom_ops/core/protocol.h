@@ -50,6 +50,11 @@ enum class OpKind : uint8_t {
   kAllgather = 3,      // each worker sends its rows; everyone receives all rows in rank order.
   kAlltoall = 4,       // each worker sends rows to each worker; a gather per receiving rank.
   kReduceScatter = 5,  // a reduction whose partitions each go back to one rank only.
+  // Asynchronous training (BYTEPS_ENABLE_ASYNC): the server keeps the parameters.
+  // Round 1 stores rank 0's push and returns it to every worker; a later push is a
+  // weight delta, added at once and answered with the parameters to its sender alone,
+  // with no wait for the other workers.
+  kAsyncPushPull = 6,
 };
 
 const char* OpKindName(OpKind kind);

@@ -31,6 +31,14 @@ Status CheckTaskSpec(const TaskSpec& spec, const Group& group) {
     return invalid(std::string(DataTypeName(op.dtype)) + " tensors cannot be reduced");
   if (!IsReduction(op.kind) && (op.prescale != 1.0 || op.postscale != 1.0))
     return invalid("scale factors apply to reductions only");
+  if (op.kind == OpKind::kAsyncPushPull) {
+    if (!CanReduce(op.dtype))
+      return invalid(std::string(DataTypeName(op.dtype)) + " tensors cannot be summed");
+    if (op.reduce_op != ReduceOp::kSum)
+      return invalid("an asynchronous update adds weight deltas; it takes no reduce op");
+    if (op.process_set != 0)
+      return invalid("asynchronous training spans every worker, not a process set");
+  }
   if (op.kind == OpKind::kBroadcast && !group.Contains(op.root_rank))
     return invalid("root rank " + std::to_string(op.root_rank) + " is not " +
                    (op.process_set ? "in process set " + std::to_string(op.process_set)
@@ -53,7 +61,8 @@ Status CheckTaskSpec(const TaskSpec& spec, const Group& group) {
   if (op.kind == OpKind::kAlltoall && spec.splits.empty() && op.shape[0] % size != 0)
     return invalid("without splits the first dimension (" + std::to_string(op.shape[0]) +
                    ") must divide evenly among " + std::to_string(size) + " workers");
-  const bool needs_output = op.kind == OpKind::kPushPull || op.kind == OpKind::kBroadcast;
+  const bool needs_output = op.kind == OpKind::kPushPull || op.kind == OpKind::kBroadcast ||
+                            op.kind == OpKind::kAsyncPushPull;
   if (spec.bytes && (!spec.input || (needs_output && !spec.output)))
     return invalid("no input or output memory");
   return Status::OK();

@@ -493,7 +493,9 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
   // The result's size is known here only where it is the input's.
   const DataType dtype = spec.op.dtype;
   const size_t result_bytes =
-      kind == OpKind::kPushPull || kind == OpKind::kBroadcast ? spec.bytes : 0;
+      kind == OpKind::kPushPull || kind == OpKind::kBroadcast || kind == OpKind::kAsyncPushPull
+          ? spec.bytes
+          : 0;
   void* const result = spec.output;
   auto task = std::make_shared<Task>(
       std::move(spec), std::move(group), entry.id, entry.order, entry.round, options_.timeout_ms,
@@ -533,7 +535,8 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
 
 Status Worker::CheckFinite(const Task& task) const {
   const TaskSpec& spec = task.spec();
-  if (!options_.nan_check || !IsReduction(task.kind()) ||
+  const bool sums = IsReduction(task.kind()) || task.kind() == OpKind::kAsyncPushPull;
+  if (!options_.nan_check || !sums ||
       AllFinite(task.dtype(), spec.input, spec.bytes / DataTypeSize(task.dtype())))
     return Status::OK();
   return Status::Error(ErrorKind::kInvalidArgument,
@@ -650,6 +653,7 @@ Status Worker::Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask
   const char* source = task->source();
   switch (op.kind) {
     case OpKind::kPushPull:
+    case OpKind::kAsyncPushPull:
     case OpKind::kBroadcast: {
       const bool root = op.kind == OpKind::kBroadcast && op.root_rank == options_.rank;
       if (root && spec.output != spec.input) std::memcpy(spec.output, spec.input, spec.bytes);
@@ -658,7 +662,7 @@ Status Worker::Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask
       for (size_t offset = 0; offset < spec.bytes; offset += partition) {
         const size_t length = std::min(partition, spec.bytes - offset);
         const uint32_t part = static_cast<uint32_t>(plan->size());
-        if (op.kind == OpKind::kPushPull) {
+        if (op.kind != OpKind::kBroadcast) {
           plan->push_back(Partition(task, part, offset, source + offset, length, length));
         } else {  // The root's data crosses once; receivers send nothing.
           plan->push_back(

@@ -19,8 +19,9 @@ namespace {
 class ServerEngine {
  public:
   ServerEngine(int engine_threads, int timeout_ms, const std::string& token,
-               uint64_t max_tensor_bytes, const std::string& host, int port) {
+               uint64_t max_tensor_bytes, const std::string& host, int port, bool enable_async) {
     bps::ServerOptions options;
+    options.enable_async = enable_async;
     options.max_tensor_bytes = max_tensor_bytes;
     options.host = host;
     options.port = port;
@@ -67,9 +68,10 @@ PYBIND11_MODULE(_bps_server, m) {
       },
       py::arg("level"), py::arg("prefix"));
   py::class_<ServerEngine>(m, "ServerEngine")
-      .def(py::init<int, int, const std::string&, uint64_t, const std::string&, int>(),
+      .def(py::init<int, int, const std::string&, uint64_t, const std::string&, int, bool>(),
            py::arg("engine_threads"), py::arg("timeout_ms"), py::arg("token"),
-           py::arg("max_tensor_bytes"), py::arg("host") = "", py::arg("port") = 0)
+           py::arg("max_tensor_bytes"), py::arg("host") = "", py::arg("port") = 0,
+           py::arg("enable_async") = false)
       .def_property_readonly("port", &ServerEngine::port)
       .def("serve", &ServerEngine::Serve, py::arg("host_of_rank"),
            "Starts serving the job's workers; `host_of_rank` numbers each worker's host.")

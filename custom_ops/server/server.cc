@@ -379,6 +379,10 @@ void Server::Process(Engine* engine, PushItem item) {
     Abandon(id, &key, item);
     return;
   }
+  if (item.kind == OpKind::kAsyncPushPull || key.asynchronous) {
+    ProcessAsync(id, &key, &item);
+    return;
+  }
   const std::string round_text = "round " + std::to_string(item.round);
   if (item.round == key.last_closed && !key.closed_error.empty()) {
     // A late contributor to a round that failed hears the same reason as the others.
@@ -588,7 +592,93 @@ void Server::EnqueueEverywhere(PushItem::Kind kind) {
   }
 }
 
+void Server::ProcessAsync(const PartitionKey& id, KeyState* key, PushItem* item) {
+  const uint32_t rank = item->rank;
+  auto refuse = [&](ErrorKind kind, const std::string& why) {
+    SendError(rank, id, item->round, kind, why);
+    pool_.Release(std::move(item->block));
+  };
+  const std::string tensor = "tensor " + Describe(item->tensor_id, rank);
+  if (item->kind != OpKind::kAsyncPushPull)
+    return refuse(ErrorKind::kMismatch, "worker rank " + std::to_string(rank) + " sent a " +
+                                            OpKindName(item->kind) + " of " + tensor +
+                                            ", which other workers train asynchronously "
+                                            "(BYTEPS_ENABLE_ASYNC=1)");
+  if (!options_.enable_async)
+    return refuse(ErrorKind::kInvalidArgument,
+                  "worker rank " + std::to_string(rank) + " trains " + tensor +
+                      " asynchronously, but this server runs without BYTEPS_ENABLE_ASYNC=1: "
+                      "set it on every worker and server");
+  if (item->host_merged || item->process_set != 0)
+    return refuse(ErrorKind::kInternal, "worker rank " + std::to_string(rank) +
+                                            " sent a merged or process-set asynchronous push of " +
+                                            tensor);
+  if (!key->asynchronous) {
+    if (key->active || key->last_closed > 0)
+      return refuse(ErrorKind::kMismatch, "worker rank " + std::to_string(rank) + " trains " +
+                                              tensor +
+                                              " asynchronously (BYTEPS_ENABLE_ASYNC=1), "
+                                              "but other workers synchronise it");
+    key->asynchronous = true;
+    key->kind = OpKind::kAsyncPushPull;
+    key->dtype = item->dtype;
+    key->signature = item->signature;
+    key->length = item->length;
+    key->async_rounds.assign(num_workers_, 0);
+    key->contributors = {rank};  // Who set the shape the others must match.
+  }
+  if (item->signature != key->signature || item->dtype != key->dtype || item->length != key->length)
+    return refuse(ErrorKind::kMismatch,
+                  MismatchMessage(item->tensor_id, key->contributors.front(), rank));
+  if (item->round <= key->async_rounds[rank])
+    return refuse(ErrorKind::kAborted, "worker rank " + std::to_string(rank) + " sent round " +
+                                           std::to_string(item->round) + " of " + tensor +
+                                           " after its round " +
+                                           std::to_string(key->async_rounds[rank]) +
+                                           "; it is refused so that no update is applied twice");
+  const bool first = key->async_rounds[rank] == 0;
+  key->async_rounds[rank] = item->round;
+  key->bytes_in += item->length;
+  if (!key->parameters.data) {
+    if (!first)
+      return refuse(ErrorKind::kAborted, "worker rank " + std::to_string(rank) +
+                                             " sent an update of " + tensor +
+                                             " before rank 0 gave its initial value");
+    if (rank != 0) {  // Every worker starts from rank 0's values.
+      key->awaiting_parameters.emplace_back(rank, item->round);
+      pool_.Release(std::move(item->block));
+      return;
+    }
+    try {
+      key->parameters = pool_.Acquire(key->length);
+    } catch (const std::bad_alloc&) {
+      return refuse(ErrorKind::kInternal, "no memory for the parameters of " + tensor);
+    }
+    std::memcpy(key->parameters.data.get(), item->data(), key->length);
+    for (const auto& [waiting, round] : key->awaiting_parameters) {
+      SendReply(waiting, id, round, key->parameters.data.get(), key->length);
+      key->bytes_out += key->length;
+    }
+    key->awaiting_parameters.clear();
+  } else if (!first) {  // A first push after rank 0's only fetches the parameters.
+    const auto dtype = static_cast<DataType>(key->dtype);
+    ReduceInto(ReduceOp::kSum, dtype, key->parameters.data.get(), item->data(),
+               key->length / DataTypeSize(dtype));
+  }
+  pool_.Release(std::move(item->block));
+  SendReply(rank, id, item->round, key->parameters.data.get(), key->length);
+  key->bytes_out += key->length;
+}
+
 void Server::Abandon(const PartitionKey& id, KeyState* key, const PushItem& item) {
+  if (key->asynchronous || item.kind == OpKind::kAsyncPushPull) {
+    // Rounds of an asynchronous key wait for nobody, but for rank 0's first push.
+    auto& waiting = key->awaiting_parameters;
+    waiting.erase(std::remove_if(waiting.begin(), waiting.end(),
+                                 [&](const auto& w) { return w.first == item.rank; }),
+                  waiting.end());
+    return;
+  }
   const std::string why = "worker rank " + std::to_string(item.rank) + " gave up round " +
                           std::to_string(item.round) + " of tensor " +
                           Describe(item.tensor_id, item.rank) +
@@ -867,6 +957,10 @@ void Server::SetFailure(const std::string& reason) {
 
 void Server::FailRounds(Engine* engine, const std::string& reason) {
   for (auto& [id, key] : engine->keys) {
+    for (const auto& [rank, round] : key.awaiting_parameters)
+      SendError(rank, id, round, ErrorKind::kPeerGone,
+                "the job is failing: " + reason + " (tensor " + Describe(id.tensor_id, rank) + ")");
+    key.awaiting_parameters.clear();
     if (!key.active) continue;
     FailRound(id, &key, ErrorKind::kPeerGone,
               "the job is failing: " + reason + " (tensor " +

@@ -35,6 +35,9 @@ struct ServerOptions {
   std::string token;  // the job's; every worker must prove it knows it (transport/auth.h)
   // The largest tensor a worker may declare: bounds every push before it is read.
   uint64_t max_tensor_bytes = uint64_t{1} << 36;
+  // BYTEPS_ENABLE_ASYNC: workers may train asynchronously (OpKind::kAsyncPushPull);
+  // without it their asynchronous pushes are refused, naming the variable.
+  bool enable_async = false;
 };
 
 // Receive buffers, recycled so that steady-state training allocates nothing.
@@ -129,6 +132,13 @@ class Server {
     // Tensor data pushed here and sent back, over all rounds (logged at the end).
     uint64_t bytes_in = 0;
     uint64_t bytes_out = 0;
+    // Asynchronous training: the key holds parameters instead of rounds. They exist
+    // once rank 0's first push arrived; until then other workers' first pushes wait
+    // in `awaiting_parameters` (rank, round). Each rank's rounds only ever grow.
+    bool asynchronous = false;
+    BlockPool::Block parameters;
+    std::vector<std::pair<uint32_t, uint32_t>> awaiting_parameters;
+    std::vector<uint32_t> async_rounds;  // by rank: the last round it pushed
   };
   struct Engine {
     std::mutex mutex;
@@ -156,6 +166,9 @@ class Server {
   bool MembersOf(uint32_t process_set, std::vector<uint32_t>* members);
   void Process(Engine* engine, PushItem item);
   void Abandon(const PartitionKey& id, KeyState* key, const PushItem& item);
+  // An asynchronous push (OpKind::kAsyncPushPull): stores or adds it and answers its
+  // sender with the parameters; nothing waits for other workers but the first round.
+  void ProcessAsync(const PartitionKey& id, KeyState* key, PushItem* item);
   // Adds the item to its round (a reduction, or kept by rank).
   void Accumulate(KeyState* key, PushItem* item);
   // The round's result, in one buffer; in the listener's shared slots when a

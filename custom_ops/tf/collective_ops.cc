@@ -1,5 +1,5 @@
 // TensorFlow adapter: the BytepsPushPull, BytepsBroadcast, BytepsAllgather,
-// BytepsAlltoall and BytepsReducescatter ops.
+// BytepsAlltoall, BytepsReducescatter and BytepsAsyncPushPull ops.
 // Kernels only turn TensorFlow tensors into the core's plain-C request (c_api.h) and
 // the core's error kinds into TensorFlow's error classes; all communication lives
 // in the core.
@@ -107,7 +107,8 @@ class CollectiveOp : public AsyncOpKernel {
   CollectiveOp(OpKernelConstruction* context, bps::OpKind kind)
       : AsyncOpKernel(context), kind_(kind) {
     OP_REQUIRES_OK(context, context->GetAttr("tensor_name", &tensor_name_));
-    OP_REQUIRES_OK(context, context->GetAttr("process_set", &process_set_));
+    if (context->HasAttr("process_set"))  // Asynchronous training has no process sets.
+      OP_REQUIRES_OK(context, context->GetAttr("process_set", &process_set_));
     if (tensor_name_.empty()) tensor_name_ = name();
   }
 
@@ -151,7 +152,8 @@ class CollectiveOp : public AsyncOpKernel {
       // The root's result is its input: share the buffer instead of copying it.
       context->set_output(0, input);
       op.output = const_cast<char*>(input.tensor_data().data());
-    } else if (kind_ == bps::OpKind::kPushPull || kind_ == bps::OpKind::kBroadcast) {
+    } else if (kind_ == bps::OpKind::kPushPull || kind_ == bps::OpKind::kBroadcast ||
+               kind_ == bps::OpKind::kAsyncPushPull) {
       Tensor* output = nullptr;
       // Reusing the input buffer is safe: a partition's result only arrives after
       // this worker's push of that partition has left its memory.
@@ -213,6 +215,12 @@ class ReducescatterOp : public CollectiveOp {
       : CollectiveOp(context, bps::OpKind::kReduceScatter) {
     ReadReductionAttrs(context);
   }
+};
+
+class AsyncPushPullOp : public CollectiveOp {
+ public:
+  explicit AsyncPushPullOp(OpKernelConstruction* context)
+      : CollectiveOp(context, bps::OpKind::kAsyncPushPull) {}
 };
 
 absl::Status SameShape(tensorflow::shape_inference::InferenceContext* c) {
@@ -299,12 +307,26 @@ REGISTER_OP("BytepsReducescatter")
     .SetShapeFn(OtherFirstDimension)
     .Doc("Reduces the tensor across workers; each keeps its share of the first dimension.");
 
+REGISTER_OP("BytepsAsyncPushPull")
+    .Attr("T: {uint8, int8, uint16, int16, int32, int64, half, bfloat16, float32, float64}")
+    .Attr("tensor_name: string = ''")
+    .Input("delta: T")
+    .Output("parameters: T")
+    .SetIsStateful()
+    .SetShapeFn(SameShape)
+    .Doc(
+        "Asynchronous training: adds this worker's weight delta to the parameters the "
+        "servers keep and returns them, without waiting for other workers. The first "
+        "call on a tensor sends the initial value instead; every worker gets rank 0's.");
+
 REGISTER_KERNEL_BUILDER(Name("BytepsPushPull").Device(tensorflow::DEVICE_CPU), PushPullOp);
 REGISTER_KERNEL_BUILDER(Name("BytepsBroadcast").Device(tensorflow::DEVICE_CPU), BroadcastOp);
 REGISTER_KERNEL_BUILDER(Name("BytepsAllgather").Device(tensorflow::DEVICE_CPU), AllgatherOp);
 REGISTER_KERNEL_BUILDER(Name("BytepsAlltoall").Device(tensorflow::DEVICE_CPU), AlltoallOp);
 REGISTER_KERNEL_BUILDER(Name("BytepsReducescatter").Device(tensorflow::DEVICE_CPU),
                         ReducescatterOp);
+REGISTER_KERNEL_BUILDER(Name("BytepsAsyncPushPull").Device(tensorflow::DEVICE_CPU),
+                        AsyncPushPullOp);
 
 }  // namespace
 }  // namespace tf_bps

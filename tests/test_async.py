@@ -1,0 +1,70 @@
+"""Asynchronous training (BYTEPS_ENABLE_ASYNC=1): servers keep the parameters, workers
+push weight deltas and never wait for each other."""
+
+import numpy as np
+import pytest
+from conftest import LAUNCH, base_env, finish, free_port, marked_json, worker_command
+
+import tf_bps as bps
+
+
+@pytest.mark.parametrize("mode", ["optimizer", "strategy"])
+def test_a_fast_worker_does_not_wait_for_a_slow_one_and_both_converge(procs, mode):
+    status, output = procs.launch(2, "async_training.py", mode, "5", num_servers=1,
+                                  BYTEPS_ENABLE_ASYNC=1)
+    assert status == 0, output
+    reports = marked_json(output)
+    fast, slow = reports[0], reports[1]
+    # Rank 1 sleeps 0.2 s a step, so it makes about 25 steps in 5 s; synchronous
+    # training would hold rank 0 to the same count.
+    assert slow["steps"] >= 3, output
+    assert fast["steps"] >= 5 * slow["steps"], (fast["steps"], slow["steps"])
+    for report in reports.values():  # Both end at the servers' (converged) parameters.
+        assert report["loss"] < 1e-3, report
+    if mode == "strategy":  # The strategy creates every variable from rank 0's value.
+        assert slow["initial_kernel"] == fast["initial_kernel"]
+    else:
+        # The first exchange gives every worker rank 0's weights: rank 1's after its
+        # first step are near rank 0's initial ones (a few small steps away), not its own.
+        first = np.array(slow["first_kernel"])
+        assert (np.linalg.norm(first - fast["initial_kernel"])
+                < np.linalg.norm(first - slow["initial_kernel"]) / 2)
+
+
+def test_servers_without_async_refuse_asynchronous_workers(procs):
+    common = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": free_port(),
+              "DMLC_NUM_WORKER": 2, "DMLC_NUM_SERVER": 1, "BYTEPS_OP_TIMEOUT": 30}
+    procs.start(LAUNCH, base_env(DMLC_ROLE="scheduler", **common))
+    procs.start(LAUNCH, base_env(DMLC_ROLE="server", **common))
+    workers = [procs.start([*LAUNCH, *worker_command("async_training.py", "optimizer", "1")],
+                           base_env(DMLC_ROLE="worker", DMLC_WORKER_ID=rank,
+                                    BYTEPS_ENABLE_ASYNC=1, **common))
+               for rank in range(2)]
+    status, output = finish(workers[0], 90)
+    assert status != 0
+    assert ("this server runs without BYTEPS_ENABLE_ASYNC=1: set it on every worker and "
+            "server") in output, output
+
+
+@pytest.mark.parametrize("build,message", [
+    (lambda: bps.DistributedGradientTape(None), "DistributedGradientTape cannot train "
+                                                "asynchronously"),
+    (lambda: bps.DistributedOptimizer(_keras_sgd(), compression=bps.Compression.fp16),
+     "compression=FP16Compressor does not apply with BYTEPS_ENABLE_ASYNC=1"),
+    (lambda: bps.DistributedOptimizer(_v1_sgd()), "a tf.compat.v1 optimizer cannot train "
+                                                  "asynchronously"),
+])
+def test_what_cannot_train_asynchronously_says_so(monkeypatch, build, message):
+    monkeypatch.setenv("BYTEPS_ENABLE_ASYNC", "1")
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+def _keras_sgd():
+    import keras
+    return keras.optimizers.SGD(0.1)
+
+
+def _v1_sgd():
+    import tensorflow as tf
+    return tf.compat.v1.train.GradientDescentOptimizer(0.1)
