@@ -9,16 +9,57 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import pickle
+import weakref
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import auto_control_deps
 
 from tf_bps import basics, core
 from tf_bps.compression import Compression
 from tf_bps.process_sets import global_process_set, process_set_id, ranks_of
 
-_library = tf.load_op_library(str(core.native_library("_bps_tf_ops")))
+_OP_TYPES = frozenset(("BytepsPushPull", "BytepsAsyncPushPull", "BytepsBroadcast",
+                       "BytepsAllgather", "BytepsAlltoall", "BytepsReducescatter"))
+# Private (TensorFlow 2.21): inside a tf.function, automatic control dependencies run
+# every stateful op that takes no resource after the previous one has finished. Our ops
+# are stateful (so that nothing folds, prunes or merges them), and chained that way a
+# step's push_pulls would go out one at a time: no overlap, no priority. Listed here,
+# they must still run, but in parallel; _Library orders only ops on the same tensor.
+auto_control_deps.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS |= _OP_TYPES
+
+
+class _Library:
+    """The ops library; in a graph, each op on a tensor name runs after the previous op
+    on that name (each is a round of that tensor, and every worker must number the
+    rounds alike), while ops on different names run in parallel."""
+
+    def __init__(self, library):
+        self._library = library
+        self._last_op_by_tensor = weakref.WeakKeyDictionary()  # graph -> {name: op}
+
+    def __getattr__(self, name):
+        create = getattr(self._library, name)
+
+        @tf.autograph.experimental.do_not_convert
+        @functools.wraps(create)
+        def in_round_order(*args, tensor_name="", **kwargs):
+            outputs = create(*args, tensor_name=tensor_name, **kwargs)
+            if tensor_name and not tf.executing_eagerly():
+                op = tf.nest.flatten(outputs)[0].op
+                last = self._last_op_by_tensor.setdefault(op.graph, {})
+                if tensor_name in last:
+                    op._add_control_input(last[tensor_name])
+                last[tensor_name] = op
+            return outputs
+
+        setattr(self, name, in_round_order)
+        return in_round_order
+
+
+_library = _Library(tf.load_op_library(str(core.native_library("_bps_tf_ops"))))
 
 
 class ReduceOp(enum.IntEnum):
