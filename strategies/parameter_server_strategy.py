@@ -243,6 +243,11 @@ class ParameterServerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         # only for instances of that class (backend/tensorflow/trainer.py).
         if not bps.is_initialized():
             bps.init()
+        settings = Config.from_env().gradient_step_options()
+        if settings:
+            raise ValueError(f"{', '.join(settings)} works through bps.DistributedOptimizer "
+                             "and DistributedGradientTape; ParameterServerStrategy reduces "
+                             "whole gradients and has no step of its own to check")
         extended = _ParameterServerExtended(self, list(devices or _local_devices()))
         distribute_lib.Strategy.__init__(self, extended)
         self._bps_cluster_resolver = None

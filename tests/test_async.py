@@ -46,16 +46,20 @@ def test_servers_without_async_refuse_asynchronous_workers(procs):
             "server") in output, output
 
 
-@pytest.mark.parametrize("build,message", [
+@pytest.mark.parametrize("build,message,env", [
     (lambda: bps.DistributedGradientTape(None), "DistributedGradientTape cannot train "
-                                                "asynchronously"),
+                                                "asynchronously", {}),
     (lambda: bps.DistributedOptimizer(_keras_sgd(), compression=bps.Compression.fp16),
-     "compression=FP16Compressor does not apply with BYTEPS_ENABLE_ASYNC=1"),
+     "compression=FP16Compressor does not apply with BYTEPS_ENABLE_ASYNC=1", {}),
     (lambda: bps.DistributedOptimizer(_v1_sgd()), "a tf.compat.v1 optimizer cannot train "
-                                                  "asynchronously"),
+                                                  "asynchronously", {}),
+    (lambda: bps.DistributedOptimizer(_keras_sgd()), "PERSEUS_DOWNSAMPLE_N_ELEMENTS=2 works on "
+     "synchronised gradients", {"PERSEUS_DOWNSAMPLE_N_ELEMENTS": "2"}),
 ])
-def test_what_cannot_train_asynchronously_says_so(monkeypatch, build, message):
+def test_what_cannot_train_asynchronously_says_so(monkeypatch, build, message, env):
     monkeypatch.setenv("BYTEPS_ENABLE_ASYNC", "1")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=message):
         build()
 

@@ -222,6 +222,11 @@ class Config:
     gradient_scale: float
     accumulate_steps: int
     fusion: int
+    # Down-sampling: one gradient element in N per step, the rest carried over with the
+    # momentum (downsample.py); every N steps, slow workers reported (perf_check.py).
+    downsample: int
+    gradient_momentum: float
+    perf_check_steps: int
     stacked_allgather: bool
     # The timeline (BYTEPS_TRACE_*): each worker writes <dir>/<local rank>/comm.json
     # for steps start to end (custom_ops/core/timeline.h).
@@ -293,6 +298,10 @@ class Config:
             accumulate_steps=_int(env, "PERSEUS_ACCUMULATE_N_STEPS", 1, minimum=1,
                                   maximum=1 << 20),
             fusion=_int(env, "PERSEUS_ALLREDUCE_FUSION", 0, minimum=0, maximum=128),
+            downsample=_int(env, "PERSEUS_DOWNSAMPLE_N_ELEMENTS", 1, minimum=1, maximum=1024),
+            gradient_momentum=_float(env, "PERSEUS_GRADIENT_MOMENTUM", 1.0, 0.0, 1.0),
+            perf_check_steps=_int(env, "PERSEUS_PERF_CHECK_N_STEPS", 0, minimum=0,
+                                  maximum=1 << 30),
             stacked_allgather=_choice(env, "PERSEUS_CHANGE_HVD_ALLGATHER", ("0", "1"),
                                       "1") == "0",
             trace_on=_flag(env, "BYTEPS_TRACE_ON"),
@@ -387,6 +396,13 @@ class Config:
         verbose = {0: 4, 1: 2, 2: 0}[self.ps_verbose]
         return min(level, verbose)
 
+    def gradient_step_options(self) -> list[str]:
+        """The AIACC options that work on each step's synchronised gradients
+        (downsample.py, perf_check.py), as NAME=value, for those that are set."""
+        return [f"{name}={value}" for name, value, neutral in (
+            ("PERSEUS_DOWNSAMPLE_N_ELEMENTS", self.downsample, 1),
+            ("PERSEUS_PERF_CHECK_N_STEPS", self.perf_check_steps, 0)) if value != neutral]
+
     def listen_host(self) -> str:
         """Where this node listens: its advertised address when it is one of this
         machine's (so strangers on other interfaces see no port), else everywhere
@@ -416,14 +432,6 @@ def _check_without_effect(env: Mapping[str, str]) -> None:
         _flag(env, name)
     for name in ("BYTEPS_PCIE_SWITCH_SIZE", "BYTEPS_NCCL_NUM_RINGS", "BYTEPS_NCCL_GROUP_SIZE"):
         _int(env, name, None, minimum=1, maximum=1 << 20)
-    # Not implemented yet: their neutral values pass, anything else is refused.
-    if _int(env, "PERSEUS_DOWNSAMPLE_N_ELEMENTS", 1, minimum=1, maximum=1024) > 1:
-        raise ConfigError("PERSEUS_DOWNSAMPLE_N_ELEMENTS above 1 is not supported: gradient "
-                          "down-sampling is not implemented yet; set 1 or unset")
-    _float(env, "PERSEUS_GRADIENT_MOMENTUM", 1.0, 0.0, 1.0)  # used only with down-sampling
-    if _int(env, "PERSEUS_PERF_CHECK_N_STEPS", 0, minimum=0, maximum=1 << 30) > 0:
-        raise ConfigError("PERSEUS_PERF_CHECK_N_STEPS above 0 is not supported: the step-time "
-                          "outlier check is not implemented yet; set 0 or unset")
 
 
 def is_local_address(host: str) -> bool:

@@ -18,6 +18,7 @@ from tf_bps.asynchronous import AsyncExchange
 from tf_bps.compression import Compression
 from tf_bps.compression import from_config as compression_from_config
 from tf_bps.config import Config
+from tf_bps.downsample import DownSampler
 from tf_bps.ops import (
     Average,
     ReduceOp,
@@ -27,6 +28,7 @@ from tf_bps.ops import (
     _push_pull,
     _scale,
 )
+from tf_bps.perf_check import StepTimeCheck
 from tf_bps.process_sets import global_process_set, process_set_id, ranks_of
 from tf_bps.strategies import ParameterServerStrategy
 
@@ -49,6 +51,11 @@ class SyncOptions:
     fusion: int = 0  # PERSEUS_ALLREDUCE_FUSION: buffers a step's gradients are packed into
     # BYTEPS_ENABLE_ASYNC: steps apply local gradients and exchange weights (asynchronous.py)
     asynchronous: bool = False
+    # PERSEUS_DOWNSAMPLE_N_ELEMENTS / _GRADIENT_MOMENTUM (downsample.py) and
+    # PERSEUS_PERF_CHECK_N_STEPS (perf_check.py); 1, 1.0 and 0 leave them off.
+    downsample: int = 1
+    gradient_momentum: float = 1.0
+    perf_check_steps: int = 0
 
     @classmethod
     def from_arguments(cls, compression=Compression.none, op=Average, sparse_as_dense=False,
@@ -87,9 +94,14 @@ class SyncOptions:
                 raise ValueError(f"compression={compression.__name__} does not apply with "
                                  "BYTEPS_ENABLE_ASYNC=1: workers exchange full-precision "
                                  "weights, not gradients (unset PERSEUS_ALLREDUCE_DTYPE too)")
+            if config.gradient_step_options():
+                raise ValueError(f"{', '.join(config.gradient_step_options())} works on "
+                                 "synchronised gradients; it cannot be combined with "
+                                 "BYTEPS_ENABLE_ASYNC=1")
         return cls(compression, ReduceOp(op), bool(sparse_as_dense),
                    float(gradient_predivide_factor), device_dense, device_sparse, set_id,
-                   config.fusion, config.enable_async)
+                   config.fusion, config.enable_async, config.downsample,
+                   config.gradient_momentum, config.perf_check_steps)
 
     def group_size(self) -> int:
         return len(ranks_of(self.process_set_id))
@@ -128,15 +140,17 @@ def _push_pull_group(tensors, names, op, set_id):
             for t, n in zip(tensors, names, strict=True)]
 
 
-def synchronise_gradients(grads, names, options: SyncOptions = SyncOptions()):
-    """push_pulls every gradient (None stays None); `names` must be stable per step."""
+def synchronise_gradients(grads, names, options: SyncOptions = SyncOptions(),
+                          sampler: DownSampler | None = None):
+    """push_pulls every gradient (None stays None); `names` must be stable per step.
+    With a `sampler`, dense gradients of known size send only this step's share."""
     grads = list(grads)
     if not options.synchronises_here():
         return grads  # One worker (in the set), or not in it: gradients stay local.
     set_id = options.process_set_id
     op, prescale, postscale = options.plan()
     results = [None] * len(grads)
-    dense_index, dense_tensors, dense_names, contexts = [], [], [], []
+    dense_index, dense_grads, dense_names = [], [], []
     for index, (grad, name) in enumerate(zip(grads, names, strict=True)):
         if grad is None:
             continue
@@ -146,42 +160,64 @@ def synchronise_gradients(grads, names, options: SyncOptions = SyncOptions()):
                     results[index] = _allreduce_indexed_slices(grad, name, options.op, set_id)
                 continue
             grad = tf.convert_to_tensor(grad)
-        compressed, context = options.compression.compress(_scale(grad, prescale))
         dense_index.append(index)
-        dense_tensors.append(compressed)
+        dense_grads.append(grad)
         dense_names.append(name)
+    if not dense_grads:
+        return results
+    sampled, restore = [], None
+    if sampler:
+        sampled = [i for i, g in enumerate(dense_grads) if g.shape.is_fully_defined()]
+        shares, restore = sampler.sample([dense_grads[i] for i in sampled],
+                                         [dense_names[i] for i in sampled])
+        for i, share in zip(sampled, shares, strict=True):
+            dense_grads[i] = share
+    tensors, contexts = [], []
+    for grad in dense_grads:
+        compressed, context = options.compression.compress(_scale(grad, prescale))
+        tensors.append(compressed)
         contexts.append(context)
-    if dense_tensors:
-        unfuse = None
-        if options.fusion:
-            dense_tensors, dense_names, unfuse = fusion.fuse(dense_tensors, dense_names,
-                                                             options.fusion)
-        # Priority follows the model's order (the variables'), not the backward pass's:
-        # the next step's forward pass needs the first layers' sums first.
-        basics.declare(dense_names)
-        with _placed(options.device_dense):
-            if tf.executing_eagerly():
-                summed = _push_pull_group(dense_tensors, tuple(dense_names), int(op), set_id)
-            else:
-                summed = [_push_pull(t, n, op, set_id=set_id)
-                          for t, n in zip(dense_tensors, dense_names, strict=True)]
-        if unfuse:
-            summed = unfuse(summed)
-        for index, tensor, context in zip(dense_index, summed, contexts, strict=True):
-            results[index] = _scale(options.compression.decompress(tensor, context), postscale)
+    wire_names, unfuse = dense_names, None
+    if options.fusion:
+        tensors, wire_names, unfuse = fusion.fuse(tensors, dense_names, options.fusion)
+    # Priority follows the model's order (the variables'), not the backward pass's:
+    # the next step's forward pass needs the first layers' sums first.
+    basics.declare(wire_names)
+    with _placed(options.device_dense):
+        if tf.executing_eagerly():
+            summed = _push_pull_group(tensors, tuple(wire_names), int(op), set_id)
+        else:
+            summed = [_push_pull(t, n, op, set_id=set_id)
+                      for t, n in zip(tensors, wire_names, strict=True)]
+    if unfuse:
+        summed = unfuse(summed)
+    summed = [_scale(options.compression.decompress(tensor, context), postscale)
+              for tensor, context in zip(summed, contexts, strict=True)]
+    if restore:
+        for i, full in zip(sampled, restore([summed[i] for i in sampled]), strict=True):
+            summed[i] = full
+    for index, tensor in zip(dense_index, summed, strict=True):
+        results[index] = tensor
     return results
 
 
-class _LocalVariables:
-    """Horovod's register_local_var / register_local_source: variables whose gradients
-    stay on this worker (not synchronised), optionally scaled by 1/size so that they
-    have the magnitude of an averaged gradient."""
+class _GradientSync:
+    """What the three wrappers share: their SyncOptions, the state of down-sampling
+    and of the step-time check, and Horovod's register_local_var /
+    register_local_source: variables whose gradients stay on this worker (not
+    synchronised), optionally scaled by 1/size so that they have the magnitude of an
+    averaged gradient."""
 
-    def _bps_init_local(self, scale_local_gradients):
+    def _bps_init_sync(self, options: SyncOptions, prefix: str, scale_local_gradients):
         if not isinstance(scale_local_gradients, bool):
             raise ValueError(f"scale_local_gradients={scale_local_gradients!r} must be a bool")
+        self._bps_options = options
         self._bps_scale_local = scale_local_gradients
         self._bps_local_refs = set()
+        self._bps_sampler = (DownSampler(options.downsample, options.gradient_momentum)
+                             if options.downsample > 1 else None)
+        self._bps_step_check = (StepTimeCheck(options.perf_check_steps, prefix)
+                                if options.perf_check_steps else None)
 
     def _bps_register_local(self, variable):
         self._bps_local_refs.add(id(variable))  # Keras variables have no ref(); ids do.
@@ -189,11 +225,14 @@ class _LocalVariables:
     def _bps_is_local(self, variable) -> bool:
         return id(variable) in self._bps_local_refs
 
-    def _bps_sync(self, grads, variables, names, options):
+    def _bps_sync(self, grads, variables, names):
         """Synchronises the gradients of shared variables; local ones stay (scaled)."""
+        options = self._bps_options
+        if self._bps_step_check and options.synchronises_here():
+            self._bps_step_check.begin(grads)
         shared = [i for i, v in enumerate(variables) if not self._bps_is_local(v)]
         synced = synchronise_gradients([grads[i] for i in shared], [names[i] for i in shared],
-                                       options)
+                                       options, self._bps_sampler)
         results = list(grads)
         for i, grad in zip(shared, synced, strict=True):
             results[i] = grad
@@ -210,20 +249,24 @@ class _LocalVariables:
                     results[i] = grad / size
         return results
 
+    def _bps_step_done(self, done) -> None:
+        """The step's update (or synchronisation) is `done` (tensors to wait for)."""
+        if self._bps_step_check and self._bps_options.synchronises_here():
+            self._bps_step_check.end(done)
 
-class _DistributedKerasOptimizer(_LocalVariables):
+
+class _DistributedKerasOptimizer(_GradientSync):
     """Mixed into a copy of the user's optimizer class (see DistributedOptimizer)."""
 
     def _bps_setup(self, prefix, options, backward_passes_per_step,
                    average_aggregated_gradients, scale_local_gradients):
         self._bps_prefix = prefix
-        self._bps_options = options
         self._bps_passes = backward_passes_per_step
         self._bps_average_passes = average_aggregated_gradients
         self._bps_accumulators = None
         self._bps_pass_count = None
         self._bps_exchange = AsyncExchange()
-        self._bps_init_local(scale_local_gradients)
+        self._bps_init_sync(options, prefix, scale_local_gradients)
 
     def register_local_var(self, var):
         """Keeps `var`'s gradient on this worker (Horovod's register_local_var)."""
@@ -254,7 +297,9 @@ class _DistributedKerasOptimizer(_LocalVariables):
         apply = super().apply
         options = self._bps_options
         if not (options.asynchronous and options.synchronises_here()):
-            return apply(self._bps_synchronise(grads, variables), trainable_variables)
+            result = apply(self._bps_synchronise(grads, variables), trainable_variables)
+            self._bps_step_done([tf.convert_to_tensor(v) for v in variables])
+            return result
         stepped = [v for v, g in zip(variables, grads, strict=True)
                    if g is not None and not self._bps_is_local(v)]
         copies = [[v] for v in stepped]
@@ -267,7 +312,7 @@ class _DistributedKerasOptimizer(_LocalVariables):
 
     def _bps_synchronise(self, grads, variables):
         names = [f"{self._bps_prefix}.{_variable_name(v)}" for v in variables]
-        return self._bps_sync(grads, variables, names, self._bps_options)
+        return self._bps_sync(grads, variables, names)
 
     def _bps_accumulate_then_apply(self, grads, variables, trainable_variables):
         """Adds local gradients for backward_passes_per_step calls, then synchronises
@@ -299,14 +344,13 @@ class _DistributedKerasOptimizer(_LocalVariables):
                        lambda: tf.constant(False))
 
 
-class _DistributedLegacyOptimizer(tf.compat.v1.train.Optimizer, _LocalVariables):
+class _DistributedLegacyOptimizer(tf.compat.v1.train.Optimizer, _GradientSync):
     """For tf.compat.v1 graph code: synchronises in compute_gradients."""
 
     def __init__(self, optimizer, prefix, options, use_locking, scale_local_gradients):
         super().__init__(use_locking=use_locking, name=prefix)
         self._optimizer = optimizer
-        self._bps_options = options
-        self._bps_init_local(scale_local_gradients)
+        self._bps_init_sync(options, prefix, scale_local_gradients)
 
     def register_local_var(self, var):
         self._bps_register_local(var)
@@ -316,7 +360,7 @@ class _DistributedLegacyOptimizer(tf.compat.v1.train.Optimizer, _LocalVariables)
         grads = [g for g, _ in grads_and_vars]
         variables = [v for _, v in grads_and_vars]
         names = [f"{self._name}.{_variable_name(v)}" for v in variables]
-        synced = self._bps_sync(grads, variables, names, self._bps_options)
+        synced = self._bps_sync(grads, variables, names)
         return list(zip(synced, variables, strict=True))
 
     def apply_gradients(self, *args, **kwargs):
@@ -366,6 +410,10 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
             raise ValueError(f"backward_passes_per_step={backward_passes_per_step} needs a "
                              "Keras optimizer, not a tf.compat.v1 one")
         options.refuse_asynchronous("a tf.compat.v1 optimizer")
+        settings = Config.from_env().gradient_step_options()
+        if settings:
+            raise ValueError(f"{', '.join(settings)} needs a Keras optimizer or "
+                             "DistributedGradientTape, not a tf.compat.v1 optimizer")
         return _DistributedLegacyOptimizer(optimizer, prefix, options, use_locking,
                                            scale_local_gradients)
     if use_locking:
@@ -410,7 +458,7 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
     return model
 
 
-class DistributedGradientTape(_LocalVariables):
+class DistributedGradientTape(_GradientSync):
     """Wraps a tf.GradientTape: `gradient()` returns gradients synchronised over all
     workers. Takes every argument of Horovod's DistributedGradientTape; everything
     else is the wrapped tape's."""
@@ -421,12 +469,12 @@ class DistributedGradientTape(_LocalVariables):
                  process_set=global_process_set, scale_local_gradients=True,
                  name="DistributedGradientTape"):
         self._tape = gradtape
-        self._options = SyncOptions.from_arguments(
+        options = SyncOptions.from_arguments(
             compression, op, sparse_as_dense, gradient_predivide_factor, device_dense,
             device_sparse, num_groups, groups, process_set)
-        self._options.refuse_asynchronous("DistributedGradientTape")
+        options.refuse_asynchronous("DistributedGradientTape")
         self._prefix = name
-        self._bps_init_local(scale_local_gradients)
+        self._bps_init_sync(options, name, scale_local_gradients)
 
     def register_local_source(self, source):
         """Keeps `source`'s gradient on this worker (Horovod's register_local_source)."""
@@ -447,5 +495,7 @@ class DistributedGradientTape(_LocalVariables):
         flat_sources = tf.nest.flatten(sources)
         flat_grads = tf.nest.flatten(grads, expand_composites=False)
         names = [f"{self._prefix}.{i}.{_variable_name(s)}" for i, s in enumerate(flat_sources)]
-        synced = self._bps_sync(flat_grads, flat_sources, names, self._options)
+        synced = self._bps_sync(flat_grads, flat_sources, names)
+        self._bps_step_done([g for g in synced
+                             if g is not None and not isinstance(g, tf.IndexedSlices)])
         return tf.nest.pack_sequence_as(grads, synced)
