@@ -1,7 +1,6 @@
 """Asynchronous training (BYTEPS_ENABLE_ASYNC=1): servers keep the parameters, workers
 push weight deltas and never wait for each other."""
 
-import numpy as np
 import pytest
 from conftest import LAUNCH, base_env, finish, free_port, marked_json, worker_command
 
@@ -21,14 +20,13 @@ def test_a_fast_worker_does_not_wait_for_a_slow_one_and_both_converge(procs, mod
     assert fast["steps"] >= 5 * slow["steps"], (fast["steps"], slow["steps"])
     for report in reports.values():  # Both end at the servers' (converged) parameters.
         assert report["loss"] < 1e-3, report
+    # The servers start from rank 0's values: a step that changes nothing gives every
+    # worker rank 0's value of a variable that began as rank + 1.
+    assert slow["probe"] == fast["probe"] == [1.0, 1.0, 1.0]
     if mode == "strategy":  # The strategy creates every variable from rank 0's value.
         assert slow["initial_kernel"] == fast["initial_kernel"]
     else:
-        # The first exchange gives every worker rank 0's weights: rank 1's after its
-        # first step are near rank 0's initial ones (a few small steps away), not its own.
-        first = np.array(slow["first_kernel"])
-        assert (np.linalg.norm(first - fast["initial_kernel"])
-                < np.linalg.norm(first - slow["initial_kernel"]) / 2)
+        assert slow["initial_kernel"] != fast["initial_kernel"]
 
 
 def test_servers_without_async_refuse_asynchronous_workers(procs):

@@ -216,6 +216,7 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
     if (type == FrameType::kAbandon) {
       PushItem item;
       item.kind_of_item = PushItem::Kind::kAbandon;
+      item.kind = static_cast<OpKind>(header.op_kind);
       item.tensor_id = header.tensor_id;
       item.part = header.part;
       item.round = header.round;
@@ -677,6 +678,14 @@ void Server::Abandon(const PartitionKey& id, KeyState* key, const PushItem& item
     waiting.erase(std::remove_if(waiting.begin(), waiting.end(),
                                  [&](const auto& w) { return w.first == item.rank; }),
                   waiting.end());
+    if (item.rank == 0 && !key->parameters.data) {
+      for (const auto& [rank, round] : waiting)
+        SendError(rank, id, round, ErrorKind::kAborted,
+                  "worker rank 0 gave up its first round of tensor " +
+                      Describe(item.tensor_id, rank) +
+                      ", so the servers have no initial parameters to start from");
+      waiting.clear();
+    }
     return;
   }
   const std::string why = "worker rank " + std::to_string(item.rank) + " gave up round " +

@@ -2,8 +2,8 @@
 test_async.py). Each worker fits the same linear model on its own data for the same
 wall time, through DistributedOptimizer (`optimizer`) or ParameterServerStrategy
 (`strategy`); rank 1 is slow: it sleeps after every step. Prints REPORT {json} per rank:
-its step count, its loss on the whole problem, and its weights before training and
-right after the first step."""
+its step count, its loss on the whole problem, its weights before training, and a probe
+variable that started at rank + 1 after one step of learning rate 0."""
 
 import json
 import sys
@@ -25,6 +25,11 @@ features = np.random.default_rng(rank).normal(size=(4096, 8)).astype("float32")
 targets = features @ true_kernel + 0.5
 dataset = tf.data.Dataset.from_tensor_slices((features, targets)).repeat().batch(32)
 
+# A step that changes nothing leaves every worker with the servers' initial value.
+probe = keras.Variable(np.full(3, rank + 1.0, "float32"))
+bps.DistributedOptimizer(keras.optimizers.SGD(0.0), name="probe").apply(
+    [tf.ones(3)], [probe])
+
 
 class Pace(keras.callbacks.Callback):
     """Counts steps, slows rank 1 down and stops every worker after `seconds`."""
@@ -32,7 +37,6 @@ class Pace(keras.callbacks.Callback):
     def __init__(self):
         super().__init__()
         self.steps = 0
-        self.first_kernel = None
 
     def on_train_begin(self, logs=None):
         self.initial_kernel = self.model.layers[0].kernel.numpy().ravel().tolist()
@@ -40,8 +44,6 @@ class Pace(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self.steps += 1
-        if self.first_kernel is None:
-            self.first_kernel = self.model.layers[0].kernel.numpy().ravel().tolist()
         if rank == 1:
             time.sleep(0.2)
         if time.monotonic() - self.start > seconds:
@@ -67,4 +69,4 @@ loss = float(np.mean((model.predict(all_features, verbose=0)
                       - (all_features @ true_kernel + 0.5)) ** 2))
 print("REPORT " + json.dumps({"rank": rank, "steps": pace.steps, "loss": loss,
                               "initial_kernel": pace.initial_kernel,
-                              "first_kernel": pace.first_kernel}), flush=True)
+                              "probe": probe.numpy().tolist()}), flush=True)
