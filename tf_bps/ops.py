@@ -34,7 +34,10 @@ auto_control_deps.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS |= _OP_TYPES
 class _Library:
     """The ops library; in a graph, each op on a tensor name runs after the previous op
     on that name (each is a round of that tensor, and every worker must number the
-    rounds alike), while ops on different names run in parallel."""
+    rounds alike), while ops on different names run in parallel. Their priority is
+    given when the graph is built, in program order: run in parallel, they would
+    otherwise rank by which started first, which differs between workers, and workers
+    pushing in different orders hold each other up at the servers."""
 
     def __init__(self, library):
         self._library = library
@@ -48,6 +51,8 @@ class _Library:
         def in_round_order(*args, tensor_name="", **kwargs):
             outputs = create(*args, tensor_name=tensor_name, **kwargs)
             if tensor_name and not tf.executing_eagerly():
+                if basics.is_initialized():
+                    basics.declare([tensor_name])
                 op = tf.nest.flatten(outputs)[0].op
                 last = self._last_op_by_tensor.setdefault(op.graph, {})
                 if tensor_name in last:
