@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 from cases import cases, expected
+from conftest import marked_json
 
 
 @pytest.mark.parametrize(
@@ -42,3 +43,13 @@ def test_push_pull_matches_numpy(procs, tmp_path, num_workers, num_servers, part
                                           np.full(4, (ranks + step).sum()))
         for i in range(40):
             np.testing.assert_array_equal(got[f"many/{i}"], np.full(1000 + i, (ranks + i).sum()))
+
+
+def test_graph_ops_on_different_tensors_run_together_and_rounds_keep_program_order(procs):
+    status, output = procs.launch(2, "graph_order.py", num_servers=1, BYTEPS_OP_TIMEOUT=20,
+                                  timeout=60)
+    assert status == 0, output
+    for report in marked_json(output).values():
+        assert report["crossed"] == [[3.0] * 3, [30.0] * 5]
+        for step in range(3):  # ranks 0 and 1: (0 + step) + (1 + step)
+            assert report[f"same{step}"] == [[1.0 + 2 * step] * 4, [100.0 + 200 * step] * 4]
