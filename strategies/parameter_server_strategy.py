@@ -34,7 +34,7 @@ from tensorflow.python.distribute import values as values_lib
 from tensorflow.python.util import nest
 
 import tf_bps as bps
-from tf_bps import basics, ops
+from tf_bps import basics, fusion, ops
 from tf_bps.asynchronous import AsyncExchange
 from tf_bps.config import Config
 
@@ -53,6 +53,8 @@ class PushPullCrossDeviceOps(tf.distribute.CrossDeviceOps):
     def __init__(self, across_workers: bool = True):
         super().__init__()
         self._workers = bps.size() if across_workers else 1
+        config = Config.from_env()
+        self._fusion_threshold, self._bucket_bytes = config.fusion_threshold, config.partition_bytes
 
     @property
     def _num_between_graph_workers(self):
@@ -64,29 +66,52 @@ class PushPullCrossDeviceOps(tf.distribute.CrossDeviceOps):
         return self._reduce(reduce_op, per_replica_value, destinations)
 
     def batch_reduce_implementation(self, reduce_op, value_destination_pairs, options):
-        names = [None] * len(value_destination_pairs)
-        if self._workers > 1 and not tf.executing_eagerly():
-            # Named, and ranked, in the order given (the model's variables): the next
-            # step's forward pass needs the first layers' sums first.
-            graph = tf.compat.v1.get_default_graph()
-            names = [graph.unique_name("PushPull") for _ in value_destination_pairs]
-            basics.declare(names)
-        return [self._reduce(reduce_op, value, destinations, name)
-                for (value, destinations), name in zip(value_destination_pairs, names,
-                                                       strict=True)]
+        if self._workers == 1 or tf.executing_eagerly():
+            return [self._reduce(reduce_op, value, destinations)
+                    for value, destinations in value_destination_pairs]
+        # Named, and ranked, in the order given (the model's variables): the next step's
+        # forward pass needs the first layers' sums first. Small values (biases, norms)
+        # share rounds (fusion.py, BYTEPS_FUSION_THRESHOLD).
+        graph = tf.compat.v1.get_default_graph()
+        names = [graph.unique_name("PushPull") for _ in value_destination_pairs]
+        locals_ = [self._local_values(value) for value, _ in value_destination_pairs]
+        totals = []
+        for local in locals_:
+            with tf.device(local[0].device):
+                totals.append(self._local_sum(local))
+        sent, wire_names, unfuse = fusion.fuse_small(totals, names, self._fusion_threshold,
+                                                    self._bucket_bytes)
+        basics.declare(wire_names)
+        summed = unfuse([ops.push_pull(t, op=ops.Sum, name=n)
+                         for t, n in zip(sent, wire_names, strict=True)])
+        return [self._finish(reduce_op, total, len(local), destinations)
+                for total, local, (_, destinations) in zip(summed, locals_,
+                                                           value_destination_pairs, strict=True)]
 
     def broadcast_implementation(self, tensor, destinations):
         return cross_device_ops_lib.simple_broadcast(tensor, destinations, always_mirrored=True)
 
-    def _reduce(self, reduce_op, value, destinations, name=None):
-        local = list(value.values) if isinstance(value, values_lib.DistributedValues) else [value]
+    @staticmethod
+    def _local_values(value) -> list:
+        return list(value.values) if isinstance(value, values_lib.DistributedValues) else [value]
+
+    @staticmethod
+    def _local_sum(local: list):
+        return tf.add_n(local) if len(local) > 1 else tf.identity(local[0])
+
+    def _reduce(self, reduce_op, value, destinations):
+        local = self._local_values(value)
         with tf.device(local[0].device):
-            total = tf.add_n(local) if len(local) > 1 else tf.identity(local[0])
+            total = self._local_sum(local)
             if self._workers > 1:
-                total = ops.push_pull(total, op=ops.Sum, name=name)
+                total = ops.push_pull(total, op=ops.Sum)
+        return self._finish(reduce_op, total, len(local), destinations)
+
+    def _finish(self, reduce_op, total, local_count: int, destinations):
+        with tf.device(total.device):
             if reduce_op == tf.distribute.ReduceOp.MEAN:
                 # A plain tensor is one value per worker; a PerReplica, one per replica.
-                count = len(local) * self._workers
+                count = local_count * self._workers
                 total = (total // count if total.dtype.is_integer
                          else total / tf.cast(count, total.dtype))
         return cross_device_ops_lib.simple_broadcast(total, destinations, always_mirrored=True)

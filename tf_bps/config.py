@@ -20,6 +20,9 @@ from tf_bps.launch.cluster import ClusterError, Placement, placement
 ROLES = ("scheduler", "server", "worker")
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 DEFAULT_PARTITION_BYTES = 4096000
+# Below the 64 KiB floor of a partition (custom_ops/core/worker.cc) a tensor would be one
+# small round of its own; such gradients share rounds instead.
+DEFAULT_FUSION_THRESHOLD = 65536
 DEFAULT_SCHEDULING_CREDIT = 2  # partitions per server in flight; measured in network_bound.py
 # Upper bounds the code can honour: every wait in the core is an int of milliseconds.
 MAX_TIMEOUT_SECONDS = 1_000_000
@@ -226,6 +229,9 @@ class Config:
     # momentum (downsample.py); every N steps, slow workers reported (perf_check.py).
     downsample: int
     gradient_momentum: float
+    # Gradients under this many bytes travel fused, per dtype, in buffers of at most
+    # one partition (fusion.py); 0: each alone.
+    fusion_threshold: int
     perf_check_steps: int
     stacked_allgather: bool
     # The timeline (BYTEPS_TRACE_*): each worker writes <dir>/<local rank>/comm.json
@@ -298,6 +304,8 @@ class Config:
             accumulate_steps=_int(env, "PERSEUS_ACCUMULATE_N_STEPS", 1, minimum=1,
                                   maximum=1 << 20),
             fusion=_int(env, "PERSEUS_ALLREDUCE_FUSION", 0, minimum=0, maximum=128),
+            fusion_threshold=_int(env, "BYTEPS_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD,
+                                  minimum=0, maximum=2**31 - 1),
             downsample=_int(env, "PERSEUS_DOWNSAMPLE_N_ELEMENTS", 1, minimum=1, maximum=1024),
             gradient_momentum=_float(env, "PERSEUS_GRADIENT_MOMENTUM", 1.0, 0.0, 1.0),
             perf_check_steps=_int(env, "PERSEUS_PERF_CHECK_N_STEPS", 0, minimum=0,

@@ -1,8 +1,13 @@
-"""Tensor fusion (AIACC's PERSEUS_ALLREDUCE_FUSION=N): a step's gradients, in the model's
-order, are packed into about N buffers of similar size, each synchronised as one
+"""Tensor fusion: a step's gradients packed into fewer buffers, each synchronised as one
 push_pull and unpacked after, so that many small tensors cost a few rounds instead of
 one each. Tensors of one dtype and a fully known shape share buffers; others travel
-alone."""
+alone. Two plans:
+    fuse        AIACC's PERSEUS_ALLREDUCE_FUSION=N: every gradient, in the model's
+                order, in about N buffers of similar size.
+    fuse_small  the default (BYTEPS_FUSION_THRESHOLD): only tensors smaller than the
+                threshold share buffers, of at most one partition each; larger ones
+                are already cut into partitions and spread over the servers.
+"""
 
 from __future__ import annotations
 
@@ -27,6 +32,29 @@ def fuse(tensors: list, names: list[str], parts: int):
         current.append(index)
     if current:
         buckets.append(current)
+    return _pack(tensors, names, buckets)
+
+
+def fuse_small(tensors: list, names: list[str], threshold: int, bucket_bytes: int):
+    """Like fuse(), packing only tensors under `threshold` bytes, per dtype, into buffers
+    of at most `bucket_bytes`; each buffer goes where its first tensor stood."""
+    buckets: list[list[int]] = []
+    open_bucket: dict[tf.DType, tuple[list[int], int]] = {}  # dtype -> (bucket, bytes)
+    for index, tensor in enumerate(tensors):
+        small = tensor.shape.is_fully_defined() and _bytes(tensor) < threshold
+        if not small:
+            buckets.append([index])
+            continue
+        bucket, filled = open_bucket.get(tensor.dtype, (None, 0))
+        if bucket is None or filled + _bytes(tensor) > bucket_bytes:
+            bucket, filled = [], 0
+            buckets.append(bucket)
+        bucket.append(index)
+        open_bucket[tensor.dtype] = (bucket, filled + _bytes(tensor))
+    return _pack(tensors, names, buckets)
+
+
+def _pack(tensors: list, names: list[str], buckets: list[list[int]]):
     sent, sent_names = [], []
     for bucket in buckets:
         if len(bucket) == 1:

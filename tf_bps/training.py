@@ -49,6 +49,10 @@ class SyncOptions:
     device_sparse: str = ""
     process_set_id: int = 0  # 0: every worker
     fusion: int = 0  # PERSEUS_ALLREDUCE_FUSION: buffers a step's gradients are packed into
+    # Otherwise gradients under fusion_threshold bytes share buffers of at most
+    # fusion_bucket_bytes (BYTEPS_FUSION_THRESHOLD, BYTEPS_PARTITION_BYTES); 0: none.
+    fusion_threshold: int = 0
+    fusion_bucket_bytes: int = 0
     # BYTEPS_ENABLE_ASYNC: steps apply local gradients and exchange weights (asynchronous.py)
     asynchronous: bool = False
     # PERSEUS_DOWNSAMPLE_N_ELEMENTS / _GRADIENT_MOMENTUM (downsample.py) and
@@ -100,7 +104,8 @@ class SyncOptions:
                                  "BYTEPS_ENABLE_ASYNC=1")
         return cls(compression, ReduceOp(op), bool(sparse_as_dense),
                    float(gradient_predivide_factor), device_dense, device_sparse, set_id,
-                   config.fusion, config.enable_async, config.downsample,
+                   config.fusion, config.fusion_threshold, config.partition_bytes,
+                   config.enable_async, config.downsample,
                    config.gradient_momentum, config.perf_check_steps)
 
     def group_size(self) -> int:
@@ -180,6 +185,9 @@ def synchronise_gradients(grads, names, options: SyncOptions = SyncOptions(),
     wire_names, unfuse = dense_names, None
     if options.fusion:
         tensors, wire_names, unfuse = fusion.fuse(tensors, dense_names, options.fusion)
+    elif options.fusion_threshold:
+        tensors, wire_names, unfuse = fusion.fuse_small(
+            tensors, dense_names, options.fusion_threshold, options.fusion_bucket_bytes)
     # Priority follows the model's order (the variables'), not the backward pass's:
     # the next step's forward pass needs the first layers' sums first.
     basics.declare(wire_names)
