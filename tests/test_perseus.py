@@ -53,9 +53,11 @@ def _down_sampled_kernel(steps: int, every: int, momentum: float, workers: int) 
     return kernel
 
 
-def test_down_sampling_sends_a_share_of_each_gradient_and_a_slow_worker_is_reported(procs):
+@pytest.mark.parametrize("mode", ["optimizer", "tape"])
+def test_down_sampling_sends_a_share_of_each_gradient_and_a_slow_worker_is_reported(procs,
+                                                                                     mode):
     status, output = procs.launch(
-        2, "sampled_steps.py", "6", num_servers=1, BYTEPS_LOG_LEVEL="DEBUG",
+        2, "sampled_steps.py", mode, "6", num_servers=1, BYTEPS_LOG_LEVEL="DEBUG",
         PERSEUS_DOWNSAMPLE_N_ELEMENTS=2, PERSEUS_GRADIENT_MOMENTUM=0.5,
         PERSEUS_PERF_CHECK_N_STEPS=3)
     assert status == 0, output
@@ -65,7 +67,9 @@ def test_down_sampling_sends_a_share_of_each_gradient_and_a_slow_worker_is_repor
     # 5 elements in turns of 2: 3 per step (one of them padding), 4 bytes each, one
     # copy per host, 6 steps; the whole gradient would be 20 bytes a step.
     moved = dict(re.findall(r"tensor '([^']+)' moved (\d+) bytes in", output))
-    assert moved["DistributedOptimizer.sequential/dense/kernel"] == str(3 * 4 * 6), moved
+    name = {"optimizer": "DistributedOptimizer.sequential/dense/kernel",
+            "tape": "DistributedOptimizer.0.sequential/dense/kernel"}[mode]
+    assert moved[name] == str(3 * 4 * 6), moved
     # Steps 3 and 6 end a window; rank 1 spent 0.3 s before each step, rank 0 almost
     # nothing (it waited inside the synchronisation instead).
     reports = re.findall(r"step-time check \(PERSEUS_PERF_CHECK_N_STEPS\) at step (\d+): "

@@ -466,6 +466,12 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
     return model
 
 
+# A DistributedGradientTape is usually made anew for each step (Horovod's examples make
+# it inside the step function), so what down-sampling and the step-time check carry from
+# step to step lives here, by the tape's name and settings.
+_TAPE_STEP_STATE: dict[tuple, tuple] = {}
+
+
 class DistributedGradientTape(_GradientSync):
     """Wraps a tf.GradientTape: `gradient()` returns gradients synchronised over all
     workers. Takes every argument of Horovod's DistributedGradientTape; everything
@@ -483,6 +489,9 @@ class DistributedGradientTape(_GradientSync):
         options.refuse_asynchronous("DistributedGradientTape")
         self._prefix = name
         self._bps_init_sync(options, name, scale_local_gradients)
+        key = (name, options.downsample, options.gradient_momentum, options.perf_check_steps)
+        self._bps_sampler, self._bps_step_check = _TAPE_STEP_STATE.setdefault(
+            key, (self._bps_sampler, self._bps_step_check))
 
     def register_local_source(self, source):
         """Keeps `source`'s gradient on this worker (Horovod's register_local_source)."""
