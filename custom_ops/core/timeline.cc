@@ -41,6 +41,7 @@ int64_t Timeline::Now() {
 }
 
 void Timeline::OperationStarted(uint32_t step) {
+  if (written_.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> lock(mutex_);
   if (Traces(step)) {
     ++open_operations_;
@@ -51,6 +52,7 @@ void Timeline::OperationStarted(uint32_t step) {
 }
 
 void Timeline::OperationEnded(const std::string& tensor, uint32_t step, int64_t start) {
+  if (written_.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> lock(mutex_);
   if (written_) return;
   events_.push_back(Event{tensor, nullptr, step, 0, start, Now() - start});
@@ -65,7 +67,7 @@ void Timeline::Stage(const std::string& tensor, uint32_t step, uint32_t part, co
 
 void Timeline::StartWriterLocked() {
   if (written_) return;
-  written_ = true;
+  written_.store(true, std::memory_order_release);
   writer_ = std::thread(&Timeline::Write, path_, std::move(events_));
 }
 

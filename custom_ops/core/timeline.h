@@ -9,6 +9,7 @@
 #ifndef TF_BPS_CORE_TIMELINE_H_
 #define TF_BPS_CORE_TIMELINE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -57,7 +58,9 @@ class Timeline {
   std::vector<Event> events_;
   int open_operations_ = 0;  // of the window, started and not yet ended
   bool past_window_ = false;
-  bool written_ = false;
+  // Set once, under the mutex; read without it so that, once the file is on its way,
+  // operations of later steps no longer take the lock.
+  std::atomic<bool> written_{false};
   std::thread writer_;
 };
 
