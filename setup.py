@@ -21,22 +21,17 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 
-def sources(folder: str, *names: str) -> list[str]:
-    """Paths relative to the project root, where pip runs this file."""
-    return [str(Path("custom_ops", folder, f"{name}.cc")) for name in names]
+def native_sources() -> dict:
+    """The source lists and flags BUILD uses too (native_sources.bzl: plain list
+    assignments, so Starlark and Python read them alike). Paths are relative to the
+    project root, where pip runs this file."""
+    lists: dict = {}
+    exec(Path("native_sources.bzl").read_text(), {"__builtins__": {}}, lists)
+    return lists
 
 
-# What both engines share: types, the wire format, sockets, shared memory, kernels.
-SHARED = [*sources("core", "common", "logging", "protocol", "reduce"),
-          *sources("core/transport", "socket", "shared_memory", "transport",
-                   "shared_memory_channel", "auth")]
-CORE_SOURCES = [*SHARED, *sources("core", "task", "credits", "timeline", "local_merge", "worker",
-                                   "c_api")]
-SERVER_SOURCES = [*SHARED, *sources("server", "server"), *sources("python", "server_module")]
-WORKER_MODULE_SOURCES = sources("python", "worker_module")
-TF_SOURCES = sorted(str(p) for p in Path("custom_ops", "tf").glob("*.cc"))
-GPU_SOURCES = [*sources("core", "common"), "custom_ops/core/cuda/gpu_kernels.cu"]
-CXXFLAGS = ["-std=c++17", "-O3", "-fPIC", "-pthread", "-fvisibility-inlines-hidden"]
+NATIVE = native_sources()
+CXXFLAGS = NATIVE["CXXFLAGS"]
 # Ampere and Hopper machine code, and PTX that newer GPUs compile at load time.
 CUDA_ARCHS = ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90",
               "-gencode=arch=compute_90,code=compute_90"]
@@ -70,19 +65,19 @@ class BuildNative(build_ext):
             cmd = [cuda_toolkit(), "-std=c++17", "-O3", "-shared", "-Xcompiler=-fPIC,-Wall",
                    "-cudart=static", *CUDA_ARCHS, *ext.sources, "-o", str(target)]
         elif name == "_bps_core":
-            cmd = [cxx, *CXXFLAGS, "-Wall", "-Wextra", "-shared", *ext.sources, "-o",
+            cmd = [cxx, *CXXFLAGS, *NATIVE["WARNINGS"], "-shared", *ext.sources, "-o",
                    str(target), f"-Wl,-soname,{target.name}"]
         elif name == "_bps_tf_ops":
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
             import tensorflow as tf  # Only the TensorFlow adapter needs it.
 
-            cmd = [cxx, *CXXFLAGS, "-shared", "-Wno-deprecated-declarations",
-                   "-Wno-interference-size", *tf.sysconfig.get_compile_flags(), *ext.sources,
+            cmd = [cxx, *CXXFLAGS, "-shared", *NATIVE["TF_WARNINGS"],
+                   *tf.sysconfig.get_compile_flags(), *ext.sources,
                    "-o", str(target), *tf.sysconfig.get_link_flags(), *link_core]
         else:  # The pybind11 modules.
             import pybind11
 
-            cmd = [cxx, *CXXFLAGS, "-Wall", "-Wextra", "-fvisibility=hidden", "-shared",
+            cmd = [cxx, *CXXFLAGS, *NATIVE["WARNINGS"], "-fvisibility=hidden", "-shared",
                    f"-I{pybind11.get_include()}", f"-I{sysconfig.get_paths()['include']}",
                    *ext.sources, "-o", str(target)]
             if name == "_bps_worker":
@@ -94,11 +89,12 @@ class BuildNative(build_ext):
 setup(
     # Built in this order: the others link against _bps_core.
     ext_modules=[
-        Extension("tf_bps._bps_core", CORE_SOURCES),
-        Extension("tf_bps._bps_tf_ops", TF_SOURCES),
-        Extension("tf_bps._bps_worker", WORKER_MODULE_SOURCES),
-        Extension("tf_bps._bps_server", SERVER_SOURCES),
-        *([Extension("tf_bps._bps_gpu", GPU_SOURCES)] if cuda_toolkit() else []),
+        Extension("tf_bps._bps_core", NATIVE["CORE_SOURCES"]),
+        Extension("tf_bps._bps_tf_ops", NATIVE["TF_SOURCES"]),
+        Extension("tf_bps._bps_worker", NATIVE["WORKER_MODULE_SOURCES"]),
+        Extension("tf_bps._bps_server",
+                  NATIVE["SERVER_ENGINE_SOURCES"] + NATIVE["SERVER_MODULE_SOURCES"]),
+        *([Extension("tf_bps._bps_gpu", NATIVE["GPU_SOURCES"])] if cuda_toolkit() else []),
     ],
     cmdclass={"build_ext": BuildNative},
 )

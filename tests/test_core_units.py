@@ -7,20 +7,21 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# The pieces under test, without the worker and the C API (which they do not need).
-SOURCES = [ROOT / "custom_ops" / "core" / f"{name}.cc"
-           for name in ("common", "logging", "protocol", "reduce", "task", "credits", "timeline")]
-SOURCES += [ROOT / "custom_ops" / "core" / "transport" / f"{name}.cc"
-            for name in ("socket", "shared_memory", "transport", "shared_memory_channel", "auth")]
-SOURCES.append(ROOT / "custom_ops" / "server" / "server.cc")
+
+
+def unit_test_sources() -> list[str]:
+    """The list BUILD's core_unit_test uses too (native_sources.bzl)."""
+    lists: dict = {}
+    exec((ROOT / "native_sources.bzl").read_text(), {"__builtins__": {}}, lists)
+    return [str(ROOT / path) for path in lists["UNIT_TEST_SOURCES"]]
 
 
 def test_core_unit_tests(tmp_path):
     binary = tmp_path / "core_unit_test"
     compiler = os.environ.get("CXX", "g++")
     build = subprocess.run(
-        [compiler, "-std=c++17", "-O1", "-pthread", "-Wall", "-Wextra",
-         str(ROOT / "tests" / "cpp" / "core_unit_test.cc"), *map(str, SOURCES), "-o", str(binary)],
+        [compiler, "-std=c++17", "-O1", "-pthread", "-Wall", "-Wextra", *unit_test_sources(),
+         "-o", str(binary)],
         capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr
     run = subprocess.run([str(binary)], capture_output=True, text=True, timeout=60)

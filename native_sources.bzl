@@ -1,0 +1,51 @@
+# The native sources and compiler flags of tf_bps, in one place: BUILD loads this file
+# (Starlark) and setup.py executes it (these plain list assignments are also Python),
+# so the Bazel and pip builds cannot drift apart.
+
+# What both engines share: types, the wire format, sockets, shared memory, kernels.
+SHARED_SOURCES = [
+    "custom_ops/core/common.cc",
+    "custom_ops/core/logging.cc",
+    "custom_ops/core/protocol.cc",
+    "custom_ops/core/reduce.cc",
+    "custom_ops/core/transport/socket.cc",
+    "custom_ops/core/transport/shared_memory.cc",
+    "custom_ops/core/transport/transport.cc",
+    "custom_ops/core/transport/shared_memory_channel.cc",
+    "custom_ops/core/transport/auth.cc",
+]
+
+# The worker engine behind its C API (c_api.h).
+CORE_SOURCES = SHARED_SOURCES + [
+    "custom_ops/core/task.cc",
+    "custom_ops/core/credits.cc",
+    "custom_ops/core/timeline.cc",
+    "custom_ops/core/local_merge.cc",
+    "custom_ops/core/worker.cc",
+    "custom_ops/core/c_api.cc",
+]
+
+# The server engine; no worker code.
+SERVER_ENGINE_SOURCES = SHARED_SOURCES + ["custom_ops/server/server.cc"]
+
+# The Python bindings (pybind11) and the TensorFlow kernels.
+SERVER_MODULE_SOURCES = ["custom_ops/python/server_module.cc"]
+WORKER_MODULE_SOURCES = ["custom_ops/python/worker_module.cc"]
+TF_SOURCES = ["custom_ops/tf/collective_ops.cc"]
+
+# The core's CUDA kernels (built only where a CUDA toolkit is found).
+GPU_SOURCES = ["custom_ops/core/common.cc", "custom_ops/core/cuda/gpu_kernels.cu"]
+
+# The C++ unit tests: the pieces they exercise, without the worker and the C API.
+UNIT_TEST_SOURCES = SHARED_SOURCES + [
+    "custom_ops/core/task.cc",
+    "custom_ops/core/credits.cc",
+    "custom_ops/core/timeline.cc",
+    "custom_ops/server/server.cc",
+    "tests/cpp/core_unit_test.cc",
+]
+
+CXXFLAGS = ["-std=c++17", "-O3", "-fPIC", "-pthread", "-fvisibility-inlines-hidden"]
+WARNINGS = ["-Wall", "-Wextra"]
+# The TensorFlow headers trip these; the kernels are ours either way.
+TF_WARNINGS = ["-Wno-deprecated-declarations", "-Wno-interference-size"]
