@@ -819,6 +819,8 @@ const char* Server::Complete(const PartitionKey& id, KeyState* key, size_t* leng
       }
       return out;
     }
+    case OpKind::kAsyncPushPull:  // Asynchronous keys answer each push (ProcessAsync).
+      break;
   }
   return nullptr;
 }

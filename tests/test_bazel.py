@@ -1,0 +1,47 @@
+"""The Bazel build (WORKSPACE, BUILD): it builds the native parts offline with Debian's
+bazel-bootstrap, its C++ unit tests pass, and the libraries it builds run a job in
+place of the pip-built ones. Skips where bazel is not installed (tools/bootstrap.sh
+installs it with TF_BPS_BAZEL=1)."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import WORKERS, marked_json
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.skipif(shutil.which("bazel") is None, reason="bazel is not installed")
+
+
+def test_bazel_builds_tests_and_its_libraries_run_a_job(procs, tmp_path):
+    built = subprocess.run(
+        # --batch: no Bazel server is left running after the test.
+        ["bazel", "--batch", "test", "//...", f"--repo_env=PYTHON_BIN_PATH={sys.executable}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert "//:core_unit_test" in built.stdout + built.stderr
+    # A copy of the package whose core and kernels are Bazel's. The pip-built worker
+    # module links the core by its pip name: that name points at Bazel's file, so
+    # the process maps one core, and both sides share its state.
+    package = tmp_path / "tf_bps"
+    shutil.copytree(ROOT / "tf_bps", package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "strategies", package / "strategies",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    bin_dir = ROOT / "bazel-bin"
+    for stem in ("_bps_core", "_bps_tf_ops"):
+        pip_built = next(package.glob(f"{stem}*.so"))
+        pip_built.unlink()
+        shutil.copy(bin_dir / f"{stem}.so", package / f"{stem}.so")
+        if stem == "_bps_core":
+            os.symlink(f"{stem}.so", pip_built)
+    status, output = procs.launch(2, "bazel_built.py", num_servers=1,
+                                  PYTHONPATH=f"{tmp_path}{os.pathsep}{WORKERS}")
+    assert status == 0, output
+    for report in marked_json(output).values():
+        assert report["sum"] == 3.0
+        assert report["kernels"] == str(package / "_bps_tf_ops.so")
+        assert report["mapped"] == sorted([str(package / "_bps_core.so"),
+                                           str(package / "_bps_tf_ops.so")]), report
