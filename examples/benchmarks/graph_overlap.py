@@ -19,13 +19,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+import jobs  # noqa: E402
 from netbed import NetBed, SshHosts  # noqa: E402  (the test bed lives with the tests)
 from priority_benchmark import resnet50_sizes  # noqa: E402
 
@@ -66,17 +66,10 @@ def worker(args) -> None:
 
 
 def run_variant(bed: NetBed, ssh: SshHosts, args, variant: str, out: str) -> float:
-    command = bed.command(0, [
-        sys.executable, "-m", "tf_bps.launch", *ssh.ssh_options(),
-        "-H", f"{bed.address(0)}:1,{bed.address(1)}:1",
-        "--server-hosts", f"{bed.address(2)},{bed.address(3)}",
-        sys.executable, __file__, "--role", "worker", "--variant", variant, "--out", out,
-        "--scale", str(args.scale)])
-    done = subprocess.run(command, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
-                          capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        raise RuntimeError(f"the job failed:\n{done.stdout}{done.stderr}")
-    return json.loads(Path(out).read_text())["seconds"]
+    worker = [sys.executable, __file__, "--role", "worker", "--variant", variant, "--out", out,
+              "--scale", str(args.scale)]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    return jobs.run_tf_bps_over_ssh(bed, ssh, worker, out, env)["seconds"]
 
 
 def main() -> None:

@@ -62,6 +62,21 @@ def run_tf_bps_hosts(worker_command: list[str], out_path: str, hosts: int, local
     return _read(out_path)
 
 
+def run_tf_bps_over_ssh(bed, ssh, worker_command: list[str], out_path: str,
+                        env: dict[str, str] | None = None) -> dict:
+    """2 worker hosts (bed hosts 0 and 1, one worker each) and 2 server hosts (2 and 3),
+    started from host 0 with `bpslaunch -H` over ssh (tests/netbed.py)."""
+    command = bed.command(0, [
+        sys.executable, "-m", "tf_bps.launch", *ssh.ssh_options(),
+        "-H", f"{bed.address(0)}:1,{bed.address(1)}:1",
+        "--server-hosts", f"{bed.address(2)},{bed.address(3)}", *worker_command])
+    done = subprocess.run(command, env=env or dict(os.environ), capture_output=True,
+                          text=True, timeout=TIMEOUT_S)
+    if done.returncode != 0:
+        raise RuntimeError(f"the job failed:\n{done.stdout}{done.stderr}")
+    return _read(out_path)
+
+
 def run_processes(commands: list[tuple[list[str], dict]]) -> list[str]:
     """Runs (command, environment) pairs side by side; their outputs, once every one
     succeeded. The first failure is raised with its output; nothing is left running."""

@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+import jobs  # noqa: E402
 from netbed import NetBed, SshHosts  # noqa: E402  (the test bed lives with the tests)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -92,17 +92,10 @@ def run_variant(bed: NetBed, ssh: SshHosts, args, order: str, credit: str | None
     env.pop("BYTEPS_SCHEDULING_CREDIT", None)
     if credit is not None:
         env["BYTEPS_SCHEDULING_CREDIT"] = credit
-    command = bed.command(0, [
-        sys.executable, "-m", "tf_bps.launch", *ssh.ssh_options(),
-        "-H", f"{bed.address(0)}:1,{bed.address(1)}:1",
-        "--server-hosts", f"{bed.address(2)},{bed.address(3)}",
-        sys.executable, __file__, "--role", "worker", "--order", order, "--out", out,
-        "--scale", str(args.scale), "--backward-ms", str(args.backward_ms),
-        "--forward-ms", str(args.forward_ms)])
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        raise RuntimeError(f"the job failed:\n{done.stdout}{done.stderr}")
-    return json.loads(Path(out).read_text())["seconds"]
+    worker = [sys.executable, __file__, "--role", "worker", "--order", order, "--out", out,
+              "--scale", str(args.scale), "--backward-ms", str(args.backward_ms),
+              "--forward-ms", str(args.forward_ms)]
+    return jobs.run_tf_bps_over_ssh(bed, ssh, worker, out, env)["seconds"]
 
 
 def main() -> None:
