@@ -50,10 +50,9 @@ class PushPullCrossDeviceOps(tf.distribute.CrossDeviceOps):
     """Sums local replicas on one device, then across workers with push_pull (unless
     `across_workers` is False: asynchronous training reduces inside the worker only)."""
 
-    def __init__(self, across_workers: bool = True):
+    def __init__(self, config: Config, across_workers: bool = True):
         super().__init__()
         self._workers = bps.size() if across_workers else 1
-        config = Config.from_env()
         self._fusion_threshold, self._bucket_bytes = config.fusion_threshold, config.partition_bytes
 
     @property
@@ -120,18 +119,18 @@ class PushPullCrossDeviceOps(tf.distribute.CrossDeviceOps):
 class _ParameterServerExtended(mirrored_strategy.MirroredExtended):
     """MirroredExtended whose replicas span all workers of the tf_bps job."""
 
-    def __init__(self, container_strategy, devices):
+    def __init__(self, container_strategy, devices, config: Config):
         self._bps_size = bps.size()
         self._bps_rank = bps.rank()
         self._variables_created = itertools.count()
         # BYTEPS_ENABLE_ASYNC: weights are exchanged after each update instead.
-        self._bps_async = Config.from_env().enable_async and bps.is_distributed()
+        self._bps_async = config.enable_async and bps.is_distributed()
         self._bps_exchange = AsyncExchange()
         self._bps_async_names = {}
         # How many workers a reduction spans.
         self._bps_sync_size = 1 if self._bps_async else self._bps_size
         super().__init__(container_strategy, devices=devices,
-                         cross_device_ops=PushPullCrossDeviceOps(not self._bps_async))
+                         cross_device_ops=PushPullCrossDeviceOps(config, not self._bps_async))
 
     # Private: MirroredExtended counts only this process's devices.
     @property
@@ -185,7 +184,7 @@ class _ParameterServerExtended(mirrored_strategy.MirroredExtended):
 
     # Private: gathers across workers too (Keras concatenates predict outputs this way).
     def _gather_to_implementation(self, value, destinations, axis, options):
-        local = list(value.values) if isinstance(value, values_lib.DistributedValues) else [value]
+        local = PushPullCrossDeviceOps._local_values(value)
         with tf.device(local[0].device):
             joined = tf.concat(local, axis=axis) if len(local) > 1 else tf.identity(local[0])
             if bps.is_distributed():
@@ -268,12 +267,13 @@ class ParameterServerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         # only for instances of that class (backend/tensorflow/trainer.py).
         if not bps.is_initialized():
             bps.init()
-        settings = Config.from_env().gradient_step_options()
+        config = Config.from_env()
+        settings = config.gradient_step_options()
         if settings:
             raise ValueError(f"{', '.join(settings)} works through bps.DistributedOptimizer "
                              "and DistributedGradientTape; ParameterServerStrategy reduces "
                              "whole gradients and has no step of its own to check")
-        extended = _ParameterServerExtended(self, list(devices or _local_devices()))
+        extended = _ParameterServerExtended(self, list(devices or _local_devices()), config)
         distribute_lib.Strategy.__init__(self, extended)
         self._bps_cluster_resolver = None
         _save_on_rank_0_only()

@@ -225,13 +225,13 @@ class Config:
     gradient_scale: float
     accumulate_steps: int
     fusion: int
+    # Gradients under this many bytes travel fused, per dtype, in buffers of at most
+    # one partition (fusion.py); 0: each alone.
+    fusion_threshold: int
     # Down-sampling: one gradient element in N per step, the rest carried over with the
     # momentum (downsample.py); every N steps, slow workers reported (perf_check.py).
     downsample: int
     gradient_momentum: float
-    # Gradients under this many bytes travel fused, per dtype, in buffers of at most
-    # one partition (fusion.py); 0: each alone.
-    fusion_threshold: int
     perf_check_steps: int
     stacked_allgather: bool
     # The timeline (BYTEPS_TRACE_*): each worker writes <dir>/<local rank>/comm.json

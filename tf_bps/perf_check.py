@@ -67,7 +67,7 @@ class StepTimeCheck:
 
         def report():
             mine = tf.reshape(compute / tf.maximum(gaps, 1.0), [1])
-            gathered = ops._library.byteps_allgather(mine, tensor_name=f"{self.name}.perf_check")
+            gathered = ops._allgather(mine, name=f"{self.name}.perf_check")
             if basics.rank() == 0:
                 tf.py_function(lambda seconds, step: _print_report(seconds.numpy().tolist(),
                                                                    int(step)),
