@@ -176,10 +176,9 @@ class _ParameterServerExtended(mirrored_strategy.MirroredExtended):
             index = len(self._bps_async_names)
             self._bps_async_names[id(var)] = f"AsyncParameter.{index}.{var.name}"
         copies, names = [list(var.values)], [self._bps_async_names[id(var)]]
-        self._bps_exchange.start(copies, names)
         before = AsyncExchange.snapshot(copies)
         result = super()._update(var, fn, args, kwargs, group)
-        AsyncExchange.exchange(copies, before, names)
+        self._bps_exchange.exchange(copies, before, names)
         return result
 
     # Private: gathers across workers too (Keras concatenates predict outputs this way).

@@ -1,8 +1,10 @@
 """Asynchronous training (BYTEPS_ENABLE_ASYNC=1): servers keep the parameters, workers
 push weight deltas and never wait for each other."""
 
+import sys
+
 import pytest
-from conftest import LAUNCH, base_env, finish, free_port, marked_json, worker_command
+from conftest import LAUNCH, WORKERS, base_env, finish, free_port, marked_json, worker_command
 
 import tf_bps as bps
 
@@ -27,6 +29,18 @@ def test_a_fast_worker_does_not_wait_for_a_slow_one_and_both_converge(procs, mod
         assert slow["initial_kernel"] == fast["initial_kernel"]
     else:
         assert slow["initial_kernel"] != fast["initial_kernel"]
+
+
+def test_horovods_keras_example_trains_asynchronously(procs, tmp_path):
+    # Horovod's (and BytePS's) Keras MNIST pattern: a model Keras builds inside the first
+    # step, the broadcast and metric callbacks, and a checkpoint on rank 0.
+    drop_in = WORKERS / "drop_in"
+    status, output = procs.run(
+        [*LAUNCH, "-np", "2", "--", sys.executable, str(drop_in / "horovod_keras_fit.py")],
+        base_env(PYTHONPATH=str(drop_in), DROP_IN_OUT=str(tmp_path), BYTEPS_STYLE=1,
+                 BYTEPS_ENABLE_ASYNC=1), timeout=240)
+    assert status == 0, output
+    assert sorted(marked_json(output, "WEIGHTS")) == [0, 1], output
 
 
 def test_servers_without_async_refuse_asynchronous_workers(procs):

@@ -4,7 +4,7 @@ The servers keep the parameters. Each worker applies its optimizer step to its o
 copy, pushes the change that step made (the weight delta) and carries on from the
 parameters the servers send back, which by then hold every delta any worker pushed
 before. No worker waits for another; only a variable's first exchange is special: it
-hands the servers rank 0's initial value, and every worker starts from that.
+hands the servers rank 0's initial value, and every worker continues from that.
 
 The wire operation is the core's kAsyncPushPull (custom_ops/core/protocol.h).
 DistributedOptimizer (training.py) and ParameterServerStrategy call this module; both
@@ -22,37 +22,40 @@ from tf_bps import ops
 
 
 class AsyncExchange:
-    """The parameter exchange of one optimizer (or strategy): which variables the
-    servers already hold, and the delta exchange around each local step."""
+    """The parameter exchange of one optimizer (or strategy): the delta exchange around
+    each local step, and per variable whether the servers hold it yet."""
 
     def __init__(self):
-        self._started: set[str] = set()
-
-    def start(self, copies: Sequence[Sequence[tf.Variable]], names: Sequence[str]) -> None:
-        """Makes sure the servers hold each variable: the first time a name is seen, its
-        value goes to the servers and every worker's copies take rank 0's. Runs eagerly
-        (out of any function being traced), once per variable."""
-        fresh = [(c, n) for c, n in zip(copies, names, strict=True) if n not in self._started]
-        if not fresh:
-            return
-        with tf.init_scope():
-            for variable_copies, name in fresh:
-                initial = ops._async_push_pull(tf.convert_to_tensor(variable_copies[0]), name)
-                for copy in variable_copies:
-                    copy.assign(initial)
-                self._started.add(name)
+        self._started: dict[str, tf.Variable] = {}
 
     @staticmethod
     def snapshot(copies: Sequence[Sequence[tf.Variable]]) -> list[tf.Tensor]:
         """The values before the local step (read before it writes, in program order)."""
         return [tf.identity(tf.convert_to_tensor(c[0])) for c in copies]
 
-    @staticmethod
-    def exchange(copies: Sequence[Sequence[tf.Variable]], before: Sequence[tf.Tensor],
+    def exchange(self, copies: Sequence[Sequence[tf.Variable]], before: Sequence[tf.Tensor],
                  names: Sequence[str]) -> None:
-        """Pushes what the local step changed and takes the servers' parameters."""
+        """Pushes what the local step changed and takes the servers' parameters. A
+        variable's first exchange pushes its value from before the step first: the
+        servers keep rank 0's, and every worker's change is added to that. Decided in
+        the graph, so that models Keras builds inside the first step work too."""
         for variable_copies, old, name in zip(copies, before, names, strict=True):
+            started = self._flag(name)
             delta = tf.convert_to_tensor(variable_copies[0]) - old
-            latest = ops._async_push_pull(delta, name)
+
+            def first(old=old, delta=delta, name=name):
+                ops._async_push_pull(old, name)  # round 1: the initial value
+                return ops._async_push_pull(delta, name)
+
+            latest = tf.cond(started, lambda delta=delta, name=name:
+                             ops._async_push_pull(delta, name), first)
             for copy in variable_copies:
                 copy.assign(latest)
+            started.assign(True)
+
+    def _flag(self, name: str) -> tf.Variable:
+        if name not in self._started:
+            with tf.init_scope():
+                self._started[name] = tf.Variable(False, trainable=False,
+                                                  name="bps_async_started")
+        return self._started[name]

@@ -312,10 +312,9 @@ class _DistributedKerasOptimizer(_GradientSync):
                    if g is not None and not self._bps_is_local(v)]
         copies = [[v] for v in stepped]
         names = [f"{self._bps_prefix}.async.{_variable_name(v)}" for v in stepped]
-        self._bps_exchange.start(copies, names)
         before = AsyncExchange.snapshot(copies)
         apply(grads, trainable_variables)
-        AsyncExchange.exchange(copies, before, names)
+        self._bps_exchange.exchange(copies, before, names)
         return None
 
     def _bps_synchronise(self, grads, variables):
