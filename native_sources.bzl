@@ -28,8 +28,19 @@ CORE_SOURCES = SHARED_SOURCES + [
 # The server engine; no worker code.
 SERVER_ENGINE_SOURCES = SHARED_SOURCES + ["custom_ops/server/server.cc"]
 
-# The Python bindings (pybind11) and the TensorFlow kernels.
-SERVER_MODULE_SOURCES = ["custom_ops/python/server_module.cc"]
+# The control plane in C++: the variables (tf_bps/settings.def), JSON, and a ZeroMQ
+# DEALER that registers with the scheduler.
+CONTROL_SOURCES = [
+    "custom_ops/control/settings.cc",
+    "custom_ops/control/json.cc",
+    "custom_ops/control/zmq_dealer.cc",
+    "custom_ops/control/scheduler_link.cc",
+]
+
+# bps-server, the native executable every server runs (tf_bps/bps_server).
+SERVER_SOURCES = SERVER_ENGINE_SOURCES + CONTROL_SOURCES + ["custom_ops/server/main.cc"]
+
+# The Python binding (pybind11) and the TensorFlow kernels.
 WORKER_MODULE_SOURCES = ["custom_ops/python/worker_module.cc"]
 TF_SOURCES = ["custom_ops/tf/collective_ops.cc"]
 
@@ -42,6 +53,8 @@ UNIT_TEST_SOURCES = SHARED_SOURCES + [
     "custom_ops/core/credits.cc",
     "custom_ops/core/timeline.cc",
     "custom_ops/server/server.cc",
+    "custom_ops/control/settings.cc",
+    "custom_ops/control/json.cc",
     "tests/cpp/core_unit_test.cc",
 ]
 

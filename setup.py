@@ -5,8 +5,8 @@ _bps_core: the framework-neutral worker engine behind its C API (c_api.h); the
 _bps_tf_ops: the TensorFlow kernels, linked against _bps_core and compiled with the
     flags of the installed TensorFlow (tf.sysconfig).
 _bps_worker: the pybind11 module Python uses to start and stop the worker engine.
-_bps_server: the pybind11 module holding the server engine; it contains no worker code
-    and needs no TensorFlow, so `bps-server` loads nothing else.
+bps_server: the summation server, a native executable with no Python and no TensorFlow
+    (`bps-server` runs it); an operator can copy it alone to a CPU-only server machine.
 _bps_gpu: the core's CUDA kernels behind their C API (core/cuda/gpu_api.h), built only
     when a CUDA toolkit is found (see cuda_toolkit); without one the build is CPU only.
 """
@@ -50,7 +50,26 @@ def cuda_toolkit() -> str | None:
 
 
 class BuildNative(build_ext):
-    """Compiles with g++ directly: a handful of shared libraries need no build system."""
+    """Compiles with g++ directly: a handful of shared libraries and one executable need
+    no build system."""
+
+    def run(self):
+        super().run()
+        self.build_server()
+
+    def server_path(self) -> Path:
+        return Path(self.get_ext_fullpath("tf_bps._bps_core")).resolve().parent / "bps_server"
+
+    def build_server(self):
+        # Static libstdc++: the file runs on a server machine with no compiler.
+        cmd = [os.environ.get("CXX", "g++"), *CXXFLAGS, *NATIVE["WARNINGS"],
+               *NATIVE["SERVER_SOURCES"], "-static-libstdc++", "-static-libgcc",
+               "-o", str(self.server_path())]
+        self.announce(" ".join(cmd), level=2)
+        subprocess.check_call(cmd)
+
+    def get_outputs(self):
+        return [*super().get_outputs(), str(self.server_path())]
 
     def build_extension(self, ext):
         target = Path(self.get_ext_fullpath(ext.name)).resolve()
@@ -74,14 +93,12 @@ class BuildNative(build_ext):
             cmd = [cxx, *CXXFLAGS, "-shared", *NATIVE["TF_WARNINGS"],
                    *tf.sysconfig.get_compile_flags(), *ext.sources,
                    "-o", str(target), *tf.sysconfig.get_link_flags(), *link_core]
-        else:  # The pybind11 modules.
+        else:  # The pybind11 module.
             import pybind11
 
             cmd = [cxx, *CXXFLAGS, *NATIVE["WARNINGS"], "-fvisibility=hidden", "-shared",
                    f"-I{pybind11.get_include()}", f"-I{sysconfig.get_paths()['include']}",
-                   *ext.sources, "-o", str(target)]
-            if name == "_bps_worker":
-                cmd += link_core
+                   *ext.sources, "-o", str(target), *link_core]
         self.announce(" ".join(cmd), level=2)
         subprocess.check_call(cmd)
 
@@ -92,8 +109,6 @@ setup(
         Extension("tf_bps._bps_core", NATIVE["CORE_SOURCES"]),
         Extension("tf_bps._bps_tf_ops", NATIVE["TF_SOURCES"]),
         Extension("tf_bps._bps_worker", NATIVE["WORKER_MODULE_SOURCES"]),
-        Extension("tf_bps._bps_server",
-                  NATIVE["SERVER_ENGINE_SOURCES"] + NATIVE["SERVER_MODULE_SOURCES"]),
         *([Extension("tf_bps._bps_gpu", NATIVE["GPU_SOURCES"])] if cuda_toolkit() else []),
     ],
     cmdclass={"build_ext": BuildNative},

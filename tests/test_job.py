@@ -1,12 +1,16 @@
 """Broadcast, gradients, the local path, errors and the lifetime of real jobs."""
 
 import re
+import subprocess
 import sys
 import time
 
 import pytest
 from conftest import LAUNCH, base_env, finish, free_port, worker_command
 from conftest import marked_json as reports
+
+from tf_bps.config import Config, ConfigError
+from tf_bps.core import server_executable
 
 
 def test_broadcast_and_gradients(procs):
@@ -42,12 +46,69 @@ def test_force_distributed_single_worker_uses_servers(procs):
     assert reports(output)[0]["sum"] == [1.0, 2.0, 3.0]
 
 
-def test_server_and_scheduler_import_no_tensorflow(procs):
+def test_scheduler_and_launcher_import_no_tensorflow(procs):
     probe = ("import sys, tf_bps, tf_bps.server, tf_bps.scheduler, tf_bps.launch.bpslaunch; "
-             "tf_bps.core.server_engine(); print('tensorflow' in sys.modules, "
-             "'tf_bps._bps_worker' in sys.modules)")
+             "print('tensorflow' in sys.modules, 'tf_bps._bps_worker' in sys.modules)")
     status, output = procs.run([sys.executable, "-c", probe], base_env())
     assert (status, output.strip()) == (0, "False False")
+
+
+def test_the_server_is_a_native_program_needing_only_libc():
+    needed = subprocess.run(["readelf", "-d", str(server_executable())], capture_output=True,
+                            text=True, check=True).stdout
+    libraries = set(re.findall(r"Shared library: \[([^\]]+)\]", needed))
+    assert libraries <= {"libc.so.6", "libm.so.6", "ld-linux-x86-64.so.2"}, libraries
+
+
+# Bad values of every kind in settings.def, and the rules that tie variables together.
+SERVER_CHECKS = [
+    {"DMLC_NUM_WORKER": "two"},
+    {"DMLC_NUM_WORKER": "0"},
+    {"DMLC_NUM_SERVER": "1_0000"},
+    {"BYTEPS_PARTITION_BYTES": " -4 "},
+    {"BYTEPS_MAX_TENSOR_BYTES": "1e9"},
+    {"DMLC_ENABLE_RDMA": "1"},
+    {"DMLC_ENABLE_RDMA": "yes"},
+    {"BYTEPS_SERVER_ENABLE_SCHEDULE": "1"},
+    {"BYTEPS_LOG_LEVEL": "LOUD"},
+    {"BYTEPS_LOG_LEVEL": "it's"},
+    {"PS_VERBOSE": "7"},
+    {"PS_HEARTBEAT_TIMEOUT": "nan"},
+    {"PS_HEARTBEAT_INTERVAL": "0"},
+    {"BYTEPS_OP_TIMEOUT": "0x10"},
+    {"GLOO_TIMEOUT_SECONDS": "2e6"},
+    {"PERSEUS_GRADIENT_MOMENTUM": "1.5"},
+    {"PERSEUS_ALLREDUCE_DTYPE": "3"},
+    {"BYTEPS_PCIE_SWITCH_SIZE": "0"},
+    {"PS_HEARTBEAT_INTERVAL": "5", "PS_HEARTBEAT_TIMEOUT": "4.5"},
+    {"BYTEPS_TRACE_START_STEP": "30"},
+    {"DMLC_NUM_WORKER": "2", "DMLC_WORKER_ID": "2"},
+    {"DMLC_ROLE": "worker"},
+    {"DMLC_PS_ROOT_PORT": ""},
+    {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9", "DMLC_NUM_SERVER": "0"},
+    {"DMLC_INTERFACE": "nosuchnic0"},
+]
+
+
+@pytest.mark.parametrize("env", SERVER_CHECKS, ids=lambda env: ",".join(env))
+def test_the_native_server_checks_variables_as_python_does(procs, env):
+    """One table (tf_bps/settings.def) for both sides: the native server refuses what
+    config.py refuses, with the same message."""
+    job = {"DMLC_ROLE": "server", "DMLC_NUM_SERVER": "1", "DMLC_PS_ROOT_URI": "127.0.0.1",
+           "DMLC_PS_ROOT_PORT": "9", **env}
+    job = {name: value for name, value in job.items() if value}  # "": unset
+    try:
+        config = Config.from_env(job)
+        if config.role != "server":
+            raise ConfigError(f"DMLC_ROLE={config.role!r} but this is a server; set "
+                              "DMLC_ROLE=server")
+        config.require_rendezvous()
+        config.advertised_host()
+        pytest.fail(f"config.py accepts {env}")
+    except ConfigError as error:
+        expected = f"tf_bps server: {error}"
+    status, output = procs.run([str(server_executable())], {**base_env(), **job})
+    assert (status, output.strip()) == (2, expected)
 
 
 def test_bad_variables_are_named(procs):
@@ -79,7 +140,9 @@ def test_bad_variables_are_named(procs):
     assert status == 2 and "BYTEPS_SERVER_ENGINE_THREAD='0'" in output
     status, output = procs.run([sys.executable, "-m", "tf_bps.server"],
                                base_env(DMLC_ROLE="server", DMLC_PS_ROOT_PORT="99999"))
-    assert status == 2 and "DMLC_PS_ROOT_PORT='99999'" in output
+    assert (status, output.strip()) == (
+        2, "tf_bps server: DMLC_PS_ROOT_PORT='99999' is not valid: expected an integer from 1 "
+        "to 65535")
 
 
 def test_shape_and_dtype_mismatch_name_tensor_and_ranks(procs):

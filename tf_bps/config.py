@@ -6,95 +6,88 @@ its settings from here through the C API.
 
 from __future__ import annotations
 
+import ast
 import fcntl
 import logging
 import math
 import os
+import re
 import socket
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from tf_bps.launch.cluster import ClusterError, Placement, placement
-
-ROLES = ("scheduler", "server", "worker")
-LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
-DEFAULT_PARTITION_BYTES = 4096000
-# Below the 64 KiB floor of a partition (custom_ops/core/worker.cc) a tensor would be one
-# small round of its own; such gradients share rounds instead.
-DEFAULT_FUSION_THRESHOLD = 65536
-DEFAULT_SCHEDULING_CREDIT = 2  # partitions per server in flight; measured in network_bound.py
-# Upper bounds the code can honour: every wait in the core is an int of milliseconds.
-MAX_TIMEOUT_SECONDS = 1_000_000
-MAX_ENGINE_THREADS = 256
-MAX_NODES = 4096  # workers or servers in one job
-DEFAULT_MAX_TENSOR_BYTES = 2**36
 
 
 class ConfigError(ValueError):
     """A variable has a value tf_bps cannot use; the message names it."""
 
 
-def _int(env: Mapping[str, str], name: str, default: int | None, minimum: int = 0,
-         maximum: int | None = None) -> int | None:
+@dataclass(frozen=True)
+class Setting:
+    """One entry of settings.def: a variable's kind, default and accepted values."""
+    kind: str  # INT, NUMBER, SECONDS, FLAG, REFUSED, CHOICE or TEXT
+    name: str
+    default: object  # parsed: None where the table says "" for a number or choice
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] = ()
+    any_case: bool = False
+    reason: str = ""  # REFUSED: why 1 is refused
+
+
+def _read_settings() -> dict[str, Setting]:
+    """The table the native server compiles in too (see settings.def)."""
+    table = {}
+    text = Path(__file__).with_name("settings.def").read_text()
+    for line in text.splitlines():
+        match = re.fullmatch(r"BPS_([A-Z]+)\((.*)\)", line.strip())
+        if not match:
+            continue
+        kind, args = match[1], ast.literal_eval(f"({match[2]},)")
+        name = args[0]
+        if kind in ("INT", "NUMBER"):
+            cast = int if kind == "INT" else float
+            setting = Setting(kind, name, cast(args[1]) if args[1] else None, args[2], args[3])
+        elif kind == "SECONDS":
+            setting = Setting(kind, name, float(args[1]), 0, args[2])
+        elif kind == "FLAG":
+            setting = Setting(kind, name, bool(args[1]))
+        elif kind == "REFUSED":
+            setting = Setting(kind, name, False, reason=args[1])
+        elif kind == "CHOICE":
+            setting = Setting(kind, name, args[1] or None, choices=tuple(args[2].split("|")),
+                              any_case=bool(args[3]))
+        elif kind == "TEXT":
+            setting = Setting(kind, name, args[1])
+        else:
+            raise ValueError(f"settings.def: unknown kind BPS_{kind} in {line!r}")
+        table[name] = setting
+    return table
+
+
+SETTINGS = _read_settings()
+_TABLE_DEFAULT = object()  # "the default settings.def gives"
+
+
+def _default(name: str, default: object) -> object:
+    return SETTINGS[name].default if default is _TABLE_DEFAULT else default
+
+
+def _int(env: Mapping[str, str], name: str, default: object = _TABLE_DEFAULT) -> int | None:
+    setting = SETTINGS[name]
     raw = env.get(name, "").strip()
     if raw == "":
-        return default
+        return _default(name, default)
     try:
         value = int(raw)
     except ValueError:
         value = None
-    if value is None or value < minimum or (maximum is not None and value > maximum):
-        accepted = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
-        raise ConfigError(f"{name}={raw!r} is not valid: expected an integer {accepted}")
-    return value
-
-
-def visible_gpus(env: Mapping[str, str]) -> tuple[str, ...]:
-    """The GPUs NVIDIA_VISIBLE_DEVICES (or else CUDA_VISIBLE_DEVICES) lists; none when
-    unset or "none"/"void". "all" cannot be counted here and is refused."""
-    for name in ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
-        raw = env.get(name, "").strip()
-        if not raw:
-            continue
-        if raw.lower() in ("none", "void", "-1"):
-            return ()
-        if raw.lower() == "all":
-            raise ConfigError(f"{name}=all does not say how many GPUs there are: list them "
-                              "(0,1,...) or set BYTEPS_LOCAL_SIZE")
-        return tuple(item.strip() for item in raw.split(",") if item.strip())
-    return ()
-
-
-def _local_size(env: Mapping[str, str]) -> int:
-    """BYTEPS_LOCAL_SIZE, or else one worker process per visible GPU, as BytePS's
-    launcher does."""
-    if env.get("BYTEPS_LOCAL_SIZE", "").strip():
-        return _int(env, "BYTEPS_LOCAL_SIZE", 1, minimum=1, maximum=MAX_NODES)
-    return max(1, len(visible_gpus(env)))
-
-
-def _raw_float(env: Mapping[str, str], name: str) -> tuple[str, float] | None:
-    """The variable as written and as a number (NaN where it is none); None if unset."""
-    raw = env.get(name, "").strip()
-    if raw == "":
-        return None
-    try:
-        return raw, float(raw)
-    except ValueError:
-        return raw, math.nan
-
-
-def _seconds(env: Mapping[str, str], name: str, default: float,
-             maximum: float = MAX_TIMEOUT_SECONDS) -> float:
-    given = _raw_float(env, name)
-    if given is None:
-        return default
-    raw, value = given
-    # Not `value <= 0`, which NaN would pass.
-    if not 0 < value <= maximum:
-        raise ConfigError(f"{name}={raw!r} is not valid: expected a number of seconds greater "
-                          f"than 0 and at most {maximum:g}")
+    if value is None or not setting.minimum <= value <= setting.maximum:
+        raise ConfigError(f"{name}={raw!r} is not valid: expected an integer from "
+                          f"{setting.minimum} to {setting.maximum}")
     return value
 
 
@@ -126,38 +119,77 @@ def _cpu_lists(env: Mapping[str, str], name: str, sections: bool) -> tuple[froze
     return tuple(lists)
 
 
-def _flag(env: Mapping[str, str], name: str, default: bool = False) -> bool:
+def _flag(env: Mapping[str, str], name: str, default: object = _TABLE_DEFAULT) -> bool:
     raw = env.get(name, "").strip()
     if raw == "":
-        return default
-    if raw == "0":
-        return False
-    if raw == "1":
-        return True
-    raise ConfigError(f"{name}={raw!r} is not valid: expected 0 or 1")
+        return _default(name, default)
+    if raw not in ("0", "1"):
+        raise ConfigError(f"{name}={raw!r} is not valid: expected 0 or 1")
+    return raw == "1"
 
 
-def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default: str | None,
-            upper: bool = False) -> str | None:
+def _choice(env: Mapping[str, str], name: str) -> str | None:
+    setting = SETTINGS[name]
     raw = env.get(name, "").strip()
     if raw == "":
-        return default
-    value = raw.upper() if upper else raw
-    if value not in choices:
-        raise ConfigError(f"{name}={raw!r} is not valid: expected one of {', '.join(choices)}")
+        return setting.default
+    value = raw.upper() if setting.any_case else raw
+    if value not in setting.choices:
+        raise ConfigError(f"{name}={raw!r} is not valid: expected one of "
+                          f"{', '.join(setting.choices)}")
     return value
 
 
-def _float(env: Mapping[str, str], name: str, default: float, minimum: float,
-           maximum: float) -> float:
-    given = _raw_float(env, name)
-    if given is None:
-        return default
-    raw, value = given
-    if not minimum <= value <= maximum:  # NaN fails too
-        raise ConfigError(f"{name}={raw!r} is not valid: expected a number from {minimum:g} "
-                          f"to {maximum:g}")
+def _number(env: Mapping[str, str], name: str, default: object = _TABLE_DEFAULT) -> float:
+    """A NUMBER, or SECONDS (which must be above 0)."""
+    setting = SETTINGS[name]
+    raw = env.get(name, "").strip()
+    if raw == "":
+        return _default(name, default)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    low, high = setting.minimum, setting.maximum
+    if setting.kind == "SECONDS":
+        if not low < value <= high:  # Not `value <= 0`, which NaN would pass.
+            raise ConfigError(f"{name}={raw!r} is not valid: expected a number of seconds "
+                              f"greater than 0 and at most {high:g}")
+    elif not low <= value <= high:  # NaN fails too
+        raise ConfigError(f"{name}={raw!r} is not valid: expected a number from {low:g} "
+                          f"to {high:g}")
     return value
+
+
+def _text(env: Mapping[str, str], name: str) -> str:
+    return env.get(name, "").strip() or SETTINGS[name].default
+
+
+def visible_gpus(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The GPUs NVIDIA_VISIBLE_DEVICES (or else CUDA_VISIBLE_DEVICES) lists; none when
+    unset or "none"/"void". "all" cannot be counted here and is refused."""
+    for name in ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+        raw = env.get(name, "").strip()
+        if not raw:
+            continue
+        if raw.lower() in ("none", "void", "-1"):
+            return ()
+        if raw.lower() == "all":
+            raise ConfigError(f"{name}=all does not say how many GPUs there are: list them "
+                              "(0,1,...) or set BYTEPS_LOCAL_SIZE")
+        return tuple(item.strip() for item in raw.split(",") if item.strip())
+    return ()
+
+
+def _check_table(env: Mapping[str, str]) -> None:
+    """Every variable of settings.def must be well formed, whether this process uses
+    it or not (the native server checks the same), and none refused may be 1."""
+    readers = {"INT": _int, "NUMBER": _number, "SECONDS": _number, "FLAG": _flag,
+               "REFUSED": _flag, "CHOICE": _choice, "TEXT": _text}
+    for name, setting in SETTINGS.items():
+        if readers[setting.kind](env, name) is True and setting.kind == "REFUSED":
+            raise ConfigError(f"{name}=1 is not supported: {setting.reason}; set it to 0 or "
+                              "unset")
 
 
 # Variables of BytePS and AIACC-Training that have no effect here, and why (README lists
@@ -174,12 +206,6 @@ WITHOUT_EFFECT = {
     "BYTEPS_NCCL_NUM_RINGS": "a NCCL tuning knob of BytePS's GPU pipeline",
     "BYTEPS_NCCL_GROUP_SIZE": "a NCCL tuning knob of BytePS's GPU pipeline",
     "BYTEPS_NCCL_HOME": "where BytePS builds NCCL from; tf_bps needs none to build",
-}
-# Variables whose feature tf_bps does not have: set to 1 they are refused, saying why.
-_REFUSED = {
-    "BYTEPS_SERVER_ENABLE_SCHEDULE": "servers sum partitions in arrival order; workers already "
-                                     "send them in priority order within the scheduling credit",
-    "PERSEUS_NCCL_ENABLE": "it needs AIACC's special build for RDMA and VPC links together",
 }
 # PERSEUS_ALLREDUCE_DTYPE: what gradients travel as.
 WIRE_DTYPES = {"0": "float16", "1": "float32", "2": "mixed"}
@@ -267,70 +293,58 @@ class Config:
             raise ConfigError(str(error)) from None
         if cluster is not None:
             env = {**cluster.variables, **env}
-        if _flag(env, "DMLC_ENABLE_RDMA"):
-            raise ConfigError(
-                "DMLC_ENABLE_RDMA=1 is not supported: this build of tf_bps has the TCP "
-                "transport only; set DMLC_ENABLE_RDMA=0 or leave it unset")
+        _check_table(env)
+        local_size = _int(env, "BYTEPS_LOCAL_SIZE", None)
+        # AIACC's stream count bounds what is in flight, as the credit does.
+        credit = _int(env, "BYTEPS_SCHEDULING_CREDIT", _int(env, "PERSEUS_ALLREDUCE_STREAMS"))
         config = cls(
-            role=_choice(env, "DMLC_ROLE", ROLES, None),
-            root_uri=env.get("DMLC_PS_ROOT_URI", "").strip() or None,
-            root_port=_int(env, "DMLC_PS_ROOT_PORT", None, minimum=1, maximum=65535),
-            num_worker=_int(env, "DMLC_NUM_WORKER", 1, minimum=1, maximum=MAX_NODES),
-            num_server=_int(env, "DMLC_NUM_SERVER", 0, minimum=0, maximum=MAX_NODES),
-            worker_id=_int(env, "DMLC_WORKER_ID", 0),
-            local_rank=_int(env, "BYTEPS_LOCAL_RANK", 0),
-            local_size=_local_size(env),
-            partition_bytes=_int(env, "BYTEPS_PARTITION_BYTES", DEFAULT_PARTITION_BYTES,
-                                 minimum=8, maximum=2**31 - 1),
-            # AIACC's stream count bounds what is in flight, as the credit does.
-            scheduling_credit=_int(env, "BYTEPS_SCHEDULING_CREDIT", _int(
-                env, "PERSEUS_ALLREDUCE_STREAMS", DEFAULT_SCHEDULING_CREDIT, minimum=1,
-                maximum=12), minimum=0, maximum=1024),
-            server_engine_threads=_int(env, "BYTEPS_SERVER_ENGINE_THREAD", 4, minimum=1,
-                                       maximum=MAX_ENGINE_THREADS),
+            role=_choice(env, "DMLC_ROLE"),
+            root_uri=_text(env, "DMLC_PS_ROOT_URI") or None,
+            root_port=_int(env, "DMLC_PS_ROOT_PORT"),
+            num_worker=_int(env, "DMLC_NUM_WORKER"),
+            num_server=_int(env, "DMLC_NUM_SERVER"),
+            worker_id=_int(env, "DMLC_WORKER_ID"),
+            local_rank=_int(env, "BYTEPS_LOCAL_RANK"),
+            # Unset: one worker process per visible GPU, as BytePS's launcher does.
+            local_size=local_size or max(1, len(visible_gpus(env))),
+            partition_bytes=_int(env, "BYTEPS_PARTITION_BYTES"),
+            scheduling_credit=credit,
+            server_engine_threads=_int(env, "BYTEPS_SERVER_ENGINE_THREAD"),
             force_distributed=_flag(env, "BYTEPS_FORCE_DISTRIBUTED"),
             enable_async=_flag(env, "BYTEPS_ENABLE_ASYNC"),
-            enable_ipc=_flag(env, "BYTEPS_ENABLE_IPC", default=True),
-            local_merge=_flag(env, "BYTEPS_LOCAL_MERGE", default=True),
-            numa_on=_flag(env, "BYTEPS_NUMA_ON", default=True),
-            numa_quota=_int(env, "BYTEPS_NUMA_DEFAULT_QUOTA", None, minimum=1, maximum=1 << 20),
+            enable_ipc=_flag(env, "BYTEPS_ENABLE_IPC"),
+            local_merge=_flag(env, "BYTEPS_LOCAL_MERGE"),
+            numa_on=_flag(env, "BYTEPS_NUMA_ON"),
+            numa_quota=_int(env, "BYTEPS_NUMA_DEFAULT_QUOTA"),
             cpu_blacklist=frozenset().union(*_cpu_lists(env, "BYTEPS_CPU_BLACKLIST", False)),
             visible_cpu_cores=_cpu_lists(env, "BYTEPS_VISIBLE_CPU_CORES", True) or None,
-            multithreaded_cpu=_flag(env, "BYTEPS_MULTITHREADED_CPU", default=True),
+            multithreaded_cpu=_flag(env, "BYTEPS_MULTITHREADED_CPU"),
             nan_check=_flag(env, "PERSEUS_ALLREDUCE_NANCHECK"),
-            wire_dtype=WIRE_DTYPES.get(_choice(env, "PERSEUS_ALLREDUCE_DTYPE",
-                                               tuple(WIRE_DTYPES), None)),
-            gradient_scale=_float(env, "PERSEUS_ALLREDUCE_GRADIENT_SCALE", 10.0, 1e-6, 1e6),
-            accumulate_steps=_int(env, "PERSEUS_ACCUMULATE_N_STEPS", 1, minimum=1,
-                                  maximum=1 << 20),
-            fusion=_int(env, "PERSEUS_ALLREDUCE_FUSION", 0, minimum=0, maximum=128),
-            fusion_threshold=_int(env, "BYTEPS_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD,
-                                  minimum=0, maximum=2**31 - 1),
-            downsample=_int(env, "PERSEUS_DOWNSAMPLE_N_ELEMENTS", 1, minimum=1, maximum=1024),
-            gradient_momentum=_float(env, "PERSEUS_GRADIENT_MOMENTUM", 1.0, 0.0, 1.0),
-            perf_check_steps=_int(env, "PERSEUS_PERF_CHECK_N_STEPS", 0, minimum=0,
-                                  maximum=1 << 30),
-            stacked_allgather=_choice(env, "PERSEUS_CHANGE_HVD_ALLGATHER", ("0", "1"),
-                                      "1") == "0",
+            wire_dtype=WIRE_DTYPES.get(_choice(env, "PERSEUS_ALLREDUCE_DTYPE")),
+            gradient_scale=_number(env, "PERSEUS_ALLREDUCE_GRADIENT_SCALE"),
+            accumulate_steps=_int(env, "PERSEUS_ACCUMULATE_N_STEPS"),
+            fusion=_int(env, "PERSEUS_ALLREDUCE_FUSION"),
+            fusion_threshold=_int(env, "BYTEPS_FUSION_THRESHOLD"),
+            downsample=_int(env, "PERSEUS_DOWNSAMPLE_N_ELEMENTS"),
+            gradient_momentum=_number(env, "PERSEUS_GRADIENT_MOMENTUM"),
+            perf_check_steps=_int(env, "PERSEUS_PERF_CHECK_N_STEPS"),
+            stacked_allgather=_choice(env, "PERSEUS_CHANGE_HVD_ALLGATHER") == "0",
             trace_on=_flag(env, "BYTEPS_TRACE_ON"),
-            trace_start_step=_int(env, "BYTEPS_TRACE_START_STEP", 10, minimum=1,
-                                  maximum=2**31 - 1),
-            trace_end_step=_int(env, "BYTEPS_TRACE_END_STEP", 20, minimum=1, maximum=2**31 - 1),
-            trace_dir=env.get("BYTEPS_TRACE_DIR", "").strip() or "./traces",
+            trace_start_step=_int(env, "BYTEPS_TRACE_START_STEP"),
+            trace_end_step=_int(env, "BYTEPS_TRACE_END_STEP"),
+            trace_dir=_text(env, "BYTEPS_TRACE_DIR"),
             enable_gdb=_flag(env, "BYTEPS_ENABLE_GDB"),
-            debug_sample_tensor=env.get("BYTEPS_DEBUG_SAMPLE_TENSOR", "").strip(),
-            log_level=_choice(env, "BYTEPS_LOG_LEVEL", LOG_LEVELS, "WARNING", upper=True),
-            ps_verbose=int(_choice(env, "PS_VERBOSE", ("0", "1", "2"), "0")),
-            node_host=env.get("DMLC_NODE_HOST", "").strip() or None,
-            interface=(env.get("DMLC_INTERFACE", "").strip()
-                       or env.get("PERSEUS_GLOO_NETWORK_INTERFACE", "").strip() or None),
-            heartbeat_interval=_seconds(env, "PS_HEARTBEAT_INTERVAL", 1.0),
-            heartbeat_timeout=_seconds(env, "PS_HEARTBEAT_TIMEOUT", 10.0),
-            op_timeout=_seconds(env, "BYTEPS_OP_TIMEOUT",
-                                _seconds(env, "GLOO_TIMEOUT_SECONDS", 300.0)),
+            debug_sample_tensor=_text(env, "BYTEPS_DEBUG_SAMPLE_TENSOR"),
+            log_level=_choice(env, "BYTEPS_LOG_LEVEL"),
+            ps_verbose=int(_choice(env, "PS_VERBOSE")),
+            node_host=_text(env, "DMLC_NODE_HOST") or None,
+            interface=(_text(env, "DMLC_INTERFACE")
+                       or _text(env, "PERSEUS_GLOO_NETWORK_INTERFACE") or None),
+            heartbeat_interval=_number(env, "PS_HEARTBEAT_INTERVAL"),
+            heartbeat_timeout=_number(env, "PS_HEARTBEAT_TIMEOUT"),
+            op_timeout=_number(env, "BYTEPS_OP_TIMEOUT", _number(env, "GLOO_TIMEOUT_SECONDS")),
             job_token=env.get("BYTEPS_JOB_TOKEN", ""),
-            max_tensor_bytes=_int(env, "BYTEPS_MAX_TENSOR_BYTES", DEFAULT_MAX_TENSOR_BYTES,
-                                  minimum=2**20, maximum=2**48),
+            max_tensor_bytes=_int(env, "BYTEPS_MAX_TENSOR_BYTES"),
             listen_any=_flag(env, "BYTEPS_LISTEN_ANY"),
             cluster=cluster,
         )
@@ -339,18 +353,15 @@ class Config:
                 f"PS_HEARTBEAT_INTERVAL={config.heartbeat_interval:g} is not valid: it must be "
                 f"shorter than PS_HEARTBEAT_TIMEOUT={config.heartbeat_timeout:g}, or every "
                 "node would be declared dead between two heartbeats")
-        for name, reason in _REFUSED.items():
-            if _flag(env, name):
-                raise ConfigError(f"{name}=1 is not supported: {reason}; set it to 0 or unset")
-        _check_without_effect(env)
         if config.trace_end_step < config.trace_start_step:
             raise ConfigError(
                 f"BYTEPS_TRACE_END_STEP={config.trace_end_step} is not valid: it comes before "
                 f"BYTEPS_TRACE_START_STEP={config.trace_start_step}")
-        if config.size > MAX_NODES:
+        max_nodes = SETTINGS["DMLC_NUM_WORKER"].maximum
+        if config.size > max_nodes:
             raise ConfigError(
                 f"DMLC_NUM_WORKER={config.num_worker} x BYTEPS_LOCAL_SIZE={config.local_size} "
-                f"is more than {MAX_NODES} worker processes")
+                f"is more than {max_nodes} worker processes")
         if config.worker_id >= config.num_worker:
             raise ConfigError(
                 f"DMLC_WORKER_ID={config.worker_id} is not valid: expected 0 to "
@@ -431,15 +442,6 @@ class Config:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect((root_uri, root_port))
             return probe.getsockname()[0]
-
-
-def _check_without_effect(env: Mapping[str, str]) -> None:
-    """The variables that change nothing here must still be well formed."""
-    _int(env, "PERSEUS_MASTER_PORT", None, minimum=1, maximum=65535)
-    for name in ("PERSEUS_USE_DDP_LAUNCHER", "PERSEUS_OFFLINE_NEG"):
-        _flag(env, name)
-    for name in ("BYTEPS_PCIE_SWITCH_SIZE", "BYTEPS_NCCL_NUM_RINGS", "BYTEPS_NCCL_GROUP_SIZE"):
-        _int(env, name, None, minimum=1, maximum=1 << 20)
 
 
 def is_local_address(host: str) -> bool:

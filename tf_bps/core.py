@@ -1,9 +1,9 @@
 """Python's view of the native engines (no TensorFlow involved).
 
 The worker engine is reached through the pybind11 module `_bps_worker` (which calls
-the core's C API, as the TensorFlow kernels do); the server engine lives in its own
-module, `_bps_server`, so a server process loads no worker code. Both raise
-`CoreError`, a RuntimeError whose `kind` names what failed ("mismatch", ...).
+the core's C API, as the TensorFlow kernels do); it raises `CoreError`, a RuntimeError
+whose `kind` names what failed ("mismatch", ...). The server is a native program of
+its own, `bps_server` (server_executable).
 """
 
 from __future__ import annotations
@@ -43,12 +43,17 @@ def worker_engine():
     return _module("_bps_worker")
 
 
-def server_engine():
-    return _module("_bps_server")
+def server_executable() -> Path:
+    """The native server program built into this package."""
+    path = _PACKAGE_DIR / "bps_server"
+    if not path.exists():
+        raise NotBuiltError(f"bps_server is not built in {_PACKAGE_DIR}: install tf_bps with "
+                            "`pip install --no-build-isolation .` (see README.md)")
+    return path
 
 
-def set_logging(config: Config, prefix: str, engine=None) -> None:
-    (engine or worker_engine()).set_logging(config.core_log_level(), prefix)
+def set_logging(config: Config, prefix: str) -> None:
+    worker_engine().set_logging(config.core_log_level(), prefix)
 
 
 def worker_init_local() -> None:
@@ -108,13 +113,3 @@ def worker_join() -> int:
 
 def worker_shutdown() -> None:
     worker_engine().shutdown()
-
-
-def server_start(config: Config):
-    """A listening server engine (its `port` can be registered); `serve(num_workers)`
-    starts it once the job's size is known."""
-    engine = server_engine()
-    set_logging(config, "tf_bps server", engine)
-    return engine.ServerEngine(config.server_engine_threads, int(config.op_timeout * 1000),
-                               config.job_token, config.max_tensor_bytes, config.listen_host(),
-                               enable_async=config.enable_async)

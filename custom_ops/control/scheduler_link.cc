@@ -1,0 +1,155 @@
+#include "scheduler_link.h"
+
+#include <poll.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "../core/transport/auth.h"
+#include "settings.h"
+
+namespace bps {
+namespace {
+
+std::string Hex(const uint8_t* bytes, size_t count) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string hex;
+  for (size_t i = 0; i < count; ++i) {
+    hex += kDigits[bytes[i] >> 4];
+    hex += kDigits[bytes[i] & 15];
+  }
+  return hex;
+}
+
+Status NewNonce(std::string* nonce) {
+  uint8_t bytes[16];
+  if (getrandom(bytes, sizeof(bytes), 0) != static_cast<ssize_t>(sizeof(bytes)))
+    return Status::Error("getrandom failed");
+  *nonce = Hex(bytes, sizeof(bytes));
+  return Status::OK();
+}
+
+int MillisecondsUntil(std::chrono::steady_clock::time_point when) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      when - std::chrono::steady_clock::now());
+  return left.count() > 0 ? static_cast<int>(left.count()) : 0;
+}
+
+std::chrono::steady_clock::duration Seconds(double seconds) {
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(seconds));
+}
+
+}  // namespace
+
+std::string ControlProof(const std::string& token, const std::string& side,
+                         const std::string& nonce) {
+  std::string text = side + "|" + nonce;
+  Digest digest = HmacSha256(token, text.data(), text.size());
+  return Hex(digest.data(), digest.size());
+}
+
+SchedulerLink::SchedulerLink(const SchedulerLinkOptions& options,
+                             std::unique_ptr<ZmqDealer> dealer)
+    : options_(options),
+      dealer_(std::move(dealer)),
+      endpoint_("tcp://" + options.host + ":" + std::to_string(options.port)),
+      last_heard_(Clock::now()),
+      next_heartbeat_(Clock::now()) {}
+
+Status SchedulerLink::Connect(const SchedulerLinkOptions& options,
+                              std::unique_ptr<SchedulerLink>* out) {
+  std::unique_ptr<ZmqDealer> dealer;
+  Status status = ZmqDealer::Connect(options.host, options.port,
+                                     static_cast<int>(options.timeout_s * 1000), &dealer);
+  if (!status.ok()) return status;
+  out->reset(new SchedulerLink(options, std::move(dealer)));
+  return Status::OK();
+}
+
+Status SchedulerLink::NextReply(Clock::time_point deadline, const std::string& type,
+                                Json* reply) {
+  while (true) {
+    std::string text;
+    bool received = false;
+    Status status = dealer_->Receive(MillisecondsUntil(deadline), &text, &received);
+    if (!status.ok()) return status;
+    if (!received)
+      return Status::Error(
+          ErrorKind::kTimeout,
+          "no " + std::string(type == "book" ? "address book" : "answer") +
+              " from the scheduler at " + endpoint_ + " within " + FormatG(options_.timeout_s) +
+              " s (is it running, and have all " + std::to_string(options_.num_workers) +
+              " worker(s) and " + std::to_string(options_.num_servers) +
+              " server(s) started? see BYTEPS_OP_TIMEOUT)");
+    if (!Json::Parse(text, reply).ok()) continue;  // Not one of its messages.
+    const std::string& kind = (*reply)["type"].str();
+    if (kind == type) return Status::OK();
+    if (kind == "abort")
+      return Status::Error(ErrorKind::kAborted,
+                           "the scheduler refused this node: " + (*reply)["reason"].str());
+  }
+}
+
+Status SchedulerLink::Register(const std::string& role, const std::string& host,
+                               JsonWriter fields, Json* book) {
+  auto deadline = Clock::now() + Seconds(options_.timeout_s);
+  std::string mine;
+  Status status = NewNonce(&mine);
+  if (status.ok()) status = Send(JsonWriter().Add("type", "hello").Add("nonce", mine).Finish());
+  Json challenge;
+  if (status.ok()) status = NextReply(deadline, "challenge", &challenge);
+  if (!status.ok()) return status;
+  if (challenge["proof"].str() != ControlProof(options_.token, "scheduler", mine))
+    return Status::Error(ErrorKind::kPeerGone,
+                         "the scheduler at " + endpoint_ +
+                             " does not know this job's token (BYTEPS_JOB_TOKEN): it is not "
+                             "this job's scheduler");
+  fields.Add("type", "register")
+      .Add("role", role)
+      .Add("pid", static_cast<int64_t>(getpid()))
+      .Add("host", host)
+      .Add("proof", ControlProof(options_.token, "node", challenge["nonce"].str()));
+  status = Send(fields.Finish());
+  if (status.ok()) status = NextReply(deadline, "book", book);
+  last_heard_ = Clock::now();
+  return status;
+}
+
+Status SchedulerLink::PollOnce(int extra_fd, std::vector<Json>* messages, bool* extra_ready) {
+  *extra_ready = false;
+  if (Clock::now() >= next_heartbeat_) {
+    Status status = Send(JsonWriter().Add("type", "heartbeat").Finish());
+    if (!status.ok()) return status;
+    next_heartbeat_ = Clock::now() + Seconds(options_.heartbeat_interval_s);
+  }
+  pollfd fds[2] = {{dealer_->fd(), POLLIN, 0}, {extra_fd, POLLIN, 0}};
+  int polled = poll(fds, extra_fd >= 0 ? 2 : 1, MillisecondsUntil(next_heartbeat_));
+  if (polled > 0 && extra_fd >= 0 && (fds[1].revents & (POLLIN | POLLHUP))) *extra_ready = true;
+  while (true) {
+    std::string text;
+    bool received = false;
+    Status status = dealer_->Receive(0, &text, &received);
+    // The scheduler's last words (an exit, say) often arrive with its close: they
+    // come first, and the next poll reports the close.
+    if (!status.ok() && messages->empty()) return status;
+    if (!status.ok() || !received) break;
+    last_heard_ = Clock::now();
+    Json message;
+    if (!Json::Parse(text, &message).ok()) continue;
+    if (message["type"].str() != "heartbeat_ack") messages->push_back(std::move(message));
+  }
+  double silent = std::chrono::duration<double>(Clock::now() - last_heard_).count();
+  if (silent > options_.heartbeat_timeout_s) {
+    char seconds[32];
+    snprintf(seconds, sizeof(seconds), "%.0f", silent);
+    return Status::Error(ErrorKind::kPeerGone,
+                         "the scheduler at " + endpoint_ + " has not answered for " + seconds +
+                             " s (PS_HEARTBEAT_TIMEOUT); it has probably died");
+  }
+  return Status::OK();
+}
+
+}  // namespace bps

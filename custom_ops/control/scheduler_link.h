@@ -1,0 +1,67 @@
+// A node's side of the control plane, in C++ for the native server: the same
+// exchange as tf_bps/rendezvous.py's SchedulerLink (hello with a nonce, the
+// scheduler's proof and nonce, the registration with ours, the address book; then
+// heartbeats until the scheduler says exit or abort). No tensor data travels here.
+#ifndef TF_BPS_CONTROL_SCHEDULER_LINK_H_
+#define TF_BPS_CONTROL_SCHEDULER_LINK_H_
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../core/common.h"
+#include "json.h"
+#include "zmq_dealer.h"
+
+namespace bps {
+
+struct SchedulerLinkOptions {
+  std::string host;  // DMLC_PS_ROOT_URI
+  int port = 0;      // DMLC_PS_ROOT_PORT
+  std::string token;  // BYTEPS_JOB_TOKEN
+  double timeout_s = 300;  // BYTEPS_OP_TIMEOUT: for the connection and the address book
+  double heartbeat_interval_s = 1;
+  double heartbeat_timeout_s = 10;
+  // For the timeout's message: the job's size.
+  int num_workers = 1;
+  int num_servers = 1;
+};
+
+class SchedulerLink {
+ public:
+  static Status Connect(const SchedulerLinkOptions& options, std::unique_ptr<SchedulerLink>* out);
+
+  // Proves the job token both ways, registers this node (`fields` add to role, pid,
+  // host and proof) and returns the scheduler's address book.
+  Status Register(const std::string& role, const std::string& host, JsonWriter fields,
+                  Json* book);
+  // Sends a heartbeat when one is due, then waits until the next is due for the
+  // scheduler's messages (heartbeat acknowledgements aside) or for `extra_fd` to turn
+  // readable (-1: none). Fails once the scheduler has been silent for longer than
+  // the heartbeat timeout.
+  Status PollOnce(int extra_fd, std::vector<Json>* messages, bool* extra_ready);
+  Status Send(const std::string& message) { return dealer_->Send(message); }
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  SchedulerLink(const SchedulerLinkOptions& options, std::unique_ptr<ZmqDealer> dealer);
+  // The scheduler's next message of `type`; an abort or the deadline fails.
+  Status NextReply(Clock::time_point deadline, const std::string& type, Json* reply);
+
+  SchedulerLinkOptions options_;
+  std::unique_ptr<ZmqDealer> dealer_;
+  std::string endpoint_;
+  Clock::time_point last_heard_;
+  Clock::time_point next_heartbeat_;
+};
+
+// What `side` ("node" or "scheduler") shows for the other side's nonce: the hex
+// HMAC-SHA256 of "side|nonce" under the job token (rendezvous.py's proof()).
+std::string ControlProof(const std::string& token, const std::string& side,
+                         const std::string& nonce);
+
+}  // namespace bps
+
+#endif  // TF_BPS_CONTROL_SCHEDULER_LINK_H_

@@ -1,0 +1,259 @@
+#include "settings.h"
+
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace bps {
+namespace {
+
+enum class Kind { kInt, kNumber, kSeconds, kFlag, kRefused, kChoice, kText };
+
+struct Entry {
+  Kind kind;
+  const char* name;
+  const char* default_value;  // as the table writes it; "" for none
+  double minimum;
+  double maximum;
+  const char* choices;  // '|'-separated
+  bool any_case;
+  const char* reason;  // why 1 is refused
+};
+
+// clang-format off
+#define BPS_INT(name, def, lo, hi) {Kind::kInt, name, def, lo, hi, "", false, ""},
+#define BPS_NUMBER(name, def, lo, hi) {Kind::kNumber, name, def, lo, hi, "", false, ""},
+#define BPS_SECONDS(name, def, hi) {Kind::kSeconds, name, def, 0, hi, "", false, ""},
+#define BPS_FLAG(name, def) {Kind::kFlag, name, (def) ? "1" : "0", 0, 1, "", false, ""},
+#define BPS_REFUSED(name, why) {Kind::kRefused, name, "0", 0, 1, "", false, why},
+#define BPS_CHOICE(name, def, options, any_case) \
+  {Kind::kChoice, name, def, 0, 0, options, (any_case) != 0, ""},
+#define BPS_TEXT(name, def) {Kind::kText, name, def, 0, 0, "", false, ""},
+constexpr Entry kTable[] = {
+#include "../../tf_bps/settings.def"
+};
+#undef BPS_INT
+#undef BPS_NUMBER
+#undef BPS_SECONDS
+#undef BPS_FLAG
+#undef BPS_REFUSED
+#undef BPS_CHOICE
+#undef BPS_TEXT
+// clang-format on
+
+std::string Strip(const char* raw) {
+  std::string text = raw ? raw : "";
+  const char* space = " \t\n\r\v\f";
+  size_t first = text.find_first_not_of(space);
+  if (first == std::string::npos) return "";
+  return text.substr(first, text.find_last_not_of(space) - first + 1);
+}
+
+// Python's int() and float() allow one underscore between two digits ("1_000").
+bool WithoutDigitUnderscores(const std::string& text, std::string* out) {
+  out->clear();
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '_') {
+      out->push_back(text[i]);
+      continue;
+    }
+    if (i == 0 || i + 1 == text.size() || !isdigit(static_cast<unsigned char>(text[i - 1])) ||
+        !isdigit(static_cast<unsigned char>(text[i + 1])))
+      return false;
+  }
+  return true;
+}
+
+// As Python's int(text): an optional sign and decimal digits.
+bool ParseInteger(const std::string& raw, int64_t* value) {
+  std::string text;
+  if (!WithoutDigitUnderscores(raw, &text)) return false;
+  size_t digits = (text[0] == '+' || text[0] == '-') ? 1 : 0;
+  if (digits == text.size()) return false;
+  for (size_t i = digits; i < text.size(); ++i)
+    if (!isdigit(static_cast<unsigned char>(text[i]))) return false;
+  errno = 0;
+  long long parsed = strtoll(text.c_str(), nullptr, 10);
+  if (errno == ERANGE) return false;  // Beyond any range in the table either way.
+  *value = parsed;
+  return true;
+}
+
+// As Python's float(text); NaN where it is not a number (no range accepts NaN).
+double ParseNumber(const std::string& raw) {
+  std::string text;
+  // strtod also reads hexadecimal and "nan(...)", which Python refuses.
+  if (!WithoutDigitUnderscores(raw, &text) || text.find_first_of("xX()") != std::string::npos)
+    return NAN;
+  char* end = nullptr;
+  double value = strtod(text.c_str(), &end);
+  return *end == '\0' ? value : NAN;
+}
+
+std::string Invalid(const Entry& entry, const std::string& raw, const std::string& expected) {
+  return std::string(entry.name) + "=" + PythonRepr(raw) + " is not valid: expected " + expected;
+}
+
+std::string ChoicesList(const char* choices) {
+  std::string list = choices;
+  for (size_t at = list.find('|'); at != std::string::npos; at = list.find('|', at))
+    list.replace(at, 1, ", ");
+  return list;
+}
+
+bool IsChoice(const char* choices, const std::string& value) {
+  std::string all = std::string("|") + choices + "|";
+  return all.find("|" + value + "|") != std::string::npos;
+}
+
+}  // namespace
+
+std::string PythonRepr(const std::string& text) {
+  char quote = (text.find('\'') != std::string::npos && text.find('"') == std::string::npos)
+                   ? '"'
+                   : '\'';
+  std::string out(1, quote);
+  for (unsigned char c : text) {
+    if (c == '\\' || c == quote) {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c < 0x20 || c == 0x7f) {
+      char escaped[5];
+      snprintf(escaped, sizeof(escaped), "\\x%02x", c);
+      out += escaped;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + quote;
+}
+
+std::string FormatG(double value) {
+  char text[32];
+  snprintf(text, sizeof(text), "%g", value);
+  return text;
+}
+
+Status Settings::Read(const Lookup& lookup, Settings* out) {
+  out->values_.clear();
+  for (const Entry& entry : kTable) {
+    std::string raw = Strip(lookup(entry.name));
+    Value value;
+    value.set = !raw.empty();
+    const std::string given = value.set ? raw : entry.default_value;
+    if (given.empty()) {  // Unset, and no default.
+      out->values_[entry.name] = value;
+      continue;
+    }
+    switch (entry.kind) {
+      case Kind::kInt: {
+        int64_t integer = 0;
+        if (!ParseInteger(given, &integer) || integer < entry.minimum || integer > entry.maximum)
+          return Status::Error(
+              ErrorKind::kInvalidArgument,
+              Invalid(entry, raw,
+                      "an integer from " + std::to_string(static_cast<int64_t>(entry.minimum)) +
+                          " to " + std::to_string(static_cast<int64_t>(entry.maximum))));
+        value.integer = integer;
+        value.number = static_cast<double>(integer);
+        break;
+      }
+      case Kind::kNumber:
+      case Kind::kSeconds: {
+        double number = ParseNumber(given);
+        bool seconds = entry.kind == Kind::kSeconds;
+        // Written so that NaN fails every comparison.
+        bool ok = seconds ? (number > 0 && number <= entry.maximum)
+                          : (number >= entry.minimum && number <= entry.maximum);
+        if (!ok)
+          return Status::Error(
+              ErrorKind::kInvalidArgument,
+              Invalid(entry, raw,
+                      seconds ? "a number of seconds greater than 0 and at most " +
+                                    FormatG(entry.maximum)
+                              : "a number from " + FormatG(entry.minimum) + " to " +
+                                    FormatG(entry.maximum)));
+        value.number = number;
+        break;
+      }
+      case Kind::kFlag:
+      case Kind::kRefused:
+        if (given != "0" && given != "1")
+          return Status::Error(ErrorKind::kInvalidArgument, Invalid(entry, raw, "0 or 1"));
+        if (entry.kind == Kind::kRefused && given == "1")
+          return Status::Error(ErrorKind::kInvalidArgument,
+                               std::string(entry.name) + "=1 is not supported: " + entry.reason +
+                                   "; set it to 0 or unset");
+        value.integer = given == "1";
+        break;
+      case Kind::kChoice: {
+        std::string choice = given;
+        if (entry.any_case)
+          for (char& c : choice) c = static_cast<char>(toupper(static_cast<unsigned char>(c)));
+        if (!IsChoice(entry.choices, choice))
+          return Status::Error(ErrorKind::kInvalidArgument,
+                               Invalid(entry, raw, "one of " + ChoicesList(entry.choices)));
+        value.text = choice;
+        break;
+      }
+      case Kind::kText:
+        value.text = given;
+        break;
+    }
+    out->values_[entry.name] = value;
+  }
+  double interval = out->Number("PS_HEARTBEAT_INTERVAL");
+  double timeout = out->Number("PS_HEARTBEAT_TIMEOUT");
+  if (interval >= timeout)
+    return Status::Error(ErrorKind::kInvalidArgument,
+                         "PS_HEARTBEAT_INTERVAL=" + FormatG(interval) +
+                             " is not valid: it must be shorter than PS_HEARTBEAT_TIMEOUT=" +
+                             FormatG(timeout) +
+                             ", or every node would be declared dead between two heartbeats");
+  int64_t first = out->Int("BYTEPS_TRACE_START_STEP"), last = out->Int("BYTEPS_TRACE_END_STEP");
+  if (last < first)
+    return Status::Error(ErrorKind::kInvalidArgument,
+                         "BYTEPS_TRACE_END_STEP=" + std::to_string(last) +
+                             " is not valid: it comes before BYTEPS_TRACE_START_STEP=" +
+                             std::to_string(first));
+  // The rules on BYTEPS_LOCAL_SIZE depend on the visible GPUs: config.py's alone, as
+  // workers are placed by Python.
+  int64_t worker_id = out->Int("DMLC_WORKER_ID"), num_worker = out->Int("DMLC_NUM_WORKER");
+  if (worker_id >= num_worker)
+    return Status::Error(ErrorKind::kInvalidArgument,
+                         "DMLC_WORKER_ID=" + std::to_string(worker_id) +
+                             " is not valid: expected 0 to DMLC_NUM_WORKER-1 (" +
+                             std::to_string(num_worker - 1) + ")");
+  return Status::OK();
+}
+
+Status Settings::FromEnvironment(Settings* out) {
+  return Read([](const char* name) { return getenv(name); }, out);
+}
+
+const Settings::Value& Settings::Get(const std::string& name) const {
+  auto found = values_.find(name);
+  if (found == values_.end()) {
+    // A name missing from settings.def is a bug in the caller, not in the input.
+    fprintf(stderr, "tf_bps: %s is not in tf_bps/settings.def\n", name.c_str());
+    abort();
+  }
+  return found->second;
+}
+
+int64_t Settings::Int(const std::string& name) const { return Get(name).integer; }
+double Settings::Number(const std::string& name) const { return Get(name).number; }
+bool Settings::Flag(const std::string& name) const { return Get(name).integer == 1; }
+const std::string& Settings::Text(const std::string& name) const { return Get(name).text; }
+bool Settings::IsSet(const std::string& name) const { return Get(name).set; }
+
+}  // namespace bps

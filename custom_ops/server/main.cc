@@ -1,0 +1,239 @@
+// bps-server: the summation server as a native executable, with no Python and no
+// TensorFlow, for CPU-only server machines. `bps-server`, `python -m tf_bps.server`
+// and `DMLC_ROLE=server bpslaunch` all run this program.
+//
+// It reads the job's variables (tf_bps/settings.def, checked as config.py checks
+// them), listens, registers with the scheduler, serves the workers of its address
+// book, and heartbeats until the scheduler says the job is over (exit 0) or failing
+// (exit 1). A bad variable exits with status 2 and config.py's message.
+#include <arpa/inet.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "../control/scheduler_link.h"
+#include "../control/settings.h"
+#include "../core/logging.h"
+#include "server.h"
+
+namespace bps {
+namespace {
+
+constexpr const char* kPrefix = "tf_bps server";
+
+// The more verbose of BYTEPS_LOG_LEVEL and PS_VERBOSE (config.py's core_log_level).
+LogLevel CoreLogLevel(const Settings& settings) {
+  const std::string& name = settings.Text("BYTEPS_LOG_LEVEL");
+  int level = name == "TRACE" ? 0 : name == "DEBUG" ? 1 : name == "INFO" ? 2
+              : name == "WARNING" ? 3 : 4;
+  const std::string& verbose = settings.Text("PS_VERBOSE");
+  int from_verbose = verbose == "2" ? 0 : verbose == "1" ? 2 : 4;
+  return static_cast<LogLevel>(std::min(level, from_verbose));
+}
+
+Status ConfigError(const std::string& message) {
+  return Status::Error(ErrorKind::kInvalidArgument, message);
+}
+
+// The scheduler's address (config.py's require_rendezvous).
+Status RequireRendezvous(const Settings& settings) {
+  std::vector<std::string> missing;
+  if (!settings.IsSet("DMLC_PS_ROOT_URI")) missing.push_back("DMLC_PS_ROOT_URI");
+  if (!settings.IsSet("DMLC_PS_ROOT_PORT")) missing.push_back("DMLC_PS_ROOT_PORT");
+  if (!missing.empty())
+    return ConfigError(missing[0] + (missing.size() > 1 ? " and " + missing[1] : "") +
+                       " must be set: a distributed job needs the scheduler's address (or "
+                       "start the job with bpslaunch)");
+  if (settings.Int("DMLC_NUM_SERVER") < 1)
+    return ConfigError(
+        "DMLC_NUM_SERVER must be set to at least 1: a distributed job needs servers");
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  addrinfo* found = nullptr;
+  const std::string& uri = settings.Text("DMLC_PS_ROOT_URI");
+  int rc = getaddrinfo(uri.c_str(), nullptr, &hints, &found);
+  if (found) freeaddrinfo(found);
+  if (rc != 0)
+    return ConfigError("DMLC_PS_ROOT_URI=" + PythonRepr(uri) +
+                       " is not valid: it does not resolve to an IPv4 address (" +
+                       gai_strerror(rc) + ")");
+  return Status::OK();
+}
+
+Status InterfaceAddress(const std::string& name, std::string* address) {
+  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  ifreq request{};
+  strncpy(request.ifr_name, name.c_str(), IFNAMSIZ - 1);
+  int rc = ioctl(fd, SIOCGIFADDR, &request);
+  int error = errno;
+  close(fd);
+  if (rc != 0)
+    return ConfigError("DMLC_INTERFACE=" + PythonRepr(name) +
+                       " is not valid: no IPv4 address on that interface (" + strerror(error) +
+                       ")");
+  *address = inet_ntoa(reinterpret_cast<sockaddr_in*>(&request.ifr_addr)->sin_addr);
+  return Status::OK();
+}
+
+// The address workers reach this server at (config.py's advertised_host).
+Status AdvertisedHost(const Settings& settings, std::string* host) {
+  if (settings.IsSet("DMLC_NODE_HOST")) {
+    *host = settings.Text("DMLC_NODE_HOST");
+    return Status::OK();
+  }
+  std::string interface = settings.Text("DMLC_INTERFACE");
+  if (interface.empty()) interface = settings.Text("PERSEUS_GLOO_NETWORK_INTERFACE");
+  if (!interface.empty()) return InterfaceAddress(interface, host);
+  // Connecting a UDP socket sends nothing; it only asks the kernel for the route.
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* root = nullptr;
+  std::string port = std::to_string(settings.Int("DMLC_PS_ROOT_PORT"));
+  if (getaddrinfo(settings.Text("DMLC_PS_ROOT_URI").c_str(), port.c_str(), &hints, &root) != 0)
+    return ConfigError("DMLC_PS_ROOT_URI does not resolve");
+  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  sockaddr_in mine{};
+  socklen_t length = sizeof(mine);
+  bool routed = connect(fd, root->ai_addr, root->ai_addrlen) == 0 &&
+                getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &length) == 0;
+  close(fd);
+  freeaddrinfo(root);
+  if (!routed) return Status::Error("no route to the scheduler at DMLC_PS_ROOT_URI");
+  *host = inet_ntoa(mine.sin_addr);
+  return Status::OK();
+}
+
+// Whether `host` is an address of this machine: binding to it succeeds only then.
+bool IsLocalAddress(const std::string& host) {
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  if (inet_pton(AF_INET, host.c_str(), &address.sin_addr) != 1) return false;
+  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  bool bound = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+  close(fd);
+  return bound;
+}
+
+// Serves one job; the exit status.
+int Serve(const Settings& settings) {
+  Status status = RequireRendezvous(settings);
+  std::string host;
+  if (status.ok()) status = AdvertisedHost(settings, &host);
+  if (!status.ok()) {
+    fprintf(stderr, "%s: %s\n", kPrefix, status.message().c_str());
+    return status.kind() == ErrorKind::kInvalidArgument ? 2 : 1;
+  }
+  double timeout_s = settings.Number("BYTEPS_OP_TIMEOUT");
+  if (!settings.IsSet("BYTEPS_OP_TIMEOUT")) timeout_s = settings.Number("GLOO_TIMEOUT_SECONDS");
+
+  ServerOptions options;
+  // Where it listens: its advertised address when that is one of this machine's (so
+  // strangers on other interfaces see no port), else everywhere (behind NAT, say).
+  options.host = !settings.Flag("BYTEPS_LISTEN_ANY") && IsLocalAddress(host) ? host : "";
+  options.engine_threads = static_cast<int>(settings.Int("BYTEPS_SERVER_ENGINE_THREAD"));
+  options.timeout_ms = static_cast<int>(timeout_s * 1000);
+  options.token = settings.Text("BYTEPS_JOB_TOKEN");
+  options.max_tensor_bytes = static_cast<uint64_t>(settings.Int("BYTEPS_MAX_TENSOR_BYTES"));
+  options.enable_async = settings.Flag("BYTEPS_ENABLE_ASYNC");
+  Server server(options);
+  int port = 0;
+  status = server.Listen(&port);
+
+  SchedulerLinkOptions link_options;
+  link_options.host = settings.Text("DMLC_PS_ROOT_URI");
+  link_options.port = static_cast<int>(settings.Int("DMLC_PS_ROOT_PORT"));
+  link_options.token = options.token;
+  link_options.timeout_s = timeout_s;
+  link_options.heartbeat_interval_s = settings.Number("PS_HEARTBEAT_INTERVAL");
+  link_options.heartbeat_timeout_s = settings.Number("PS_HEARTBEAT_TIMEOUT");
+  link_options.num_workers = static_cast<int>(settings.Int("DMLC_NUM_WORKER"));
+  link_options.num_servers = static_cast<int>(settings.Int("DMLC_NUM_SERVER"));
+  std::unique_ptr<SchedulerLink> link;
+  if (status.ok()) status = SchedulerLink::Connect(link_options, &link);
+  Json book;
+  if (status.ok())
+    status = link->Register("server", host, JsonWriter().Add("port", int64_t{port}), &book);
+  std::vector<int32_t> host_of_rank;
+  for (const Json& group : book["merge_groups"].items()) {
+    int64_t value = 0;
+    if (!group.AsInt(0, INT32_MAX, &value)) {
+      status = Status::Error("a malformed address book from the scheduler");
+      break;
+    }
+    host_of_rank.push_back(static_cast<int32_t>(value));
+  }
+  if (status.ok()) status = server.Serve(host_of_rank);
+  if (!status.ok()) {
+    fprintf(stderr, "%s: %s\n", kPrefix, status.message().c_str());
+    server.Stop(status.message());
+    return 1;
+  }
+  int64_t server_id = -1;
+  book["server_id"].AsInt(0, INT32_MAX, &server_id);
+  BPS_LOG(kInfo) << "server " << server_id << " serving " << host_of_rank.size()
+                 << " worker(s) on port " << port;
+
+  std::string stop_reason;  // What the workers hear when the server stops, if it fails.
+  int exit_status = -1;
+  bool reported = false;
+  while (exit_status < 0) {
+    std::vector<Json> messages;
+    bool failed = false;
+    status = link->PollOnce(reported ? -1 : server.failure_fd(), &messages, &failed);
+    if (!status.ok()) {
+      fprintf(stderr, "%s: %s\n", kPrefix, status.message().c_str());
+      exit_status = 1;
+      break;
+    }
+    for (const Json& message : messages) {
+      const std::string& type = message["type"].str();
+      if (type == "exit") {
+        exit_status = 0;
+      } else if (type == "abort") {
+        fprintf(stderr, "%s: job aborted: %s\n", kPrefix, message["reason"].str().c_str());
+        stop_reason = "the job is failing: " + message["reason"].str();
+        exit_status = 1;
+      }
+    }
+    if (failed && !reported && exit_status < 0) {
+      status = link->Send(JsonWriter().Add("type", "failure").Add("reason", server.failure()).Finish());
+      reported = true;
+    }
+  }
+  std::string failure = server.failure();
+  server.Stop(stop_reason.empty() ? failure : stop_reason);
+  if (!failure.empty())
+    (void)link->Send(JsonWriter().Add("type", "failure").Add("reason", failure).Finish());
+  return exit_status;
+}
+
+int Main() {
+  // A peer that closes its socket must cost a connection, never the process.
+  signal(SIGPIPE, SIG_IGN);
+  Settings settings;
+  Status status = Settings::FromEnvironment(&settings);
+  if (status.ok() && settings.IsSet("DMLC_ROLE") && settings.Text("DMLC_ROLE") != "server")
+    status = ConfigError("DMLC_ROLE=" + PythonRepr(settings.Text("DMLC_ROLE")) +
+                         " but this is a server; set DMLC_ROLE=server");
+  if (!status.ok()) {
+    fprintf(stderr, "%s: %s\n", kPrefix, status.message().c_str());
+    return 2;
+  }
+  SetLogLevel(CoreLogLevel(settings));
+  SetLogPrefix(kPrefix);
+  return Serve(settings);
+}
+
+}  // namespace
+}  // namespace bps
+
+int main() { return bps::Main(); }
