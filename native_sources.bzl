@@ -44,8 +44,21 @@ SERVER_SOURCES = SERVER_ENGINE_SOURCES + CONTROL_SOURCES + ["custom_ops/server/m
 WORKER_MODULE_SOURCES = ["custom_ops/python/worker_module.cc"]
 TF_SOURCES = ["custom_ops/tf/collective_ops.cc"]
 
-# The core's CUDA kernels (built only where a CUDA toolkit is found).
+# The core's CUDA kernels (built only where a CUDA toolkit is found), and nvcc's flags.
 GPU_SOURCES = ["custom_ops/core/common.cc", "custom_ops/core/cuda/gpu_kernels.cu"]
+# The CUDA runtime is linked statically, so the library needs only the driver, whatever
+# CUDA runtime TensorFlow brings along. Ampere and Hopper machine code, and PTX that
+# newer GPUs compile at load time.
+NVCC_FLAGS = [
+    "-std=c++17",
+    "-O3",
+    "-shared",
+    "-Xcompiler=-fPIC,-Wall",
+    "-cudart=static",
+    "-gencode=arch=compute_80,code=sm_80",
+    "-gencode=arch=compute_90,code=sm_90",
+    "-gencode=arch=compute_90,code=compute_90",
+]
 
 # The C++ unit tests: the pieces they exercise, without the worker and the C API.
 UNIT_TEST_SOURCES = SHARED_SOURCES + [

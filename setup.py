@@ -32,9 +32,6 @@ def native_sources() -> dict:
 
 NATIVE = native_sources()
 CXXFLAGS = NATIVE["CXXFLAGS"]
-# Ampere and Hopper machine code, and PTX that newer GPUs compile at load time.
-CUDA_ARCHS = ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90",
-              "-gencode=arch=compute_90,code=compute_90"]
 
 
 def cuda_toolkit() -> str | None:
@@ -79,10 +76,7 @@ class BuildNative(build_ext):
         link_core = [f"-L{core.parent}", f"-l:{core.name}", "-Wl,-rpath,$ORIGIN"]
         name = ext.name.rsplit(".", 1)[1]
         if name == "_bps_gpu":
-            # The CUDA runtime is linked statically: the library then needs only the
-            # driver, whatever CUDA runtime TensorFlow brings along.
-            cmd = [cuda_toolkit(), "-std=c++17", "-O3", "-shared", "-Xcompiler=-fPIC,-Wall",
-                   "-cudart=static", *CUDA_ARCHS, *ext.sources, "-o", str(target)]
+            cmd = [cuda_toolkit(), *NATIVE["NVCC_FLAGS"], *ext.sources, "-o", str(target)]
         elif name == "_bps_core":
             cmd = [cxx, *CXXFLAGS, *NATIVE["WARNINGS"], "-shared", *ext.sources, "-o",
                    str(target), f"-Wl,-soname,{target.name}"]

@@ -1,8 +1,9 @@
 """The Bazel build (WORKSPACE, BUILD): it builds the native parts offline with Debian's
-bazel-bootstrap, its C++ unit tests pass, and the libraries it builds run a job in
-place of the pip-built ones. Skips where bazel is not installed (tools/bootstrap.sh
+bazel-bootstrap, its C++ unit tests pass, and the libraries and server it builds run
+a job in place of the pip-built ones. Skips where bazel is not installed (tools/bootstrap.sh
 installs it with TF_BPS_BAZEL=1)."""
 
+import ctypes
 import os
 import shutil
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import WORKERS, marked_json
+from gpu_api import declare
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(shutil.which("bazel") is None, reason="bazel is not installed")
@@ -37,6 +39,8 @@ def test_bazel_builds_tests_and_its_libraries_run_a_job(procs, tmp_path):
         shutil.copy(bin_dir / f"{stem}.so", package / f"{stem}.so")
         if stem == "_bps_core":
             os.symlink(f"{stem}.so", pip_built)
+    (package / "bps_server").unlink()  # The job's server is Bazel's too.
+    shutil.copy(bin_dir / "bps_server", package / "bps_server")
     status, output = procs.launch(2, "bazel_built.py", num_servers=1,
                                   PYTHONPATH=f"{tmp_path}{os.pathsep}{WORKERS}")
     assert status == 0, output
@@ -45,3 +49,19 @@ def test_bazel_builds_tests_and_its_libraries_run_a_job(procs, tmp_path):
         assert report["kernels"] == str(package / "_bps_tf_ops.so")
         assert report["mapped"] == sorted([str(package / "_bps_core.so"),
                                            str(package / "_bps_tf_ops.so")]), report
+
+
+def test_bazel_builds_the_gpu_kernels_where_nvcc_is_found():
+    """@local_cuda finds nvcc as setup.py does; the kernels then build and load."""
+    if shutil.which("nvcc") is None and not os.environ.get("CUDA_HOME"):
+        pytest.skip("no nvcc: a CPU-only Bazel build has no GPU target")
+    built = subprocess.run(
+        ["bazel", "--batch", "build", "//:gpu_kernels",
+         f"--repo_env=PYTHON_BIN_PATH={sys.executable}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stdout + built.stderr
+    library = ROOT / "bazel-bin" / "_bps_gpu.so"
+    assert library.exists()
+    gpu = declare(ctypes.CDLL(str(library)))
+    count = gpu.bps_gpu_device_count()
+    assert count >= 1 or gpu.bps_gpu_last_error().decode().startswith("cudaGetDeviceCount: ")

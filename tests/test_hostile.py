@@ -202,3 +202,35 @@ def test_a_server_out_of_descriptors_keeps_serving_without_spinning(procs):
                                           "worker0": workers[0], "worker1": workers[1]})
     assert "cannot accept a connection: Too many open files" in outputs["server"]
     assert spent < 1.0, f"the server spent {spent:.2f} s of CPU in 3 s of flood"
+
+
+ZMTP_GREETING = b"\xff" + b"\x00" * 8 + b"\x7f\x03\x00NULL" + b"\x00" * 16 + b"\x00" + b"\x00" * 31
+_READY_BODY = b"\x05READY\x0bSocket-Type\x00\x00\x00\x06ROUTER"
+ZMTP_READY = b"\x04" + bytes([len(_READY_BODY)]) + _READY_BODY
+
+
+def test_a_server_leaves_a_scheduler_that_sends_garbage_naming_it(procs):
+    """The native server's link to the scheduler reads bytes from whoever listens at
+    DMLC_PS_ROOT_URI: a peer that is not ZeroMQ, or that announces a frame far over
+    the limit, costs the server its start with a message, never a crash or the memory."""
+    answers = {
+        "not ZeroMQ": b"HTTP/1.1 400 Bad Request\r\n\r\n" + b"\x00" * 64,
+        "huge frame": ZMTP_GREETING + ZMTP_READY + b"\x02" + struct.pack(">Q", 1 << 40),
+        "bad flags": ZMTP_GREETING + ZMTP_READY + b"\xf0\x01x",
+    }
+    for case, answer in answers.items():
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            port = listener.getsockname()[1]
+            server = procs.start(LAUNCH, base_env(
+                DMLC_ROLE="server", DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=port,
+                DMLC_NUM_WORKER=1, DMLC_NUM_SERVER=1, BYTEPS_OP_TIMEOUT=20))
+            listener.settimeout(20)
+            connection, _ = listener.accept()
+            with connection:
+                connection.sendall(answer)
+                status, output = finish(server, timeout=30)
+        assert status == 1, (case, output)
+        expected = {"not ZeroMQ": "does not speak ZeroMQ 3",
+                    "huge frame": "sent a frame of 1099511627776 bytes, over the 1048576",
+                    "bad flags": "a malformed frame from the scheduler"}[case]
+        assert f"127.0.0.1:{port}" in output and expected in output, (case, output)

@@ -33,8 +33,8 @@ class Json::Parser {
     return false;
   }
   void SkipSpace() {
-    while (at_ < text_.size() && (text_[at_] == ' ' || text_[at_] == '\t' ||
-                                  text_[at_] == '\n' || text_[at_] == '\r'))
+    while (at_ < text_.size() &&
+           (text_[at_] == ' ' || text_[at_] == '\t' || text_[at_] == '\n' || text_[at_] == '\r'))
       ++at_;
   }
   bool Literal(const char* word) {
@@ -105,10 +105,10 @@ class Json::Parser {
     *code = 0;
     for (int i = 0; i < 4; ++i) {
       char c = text_[at_++];
-      int digit = isdigit(static_cast<unsigned char>(c))   ? c - '0'
-                  : (c >= 'a' && c <= 'f')                 ? c - 'a' + 10
-                  : (c >= 'A' && c <= 'F')                 ? c - 'A' + 10
-                                                           : -1;
+      int digit = isdigit(static_cast<unsigned char>(c)) ? c - '0'
+                  : (c >= 'a' && c <= 'f')               ? c - 'a' + 10
+                  : (c >= 'A' && c <= 'F')               ? c - 'A' + 10
+                                                         : -1;
       if (digit < 0) return Fail("bad \\u escape");
       *code = *code * 16 + static_cast<uint32_t>(digit);
     }
@@ -189,9 +189,9 @@ class Json::Parser {
   bool Number(Json* out) {
     size_t start = at_;
     if (at_ < text_.size() && text_[at_] == '-') ++at_;
-    while (at_ < text_.size() && (isdigit(static_cast<unsigned char>(text_[at_])) ||
-                                  text_[at_] == '.' || text_[at_] == 'e' || text_[at_] == 'E' ||
-                                  text_[at_] == '+' || text_[at_] == '-'))
+    while (at_ < text_.size() &&
+           (isdigit(static_cast<unsigned char>(text_[at_])) || text_[at_] == '.' ||
+            text_[at_] == 'e' || text_[at_] == 'E' || text_[at_] == '+' || text_[at_] == '-'))
       ++at_;
     std::string digits = text_.substr(start, at_ - start);
     if (digits.empty() || digits == "-") return Fail("unexpected character");
@@ -219,8 +219,7 @@ const Json& Json::operator[](const std::string& key) const {
 }
 
 bool Json::AsInt(int64_t low, int64_t high, int64_t* value) const {
-  if (type_ != Type::kNumber || number_ != std::floor(number_) || number_ < low ||
-      number_ > high)
+  if (type_ != Type::kNumber || number_ != std::floor(number_) || number_ < low || number_ > high)
     return false;
   *value = static_cast<int64_t>(number_);
   return true;

@@ -47,7 +47,9 @@ class Json {
 class JsonWriter {
  public:
   JsonWriter& Add(const std::string& key, const std::string& value);
-  JsonWriter& Add(const std::string& key, const char* value) { return Add(key, std::string(value)); }
+  JsonWriter& Add(const std::string& key, const char* value) {
+    return Add(key, std::string(value));
+  }
   JsonWriter& Add(const std::string& key, int64_t value);
   std::string Finish() const { return "{" + body_ + "}"; }
 

@@ -51,8 +51,7 @@ std::string ControlProof(const std::string& token, const std::string& side,
   return Hex(digest.data(), digest.size());
 }
 
-SchedulerLink::SchedulerLink(const SchedulerLinkOptions& options,
-                             std::unique_ptr<ZmqDealer> dealer)
+SchedulerLink::SchedulerLink(const SchedulerLinkOptions& options, std::unique_ptr<ZmqDealer> dealer)
     : options_(options),
       dealer_(std::move(dealer)),
       endpoint_("tcp://" + options.host + ":" + std::to_string(options.port)),
@@ -69,21 +68,20 @@ Status SchedulerLink::Connect(const SchedulerLinkOptions& options,
   return Status::OK();
 }
 
-Status SchedulerLink::NextReply(Clock::time_point deadline, const std::string& type,
-                                Json* reply) {
+Status SchedulerLink::NextReply(Clock::time_point deadline, const std::string& type, Json* reply) {
   while (true) {
     std::string text;
     bool received = false;
     Status status = dealer_->Receive(MillisecondsUntil(deadline), &text, &received);
     if (!status.ok()) return status;
     if (!received)
-      return Status::Error(
-          ErrorKind::kTimeout,
-          "no " + std::string(type == "book" ? "address book" : "answer") +
-              " from the scheduler at " + endpoint_ + " within " + FormatG(options_.timeout_s) +
-              " s (is it running, and have all " + std::to_string(options_.num_workers) +
-              " worker(s) and " + std::to_string(options_.num_servers) +
-              " server(s) started? see BYTEPS_OP_TIMEOUT)");
+      return Status::Error(ErrorKind::kTimeout,
+                           "no " + std::string(type == "book" ? "address book" : "answer") +
+                               " from the scheduler at " + endpoint_ + " within " +
+                               FormatG(options_.timeout_s) + " s (is it running, and have all " +
+                               std::to_string(options_.num_workers) + " worker(s) and " +
+                               std::to_string(options_.num_servers) +
+                               " server(s) started? see BYTEPS_OP_TIMEOUT)");
     if (!Json::Parse(text, reply).ok()) continue;  // Not one of its messages.
     const std::string& kind = (*reply)["type"].str();
     if (kind == type) return Status::OK();
@@ -93,8 +91,8 @@ Status SchedulerLink::NextReply(Clock::time_point deadline, const std::string& t
   }
 }
 
-Status SchedulerLink::Register(const std::string& role, const std::string& host,
-                               JsonWriter fields, Json* book) {
+Status SchedulerLink::Register(const std::string& role, const std::string& host, JsonWriter fields,
+                               Json* book) {
   auto deadline = Clock::now() + Seconds(options_.timeout_s);
   std::string mine;
   Status status = NewNonce(&mine);

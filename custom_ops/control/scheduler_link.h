@@ -17,9 +17,9 @@
 namespace bps {
 
 struct SchedulerLinkOptions {
-  std::string host;  // DMLC_PS_ROOT_URI
-  int port = 0;      // DMLC_PS_ROOT_PORT
-  std::string token;  // BYTEPS_JOB_TOKEN
+  std::string host;        // DMLC_PS_ROOT_URI
+  int port = 0;            // DMLC_PS_ROOT_PORT
+  std::string token;       // BYTEPS_JOB_TOKEN
   double timeout_s = 300;  // BYTEPS_OP_TIMEOUT: for the connection and the address book
   double heartbeat_interval_s = 1;
   double heartbeat_timeout_s = 10;
@@ -34,8 +34,7 @@ class SchedulerLink {
 
   // Proves the job token both ways, registers this node (`fields` add to role, pid,
   // host and proof) and returns the scheduler's address book.
-  Status Register(const std::string& role, const std::string& host, JsonWriter fields,
-                  Json* book);
+  Status Register(const std::string& role, const std::string& host, JsonWriter fields, Json* book);
   // Sends a heartbeat when one is due, then waits until the next is due for the
   // scheduler's messages (heartbeat acknowledgements aside) or for `extra_fd` to turn
   // readable (-1: none). Fails once the scheduler has been silent for longer than

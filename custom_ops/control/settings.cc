@@ -112,9 +112,8 @@ bool IsChoice(const char* choices, const std::string& value) {
 }  // namespace
 
 std::string PythonRepr(const std::string& text) {
-  char quote = (text.find('\'') != std::string::npos && text.find('"') == std::string::npos)
-                   ? '"'
-                   : '\'';
+  char quote =
+      (text.find('\'') != std::string::npos && text.find('"') == std::string::npos) ? '"' : '\'';
   std::string out(1, quote);
   for (unsigned char c : text) {
     if (c == '\\' || c == quote) {
@@ -175,13 +174,12 @@ Status Settings::Read(const Lookup& lookup, Settings* out) {
         bool ok = seconds ? (number > 0 && number <= entry.maximum)
                           : (number >= entry.minimum && number <= entry.maximum);
         if (!ok)
-          return Status::Error(
-              ErrorKind::kInvalidArgument,
-              Invalid(entry, raw,
-                      seconds ? "a number of seconds greater than 0 and at most " +
-                                    FormatG(entry.maximum)
-                              : "a number from " + FormatG(entry.minimum) + " to " +
-                                    FormatG(entry.maximum)));
+          return Status::Error(ErrorKind::kInvalidArgument,
+                               Invalid(entry, raw,
+                                       seconds ? "a number of seconds greater than 0 and at most " +
+                                                     FormatG(entry.maximum)
+                                               : "a number from " + FormatG(entry.minimum) +
+                                                     " to " + FormatG(entry.maximum)));
         value.number = number;
         break;
       }
@@ -214,17 +212,17 @@ Status Settings::Read(const Lookup& lookup, Settings* out) {
   double interval = out->Number("PS_HEARTBEAT_INTERVAL");
   double timeout = out->Number("PS_HEARTBEAT_TIMEOUT");
   if (interval >= timeout)
-    return Status::Error(ErrorKind::kInvalidArgument,
-                         "PS_HEARTBEAT_INTERVAL=" + FormatG(interval) +
-                             " is not valid: it must be shorter than PS_HEARTBEAT_TIMEOUT=" +
-                             FormatG(timeout) +
-                             ", or every node would be declared dead between two heartbeats");
+    return Status::Error(
+        ErrorKind::kInvalidArgument,
+        "PS_HEARTBEAT_INTERVAL=" + FormatG(interval) +
+            " is not valid: it must be shorter than PS_HEARTBEAT_TIMEOUT=" + FormatG(timeout) +
+            ", or every node would be declared dead between two heartbeats");
   int64_t first = out->Int("BYTEPS_TRACE_START_STEP"), last = out->Int("BYTEPS_TRACE_END_STEP");
   if (last < first)
-    return Status::Error(ErrorKind::kInvalidArgument,
-                         "BYTEPS_TRACE_END_STEP=" + std::to_string(last) +
-                             " is not valid: it comes before BYTEPS_TRACE_START_STEP=" +
-                             std::to_string(first));
+    return Status::Error(
+        ErrorKind::kInvalidArgument,
+        "BYTEPS_TRACE_END_STEP=" + std::to_string(last) +
+            " is not valid: it comes before BYTEPS_TRACE_START_STEP=" + std::to_string(first));
   // The rules on BYTEPS_LOCAL_SIZE depend on the visible GPUs: config.py's alone, as
   // workers are placed by Python.
   int64_t worker_id = out->Int("DMLC_WORKER_ID"), num_worker = out->Int("DMLC_NUM_WORKER");

@@ -71,8 +71,8 @@ Status ZmqDealer::Handshake(int timeout_ms) {
   std::string greeting = Greeting();
   if (send(fd_, greeting.data(), greeting.size(), MSG_NOSIGNAL) !=
       static_cast<ssize_t>(greeting.size()))
-    return Status::Error(ErrorKind::kPeerGone, "cannot greet the scheduler at " + peer_ + ": " +
-                                                   strerror(errno));
+    return Status::Error(ErrorKind::kPeerGone,
+                         "cannot greet the scheduler at " + peer_ + ": " + strerror(errno));
   Status status = SendFrame(kCommand, ReadyCommand());
   if (!status.ok()) return status;
   while (buffer_.size() < kGreetingBytes) {
@@ -80,9 +80,9 @@ Status ZmqDealer::Handshake(int timeout_ms) {
     status = Fill(RemainingMs(deadline), &got);
     if (!status.ok()) return status;
     if (!got)
-      return Status::Error(ErrorKind::kTimeout,
-                           "the scheduler at " + peer_ + " did not greet within " +
-                               std::to_string(timeout_ms) + " ms");
+      return Status::Error(ErrorKind::kTimeout, "the scheduler at " + peer_ +
+                                                    " did not greet within " +
+                                                    std::to_string(timeout_ms) + " ms");
   }
   const auto* peer = reinterpret_cast<const unsigned char*>(buffer_.data());
   if (peer[0] != 0xff || (peer[9] & 1) != 1 || peer[10] < 3 ||
@@ -123,9 +123,8 @@ Status ZmqDealer::TakeFrame(unsigned char* flags, std::string* body, bool* compl
   if (buffer_.empty()) return Status::OK();
   *flags = static_cast<unsigned char>(buffer_[0]);
   if (*flags & ~(kMore | kLong | kCommand))
-    return Status::Error(ErrorKind::kInternal,
-                         "a malformed frame from the scheduler at " + peer_ + " (flags " +
-                             std::to_string(*flags) + ")");
+    return Status::Error(ErrorKind::kInternal, "a malformed frame from the scheduler at " + peer_ +
+                                                   " (flags " + std::to_string(*flags) + ")");
   size_t header = (*flags & kLong) ? 9 : 2;
   if (buffer_.size() < header) return Status::OK();
   uint64_t size = 0;

@@ -48,8 +48,8 @@ class ZmqDealer {
 
   int fd_;
   std::string peer_;
-  std::string buffer_;    // received, not yet parsed
-  std::string parts_;     // frames of a message still coming
+  std::string buffer_;  // received, not yet parsed
+  std::string parts_;   // frames of a message still coming
   int part_count_ = 0;
 };
 

@@ -32,8 +32,11 @@ constexpr const char* kPrefix = "tf_bps server";
 // The more verbose of BYTEPS_LOG_LEVEL and PS_VERBOSE (config.py's core_log_level).
 LogLevel CoreLogLevel(const Settings& settings) {
   const std::string& name = settings.Text("BYTEPS_LOG_LEVEL");
-  int level = name == "TRACE" ? 0 : name == "DEBUG" ? 1 : name == "INFO" ? 2
-              : name == "WARNING" ? 3 : 4;
+  int level = name == "TRACE"     ? 0
+              : name == "DEBUG"   ? 1
+              : name == "INFO"    ? 2
+              : name == "WARNING" ? 3
+                                  : 4;
   const std::string& verbose = settings.Text("PS_VERBOSE");
   int from_verbose = verbose == "2" ? 0 : verbose == "1" ? 2 : 4;
   return static_cast<LogLevel>(std::min(level, from_verbose));
@@ -205,7 +208,8 @@ int Serve(const Settings& settings) {
       }
     }
     if (failed && !reported && exit_status < 0) {
-      status = link->Send(JsonWriter().Add("type", "failure").Add("reason", server.failure()).Finish());
+      status =
+          link->Send(JsonWriter().Add("type", "failure").Add("reason", server.failure()).Finish());
       reported = true;
     }
   }

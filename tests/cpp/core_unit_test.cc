@@ -13,12 +13,15 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "../../custom_ops/control/json.h"
+#include "../../custom_ops/control/settings.h"
 #include "../../custom_ops/core/credits.h"
 #include "../../custom_ops/core/protocol.h"
 #include "../../custom_ops/core/reduce.h"
@@ -751,6 +754,74 @@ void TestTimelineWindow() {
   ::rmdir(folder);
 }
 
+// ---------------------------------------------------------------------------
+// The control plane: JSON from the scheduler, and the variables' table
+
+void TestJsonParsing() {
+  Json message;
+  EXPECT(Json::Parse(R"({"type": "book", "server_id": 3, "merge_groups": [0, 0, 1],
+                         "reason": "a \"quoted\" \u00e9 \ud83d\ude00", "ok": true,
+                         "none": null, "nested": {"x": [1.5e3, -2]}})",
+                     &message)
+             .ok());
+  EXPECT(message["type"].str() == "book");
+  int64_t value = -1;
+  EXPECT(message["server_id"].AsInt(0, 10, &value) && value == 3);
+  EXPECT(!message["server_id"].AsInt(4, 10, &value));
+  EXPECT(!message["ok"].AsInt(0, 1, &value));  // A bool is no integer.
+  EXPECT(message["merge_groups"].items().size() == 3);
+  EXPECT(message["reason"].str() == "a \"quoted\" \xc3\xa9 \xf0\x9f\x98\x80");
+  EXPECT(message["nested"]["x"].items()[0].AsInt(0, 2000, &value) && value == 1500);
+  EXPECT(message["missing"]["deeper"].type() == Json::Type::kNull);
+  // Whatever a stranger sends is refused, never a crash or a partial tree.
+  for (const std::string& bad :
+       {std::string(""), std::string("{"), std::string(R"({"a"})"), std::string(R"({"a": })"),
+        std::string("[1, 2"), std::string("\"open"), std::string(R"({"a": 1} trailing)"),
+        std::string("nul"), std::string(R"({"a": "\x"})"), std::string(R"("\u12")"),
+        std::string("1e999"), std::string("-"), std::string("[\"\x01\"]"),
+        std::string(100, '[') + std::string(100, ']')})
+    EXPECT(!Json::Parse(bad, &message).ok());
+  EXPECT(Json::Parse(std::string(32, '[') + std::string(32, ']'), &message).ok());
+  const std::string odd("q\"\\\n\x01", 5);
+  std::string written =
+      JsonWriter().Add("type", "hello").Add("n", int64_t{-7}).Add("odd", odd).Finish();
+  EXPECT(written == R"({"type": "hello", "n": -7, "odd": "q\"\\\u000a\u0001"})");
+  EXPECT(Json::Parse(written, &message).ok() && message["odd"].str() == odd);
+}
+
+void TestSettingsTable() {
+  auto read = [](std::map<std::string, std::string> env, Settings* settings) {
+    return Settings::Read(
+        [&env](const char* name) {
+          auto found = env.find(name);
+          return found == env.end() ? nullptr : found->second.c_str();
+        },
+        settings);
+  };
+  Settings settings;
+  EXPECT(read({}, &settings).ok());
+  EXPECT(settings.Int("BYTEPS_PARTITION_BYTES") == 4096000);  // Defaults from the table.
+  EXPECT(settings.Int("DMLC_PS_ROOT_PORT") == -1 && !settings.IsSet("DMLC_PS_ROOT_PORT"));
+  EXPECT(settings.Number("BYTEPS_OP_TIMEOUT") == 300 && settings.Flag("BYTEPS_ENABLE_IPC"));
+  EXPECT(settings.Text("BYTEPS_LOG_LEVEL") == "WARNING");
+  EXPECT(read({{"BYTEPS_LOG_LEVEL", " debug "},
+               {"DMLC_NUM_SERVER", "1_0"},
+               {"PS_HEARTBEAT_TIMEOUT", "2.5"},
+               {"BYTEPS_ENABLE_ASYNC", "1"}},
+              &settings)
+             .ok());
+  EXPECT(settings.Text("BYTEPS_LOG_LEVEL") == "DEBUG" && settings.Int("DMLC_NUM_SERVER") == 10);
+  EXPECT(settings.Number("PS_HEARTBEAT_TIMEOUT") == 2.5 && settings.Flag("BYTEPS_ENABLE_ASYNC"));
+  EXPECT(read({{"DMLC_NUM_WORKER", "9999"}}, &settings).message() ==
+         "DMLC_NUM_WORKER='9999' is not valid: expected an integer from 1 to 4096");
+  EXPECT(read({{"PS_HEARTBEAT_TIMEOUT", "inf"}}, &settings).message() ==
+         "PS_HEARTBEAT_TIMEOUT='inf' is not valid: expected a number of seconds greater than 0 "
+         "and at most 1e+06");
+  EXPECT(read({{"DMLC_ROLE", "it's"}}, &settings).message() ==
+         "DMLC_ROLE=\"it's\" is not valid: expected one of scheduler, server, worker");
+  EXPECT(PythonRepr("a\\b\tc\x7f") == R"('a\\b\tc\x7f')");
+}
+
 }  // namespace bps
 
 int main() {
@@ -769,6 +840,8 @@ int main() {
   bps::TestServerRounds();
   bps::TestSquattedLocalSocketIsNotTrusted();
   bps::TestServerRefusesOversizedPushes();
+  bps::TestJsonParsing();
+  bps::TestSettingsTable();
   if (bps::failures) {
     std::cerr << bps::failures << " check(s) failed\n";
     return 1;
