@@ -44,6 +44,10 @@ SERVER_SOURCES = SERVER_ENGINE_SOURCES + CONTROL_SOURCES + ["custom_ops/server/m
 WORKER_MODULE_SOURCES = ["custom_ops/python/worker_module.cc"]
 TF_SOURCES = ["custom_ops/tf/collective_ops.cc"]
 
+# Where a CUDA toolkit is found, the TensorFlow ops also get GPU kernels (pinned host
+# staging on TensorFlow's streams; custom_ops/tf/collective_ops.cc).
+TF_GPU_FLAGS = ["-DTF_BPS_GPU_KERNELS"]
+
 # The core's CUDA kernels (built only where a CUDA toolkit is found), and nvcc's flags.
 GPU_SOURCES = ["custom_ops/core/common.cc", "custom_ops/core/cuda/gpu_kernels.cu"]
 # The CUDA runtime is linked statically, so the library needs only the driver, whatever

@@ -3,7 +3,8 @@
 _bps_core: the framework-neutral worker engine behind its C API (c_api.h); the
     TensorFlow kernels and the Python binding both call it through that API.
 _bps_tf_ops: the TensorFlow kernels, linked against _bps_core and compiled with the
-    flags of the installed TensorFlow (tf.sysconfig).
+    flags of the installed TensorFlow (tf.sysconfig); GPU kernels too where a CUDA
+    toolkit is found.
 _bps_worker: the pybind11 module Python uses to start and stop the worker engine.
 bps_server: the summation server, a native executable with no Python and no TensorFlow
     (`bps-server` runs it); an operator can copy it alone to a CPU-only server machine.
@@ -84,7 +85,8 @@ class BuildNative(build_ext):
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
             import tensorflow as tf  # Only the TensorFlow adapter needs it.
 
-            cmd = [cxx, *CXXFLAGS, "-shared", *NATIVE["TF_WARNINGS"],
+            gpu = NATIVE["TF_GPU_FLAGS"] if cuda_toolkit() else []
+            cmd = [cxx, *CXXFLAGS, *gpu, "-shared", *NATIVE["TF_WARNINGS"],
                    *tf.sysconfig.get_compile_flags(), *ext.sources,
                    "-o", str(target), *tf.sysconfig.get_link_flags(), *link_core]
         else:  # The pybind11 module.

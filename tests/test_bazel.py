@@ -47,6 +47,9 @@ def test_bazel_builds_tests_and_its_libraries_run_a_job(procs, tmp_path):
     for report in marked_json(output).values():
         assert report["sum"] == 3.0
         assert report["kernels"] == str(package / "_bps_tf_ops.so")
+        # With nvcc found, Bazel's op library has GPU kernels, as pip's does.
+        has_nvcc = shutil.which("nvcc") is not None or bool(os.environ.get("CUDA_HOME"))
+        assert report["push_pull_devices"] == (["CPU", "GPU"] if has_nvcc else ["CPU"])
         assert report["mapped"] == sorted([str(package / "_bps_core.so"),
                                            str(package / "_bps_tf_ops.so")]), report
 

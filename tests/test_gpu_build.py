@@ -1,11 +1,14 @@
 """The GPU build. Where nvcc is found at build time (CUDA_HOME, or PATH), `pip install`
-also compiles the core's CUDA kernels into tf_bps/_bps_gpu. A machine without a GPU
-must still have the library, load it, and get clear errors from it, so that CI catches
-a broken GPU build."""
+also compiles the core's CUDA kernels into tf_bps/_bps_gpu and GPU kernels of every
+TensorFlow op. A machine without a GPU must still have them, load them, and get clear
+errors from them, so that CI catches a broken GPU build."""
 
 import ctypes
+import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 from gpu_api import declare
@@ -49,3 +52,27 @@ def test_bad_arguments_are_refused_before_any_launch(gpu_library):
     assert "reduce op 9" in gpu_library.bps_gpu_last_error().decode()
     assert gpu_library.bps_gpu_divide(None, 4, INT8, 0, None) == -1
     assert "not a worker count" in gpu_library.bps_gpu_last_error().decode()
+
+
+OPS = ["BytepsPushPull", "BytepsBroadcast", "BytepsAsyncPushPull", "BytepsAllgather",
+       "BytepsAlltoall", "BytepsReducescatter"]
+
+
+def test_every_op_has_gpu_kernels_exactly_when_cuda_was_found():
+    probe = ("import json, tf_bps.ops\n"
+             "from tensorflow.python.framework import kernels\n"
+             f"print(json.dumps({{op: sorted({{(k.device_type, tuple(k.host_memory_arg)) for k in "
+             f"kernels.get_registered_kernels_for_op(op).kernel}}) for op in {OPS!r}}}))")
+    found = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                           timeout=120, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert found.returncode == 0, found.stderr
+    registered = json.loads(found.stdout.strip().splitlines()[-1])
+    for op in OPS:
+        devices = [device for device, _ in registered[op]]
+        assert devices == (["CPU", "GPU"] if _nvcc_found() else ["CPU"]), (op, registered[op])
+    if _nvcc_found():
+        # The step's ops stage device memory themselves; the others run on host copies.
+        gpu = {op: dict(registered[op])["GPU"] for op in OPS}
+        assert gpu["BytepsPushPull"] == gpu["BytepsBroadcast"] == gpu["BytepsAsyncPushPull"] == []
+        assert gpu["BytepsAllgather"] == ["tensor", "gathered"]
+        assert gpu["BytepsAlltoall"] == ["tensor", "splits", "received", "received_splits"]

@@ -13,6 +13,12 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#ifdef TF_BPS_GPU_KERNELS
+#include "tensorflow/core/framework/allocator.h"
+#include "tensorflow/core/framework/device_base.h"
+#include "xla/stream_executor/device_address.h"
+#include "xla/stream_executor/stream.h"
+#endif
 
 namespace tf_bps {
 namespace {
@@ -114,6 +120,35 @@ class CollectiveOp : public AsyncOpKernel {
 
   void ComputeAsync(OpKernelContext* context, DoneCallback done) override {
     const Tensor& input = context->input(0);
+    void* output = nullptr;  // allocated on demand for the kinds that size it late
+    if (RootKeepsInput()) {
+      // The root's result is its input: share the buffer instead of copying it.
+      context->set_output(0, input);
+      output = const_cast<char*>(input.tensor_data().data());
+    } else if (OutputIsInputSized()) {
+      Tensor* allocated = nullptr;
+      // Reusing the input buffer is safe: a partition's result only arrives after
+      // this worker's push of that partition has left its memory.
+      OP_REQUIRES_OK_ASYNC(
+          context, context->forward_input_or_allocate_output({0}, 0, input.shape(), &allocated),
+          done);
+      output = const_cast<char*>(allocated->tensor_data().data());
+    }
+    Enqueue(context, input, output, std::move(done));
+  }
+
+ protected:
+  bool RootKeepsInput() const {
+    return kind_ == bps::OpKind::kBroadcast && root_rank_ == bps_worker_rank();
+  }
+  bool OutputIsInputSized() const {
+    return kind_ == bps::OpKind::kPushPull || kind_ == bps::OpKind::kBroadcast ||
+           kind_ == bps::OpKind::kAsyncPushPull;
+  }
+
+  // Hands `input` to the core, with the result going to `output` (or to an output
+  // the core asks for once it knows the size, when null). Both are host memory.
+  void Enqueue(OpKernelContext* context, const Tensor& input, void* output, DoneCallback done) {
     bps::DataType dtype;
     OP_REQUIRES_ASYNC(
         context, ToCoreType(input.dtype(), &dtype),
@@ -135,6 +170,7 @@ class CollectiveOp : public AsyncOpKernel {
     op.ndims = static_cast<int>(shape.size());
     op.shape = shape.data();
     op.input = input.tensor_data().data();
+    op.output = output;
     op.bytes = input.TotalBytes();
     std::vector<long long> splits;
     if (kind_ == bps::OpKind::kAlltoall) {
@@ -148,23 +184,9 @@ class CollectiveOp : public AsyncOpKernel {
       op.splits = splits.data();
       op.nsplits = static_cast<int>(splits.size());
     }
-    if (kind_ == bps::OpKind::kBroadcast && root_rank_ == bps_worker_rank()) {
-      // The root's result is its input: share the buffer instead of copying it.
-      context->set_output(0, input);
-      op.output = const_cast<char*>(input.tensor_data().data());
-    } else if (kind_ == bps::OpKind::kPushPull || kind_ == bps::OpKind::kBroadcast ||
-               kind_ == bps::OpKind::kAsyncPushPull) {
-      Tensor* output = nullptr;
-      // Reusing the input buffer is safe: a partition's result only arrives after
-      // this worker's push of that partition has left its memory.
-      OP_REQUIRES_OK_ASYNC(
-          context, context->forward_input_or_allocate_output({0}, 0, input.shape(), &output), done);
-      op.output = const_cast<char*>(output->tensor_data().data());
-    }
     bps_enqueue(&op, AllocateOutput, Finish, new InFlight{context, std::move(done)});
   }
 
- protected:
   // The attributes of the reductions (push_pull, reducescatter).
   void ReadReductionAttrs(OpKernelConstruction* context) {
     OP_REQUIRES_OK(context, context->GetAttr("reduce_op", &reduce_op_));
@@ -222,6 +244,67 @@ class AsyncPushPullOp : public CollectiveOp {
   explicit AsyncPushPullOp(OpKernelConstruction* context)
       : CollectiveOp(context, bps::OpKind::kAsyncPushPull) {}
 };
+
+#ifdef TF_BPS_GPU_KERNELS
+// The ops of a training step (push_pull, broadcast, asynchronous push_pull) on GPU
+// tensors, through pinned host staging. The input is copied to the host on the
+// stream that computed it, so the copy follows every kernel that wrote it; the core
+// gets the host copy from a stream callback once it has landed; the result goes back
+// on the same stream, and TensorFlow hears of it from another callback. The compute
+// stream itself never waits for the network.
+template <typename Base>
+class GpuStagedOp : public Base {
+ public:
+  using Base::Base;
+
+  void ComputeAsync(OpKernelContext* context, AsyncOpKernel::DoneCallback done) override {
+    const Tensor& input = context->input(0);
+    auto* device_context = context->op_device_context();
+    stream_executor::Stream* stream = device_context ? device_context->stream() : nullptr;
+    OP_REQUIRES_ASYNC(context, stream != nullptr,
+                      absl::InternalError("no GPU stream for tensor '" + this->tensor_name_ + "'"),
+                      done);
+    tensorflow::AllocatorAttributes pinned;
+    pinned.set_on_host(true);
+    pinned.set_gpu_compatible(true);
+    Tensor staging;
+    OP_REQUIRES_OK_ASYNC(
+        context, context->allocate_temp(input.dtype(), input.shape(), &staging, pinned), done);
+    Tensor* output = nullptr;  // stays null where the root's output is its input
+    if (this->RootKeepsInput()) {
+      context->set_output(0, input);
+    } else {
+      OP_REQUIRES_OK_ASYNC(context, context->allocate_output(0, input.shape(), &output), done);
+    }
+    const uint64_t bytes = input.TotalBytes();
+    stream_executor::DeviceAddressBase source(const_cast<char*>(input.tensor_data().data()), bytes);
+    if (bytes)
+      OP_REQUIRES_OK_ASYNC(context, stream->Memcpy(StagingData(staging), source, bytes), done);
+    auto copied_back = [context, stream, staging, output, bytes, done]() mutable {
+      if (!context->status().ok() || output == nullptr || bytes == 0) return done();
+      stream_executor::DeviceAddressBase target(const_cast<char*>(output->tensor_data().data()),
+                                                bytes);
+      absl::Status status = stream->Memcpy(&target, StagingData(staging), bytes);
+      if (status.ok())  // The staging buffer lives until the copy has run.
+        status = stream->DoHostCallback([staging, done]() mutable { done(); });
+      if (!status.ok()) {
+        context->SetStatus(status);
+        done();
+      }
+    };
+    absl::Status status = stream->DoHostCallback(
+        [this, context, staging, copied_back = std::move(copied_back)]() mutable {
+          this->Enqueue(context, staging, StagingData(staging), std::move(copied_back));
+        });
+    OP_REQUIRES_OK_ASYNC(context, status, done);
+  }
+
+ private:
+  static void* StagingData(const Tensor& staging) {
+    return const_cast<char*>(staging.tensor_data().data());
+  }
+};
+#endif  // TF_BPS_GPU_KERNELS
 
 absl::Status SameShape(tensorflow::shape_inference::InferenceContext* c) {
   c->set_output(0, c->input(0));
@@ -327,6 +410,34 @@ REGISTER_KERNEL_BUILDER(Name("BytepsReducescatter").Device(tensorflow::DEVICE_CP
                         ReducescatterOp);
 REGISTER_KERNEL_BUILDER(Name("BytepsAsyncPushPull").Device(tensorflow::DEVICE_CPU),
                         AsyncPushPullOp);
+
+#ifdef TF_BPS_GPU_KERNELS
+REGISTER_KERNEL_BUILDER(Name("BytepsPushPull").Device(tensorflow::DEVICE_GPU),
+                        GpuStagedOp<PushPullOp>);
+REGISTER_KERNEL_BUILDER(Name("BytepsBroadcast").Device(tensorflow::DEVICE_GPU),
+                        GpuStagedOp<BroadcastOp>);
+REGISTER_KERNEL_BUILDER(Name("BytepsAsyncPushPull").Device(tensorflow::DEVICE_GPU),
+                        GpuStagedOp<AsyncPushPullOp>);
+// Ops whose output size other workers decide keep their tensors in host memory on a
+// GPU device: TensorFlow copies them, and the CPU kernels run.
+REGISTER_KERNEL_BUILDER(Name("BytepsAllgather")
+                            .Device(tensorflow::DEVICE_GPU)
+                            .HostMemory("tensor")
+                            .HostMemory("gathered"),
+                        AllgatherOp);
+REGISTER_KERNEL_BUILDER(Name("BytepsAlltoall")
+                            .Device(tensorflow::DEVICE_GPU)
+                            .HostMemory("tensor")
+                            .HostMemory("splits")
+                            .HostMemory("received")
+                            .HostMemory("received_splits"),
+                        AlltoallOp);
+REGISTER_KERNEL_BUILDER(Name("BytepsReducescatter")
+                            .Device(tensorflow::DEVICE_GPU)
+                            .HostMemory("tensor")
+                            .HostMemory("scattered"),
+                        ReducescatterOp);
+#endif  // TF_BPS_GPU_KERNELS
 
 }  // namespace
 }  // namespace tf_bps
