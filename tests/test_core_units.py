@@ -4,6 +4,7 @@ server's round policies, in one process and without TensorFlow."""
 
 import os
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,11 +20,20 @@ def unit_test_sources() -> list[str]:
 def test_core_unit_tests(tmp_path):
     binary = tmp_path / "core_unit_test"
     compiler = os.environ.get("CXX", "g++")
-    build = subprocess.run(
-        [compiler, "-std=c++17", "-O1", "-pthread", "-Wall", "-Wextra", *unit_test_sources(),
-         "-o", str(binary)],
-        capture_output=True, text=True, timeout=300)
-    assert build.returncode == 0, build.stderr
+    flags = ["-std=c++17", "-O1", "-pthread", "-Wall", "-Wextra"]
+
+    def compile_one(source: str) -> tuple[str, subprocess.CompletedProcess]:
+        target = str(tmp_path / (Path(source).name + ".o"))
+        return target, subprocess.run([compiler, *flags, "-c", source, "-o", target],
+                                      capture_output=True, text=True, timeout=300)
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        compiled = list(pool.map(compile_one, unit_test_sources()))
+    for _, build in compiled:
+        assert build.returncode == 0, build.stderr
+    link = subprocess.run([compiler, "-pthread", *[target for target, _ in compiled], "-o",
+                           str(binary)], capture_output=True, text=True, timeout=120)
+    assert link.returncode == 0, link.stderr
     run = subprocess.run([str(binary)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "core unit tests passed" in run.stdout
