@@ -68,3 +68,28 @@ def test_bazel_builds_the_gpu_kernels_where_nvcc_is_found():
     gpu = declare(ctypes.CDLL(str(library)))
     count = gpu.bps_gpu_device_count()
     assert count >= 1 or gpu.bps_gpu_last_error().decode().startswith("cudaGetDeviceCount: ")
+
+
+def test_bazel_finds_nccl_under_byteps_nccl_home_and_links_it(tmp_path):
+    """@local_cuda looks for NCCL where BytePS users keep it (BYTEPS_NCCL_HOME) and
+    links the library it finds. No NCCL is installed here, so the test builds a
+    stand-in for NVIDIA's library with the one call //:nccl_version makes."""
+    home = tmp_path / "nccl"
+    (home / "include").mkdir(parents=True)
+    (home / "lib").mkdir()
+    (home / "include" / "nccl.h").write_text(
+        "typedef enum { ncclSuccess = 0 } ncclResult_t;\n"
+        '#ifdef __cplusplus\nextern "C" {\n#endif\n'
+        "ncclResult_t ncclGetVersion(int* version);\n"
+        "#ifdef __cplusplus\n}\n#endif\n")
+    source = tmp_path / "nccl.c"
+    source.write_text('#include "nccl.h"\n'
+                      "ncclResult_t ncclGetVersion(int* v) { *v = 21805; return ncclSuccess; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", f"-I{home / 'include'}", str(source), "-o",
+                    str(home / "lib" / "libnccl.so")], check=True, timeout=60)
+    ran = subprocess.run(
+        ["bazel", "--batch", "run", "//:nccl_version", f"--repo_env=BYTEPS_NCCL_HOME={home}",
+         f"--repo_env=PYTHON_BIN_PATH={sys.executable}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert ran.stdout.strip() == "NCCL 2.18.5", ran.stdout + ran.stderr

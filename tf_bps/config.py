@@ -202,10 +202,12 @@ WITHOUT_EFFECT = {
     "PERSEUS_NCCL_NETWORK_INTERFACE": "the NCCL interface of AIACC's GPU path",
     "PERSEUS_OFFLINE_NEG": "AIACC's offline gradient negotiation; tf_bps matches tensors by "
                            "name, which needs none",
-    "BYTEPS_PCIE_SWITCH_SIZE": "BytePS's GPU topology hint; this build has no GPU pipeline",
+    "BYTEPS_PCIE_SWITCH_SIZE": "BytePS's GPU topology hint for its NCCL merge, which this "
+                               "build does not have yet",
     "BYTEPS_NCCL_NUM_RINGS": "a NCCL tuning knob of BytePS's GPU pipeline",
     "BYTEPS_NCCL_GROUP_SIZE": "a NCCL tuning knob of BytePS's GPU pipeline",
-    "BYTEPS_NCCL_HOME": "where BytePS builds NCCL from; tf_bps needs none to build",
+    "BYTEPS_NCCL_HOME": "where BytePS builds NCCL from; only the Bazel build looks there, "
+                        "and nothing in tf_bps uses NCCL yet",
 }
 # PERSEUS_ALLREDUCE_DTYPE: what gradients travel as.
 WIRE_DTYPES = {"0": "float16", "1": "float32", "2": "mixed"}
