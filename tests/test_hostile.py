@@ -209,6 +209,16 @@ _READY_BODY = b"\x05READY\x0bSocket-Type\x00\x00\x00\x06ROUTER"
 ZMTP_READY = b"\x04" + bytes([len(_READY_BODY)]) + _READY_BODY
 
 
+def _chatter(connection: socket.socket, stop: threading.Event) -> None:
+    """ZMTP commands and unfinished multi-part messages, until told to stop."""
+    while not stop.is_set():
+        try:
+            connection.sendall(ZMTP_READY + b"\x01\x03abc" + b"\x04\x05\x04PING")
+        except OSError:
+            return
+        time.sleep(0.001)
+
+
 def test_a_server_leaves_a_scheduler_that_sends_garbage_naming_it(procs):
     """The native server's link to the scheduler reads bytes from whoever listens at
     DMLC_PS_ROOT_URI: a peer that is not ZeroMQ, or that announces a frame far over
@@ -217,20 +227,31 @@ def test_a_server_leaves_a_scheduler_that_sends_garbage_naming_it(procs):
         "not ZeroMQ": b"HTTP/1.1 400 Bad Request\r\n\r\n" + b"\x00" * 64,
         "huge frame": ZMTP_GREETING + ZMTP_READY + b"\x02" + struct.pack(">Q", 1 << 40),
         "bad flags": ZMTP_GREETING + ZMTP_READY + b"\xf0\x01x",
+        # Then commands and parts of a message, without end: they must not keep the
+        # server waiting past BYTEPS_OP_TIMEOUT.
+        "endless chatter": ZMTP_GREETING + ZMTP_READY,
     }
     for case, answer in answers.items():
         with socket.create_server(("127.0.0.1", 0)) as listener:
             port = listener.getsockname()[1]
             server = procs.start(LAUNCH, base_env(
                 DMLC_ROLE="server", DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=port,
-                DMLC_NUM_WORKER=1, DMLC_NUM_SERVER=1, BYTEPS_OP_TIMEOUT=20))
+                DMLC_NUM_WORKER=1, DMLC_NUM_SERVER=1, BYTEPS_OP_TIMEOUT=3))
             listener.settimeout(20)
             connection, _ = listener.accept()
             with connection:
                 connection.sendall(answer)
+                stop = threading.Event()
+                chatter = threading.Thread(target=_chatter, args=(connection, stop))
+                if case == "endless chatter":
+                    chatter.start()
                 status, output = finish(server, timeout=30)
+                stop.set()
+                if chatter.is_alive():
+                    chatter.join()
         assert status == 1, (case, output)
         expected = {"not ZeroMQ": "does not speak ZeroMQ 3",
                     "huge frame": "sent a frame of 1099511627776 bytes, over the 1048576",
-                    "bad flags": "a malformed frame from the scheduler"}[case]
+                    "bad flags": "a malformed frame from the scheduler",
+                    "endless chatter": "no answer from the scheduler"}[case]
         assert f"127.0.0.1:{port}" in output and expected in output, (case, output)

@@ -87,6 +87,11 @@ SERVER_CHECKS = [
     {"DMLC_PS_ROOT_PORT": ""},
     {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9", "DMLC_NUM_SERVER": "0"},
     {"DMLC_INTERFACE": "nosuchnic0"},
+    {"PS_VERBOSE": "0|1"},
+    {"BYTEPS_LOCAL_RANK": "1"},
+    {"CUDA_VISIBLE_DEVICES": "all"},
+    {"NVIDIA_VISIBLE_DEVICES": "0,1", "BYTEPS_LOCAL_RANK": "2"},
+    {"DMLC_NUM_WORKER": "4096", "BYTEPS_LOCAL_SIZE": "2"},
 ]
 
 

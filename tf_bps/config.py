@@ -43,9 +43,11 @@ def _read_settings() -> dict[str, Setting]:
     table = {}
     text = Path(__file__).with_name("settings.def").read_text()
     for line in text.splitlines():
+        if not line.startswith("BPS_"):
+            continue  # comments and blank lines
         match = re.fullmatch(r"BPS_([A-Z]+)\((.*)\)", line.strip())
         if not match:
-            continue
+            raise ValueError(f"settings.def: one entry per line, nothing after it: {line!r}")
         kind, args = match[1], ast.literal_eval(f"({match[2]},)")
         name = args[0]
         if kind in ("INT", "NUMBER"):
@@ -345,7 +347,7 @@ class Config:
             heartbeat_interval=_number(env, "PS_HEARTBEAT_INTERVAL"),
             heartbeat_timeout=_number(env, "PS_HEARTBEAT_TIMEOUT"),
             op_timeout=_number(env, "BYTEPS_OP_TIMEOUT", _number(env, "GLOO_TIMEOUT_SECONDS")),
-            job_token=env.get("BYTEPS_JOB_TOKEN", ""),
+            job_token=_text(env, "BYTEPS_JOB_TOKEN"),
             max_tensor_bytes=_int(env, "BYTEPS_MAX_TENSOR_BYTES"),
             listen_any=_flag(env, "BYTEPS_LISTEN_ANY"),
             cluster=cluster,

@@ -25,8 +25,11 @@ def main() -> int:
     env = os.environ if cluster is None else {**cluster.variables, **os.environ}
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(executable, [str(executable)], env)
-    return 1  # Not reached: execve replaces this process or raises.
+    try:
+        os.execve(executable, [str(executable)], env)
+    except OSError as error:  # Not executable, say: otherwise execve does not return.
+        print(f"tf_bps server: cannot run {executable}: {error}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

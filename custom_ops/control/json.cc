@@ -9,6 +9,8 @@
 namespace bps {
 namespace {
 constexpr int kMaxDepth = 32;
+// Bounds the tree a message can build (an address book holds a few per worker).
+constexpr size_t kMaxValues = 1 << 16;
 }  // namespace
 
 class Json::Parser {
@@ -46,6 +48,7 @@ class Json::Parser {
 
   bool Value(Json* out, int depth) {
     if (depth > kMaxDepth) return Fail("nested too deeply");
+    if (++values_ > kMaxValues) return Fail("too many values");
     SkipSpace();
     if (at_ >= text_.size()) return Fail("unexpected end");
     char c = text_[at_];
@@ -75,7 +78,9 @@ class Json::Parser {
       if (at_ >= text_.size() || text_[at_] != '"' || !String(&key)) return Fail("expected a key");
       SkipSpace();
       if (at_ >= text_.size() || text_[at_++] != ':') return Fail("expected ':'");
-      if (!Value(&out->members_[key], depth + 1)) return false;
+      Json& member = out->members_[key];
+      member = Json();  // A repeated key: the last one wins, as in Python.
+      if (!Value(&member, depth + 1)) return false;
       SkipSpace();
       if (at_ >= text_.size()) return Fail("unexpected end");
       char next = text_[at_++];
@@ -204,6 +209,7 @@ class Json::Parser {
 
   const std::string& text_;
   size_t at_ = 0;
+  size_t values_ = 0;
   const char* error_ = nullptr;
 };
 
@@ -225,10 +231,34 @@ bool Json::AsInt(int64_t low, int64_t high, int64_t* value) const {
   return true;
 }
 
+namespace {
+
+// The length of the valid UTF-8 sequence at text[at], or 0.
+size_t Utf8Length(const std::string& text, size_t at) {
+  const auto byte = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
+  unsigned char lead = byte(at);
+  size_t length = lead < 0x80         ? 1
+                  : (lead >> 5) == 6  ? 2
+                  : (lead >> 4) == 14 ? 3
+                  : (lead >> 3) == 30 ? 4
+                                      : 0;
+  if (length == 0 || at + length > text.size()) return 0;
+  for (size_t i = 1; i < length; ++i)
+    if ((byte(at + i) & 0xC0) != 0x80) return 0;
+  return length;
+}
+
+}  // namespace
+
 std::string JsonQuote(const std::string& text) {
   std::string out = "\"";
-  for (unsigned char c : text) {
-    if (c == '"' || c == '\\') {
+  for (size_t at = 0; at < text.size(); ++at) {
+    unsigned char c = static_cast<unsigned char>(text[at]);
+    if (c >= 0x80) {  // Valid UTF-8 as it is; a stray byte as U+FFFD, as Python decodes.
+      size_t length = Utf8Length(text, at);
+      out += length ? text.substr(at, length) : "\xef\xbf\xbd";
+      at += length ? length - 1 : 0;
+    } else if (c == '"' || c == '\\') {
       out += '\\';
       out += static_cast<char>(c);
     } else if (c < 0x20) {

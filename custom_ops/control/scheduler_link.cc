@@ -23,6 +23,14 @@ std::string Hex(const uint8_t* bytes, size_t count) {
   return hex;
 }
 
+// Compares in time that does not depend on where the texts differ.
+bool SameText(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char differ = 0;
+  for (size_t i = 0; i < a.size(); ++i) differ |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return differ == 0;
+}
+
 Status NewNonce(std::string* nonce) {
   uint8_t bytes[16];
   if (getrandom(bytes, sizeof(bytes), 0) != static_cast<ssize_t>(sizeof(bytes)))
@@ -51,30 +59,33 @@ std::string ControlProof(const std::string& token, const std::string& side,
   return Hex(digest.data(), digest.size());
 }
 
-SchedulerLink::SchedulerLink(const SchedulerLinkOptions& options, std::unique_ptr<ZmqDealer> dealer)
+SchedulerLink::SchedulerLink(const SchedulerLinkOptions& options, std::unique_ptr<ZmqDealer> dealer,
+                             Clock::time_point started)
     : options_(options),
       dealer_(std::move(dealer)),
       endpoint_("tcp://" + options.host + ":" + std::to_string(options.port)),
+      started_(started),
       last_heard_(Clock::now()),
       next_heartbeat_(Clock::now()) {}
 
 Status SchedulerLink::Connect(const SchedulerLinkOptions& options,
                               std::unique_ptr<SchedulerLink>* out) {
+  const Clock::time_point started = Clock::now();
   std::unique_ptr<ZmqDealer> dealer;
   Status status = ZmqDealer::Connect(options.host, options.port,
                                      static_cast<int>(options.timeout_s * 1000), &dealer);
   if (!status.ok()) return status;
-  out->reset(new SchedulerLink(options, std::move(dealer)));
+  out->reset(new SchedulerLink(options, std::move(dealer), started));
   return Status::OK();
 }
 
 Status SchedulerLink::NextReply(Clock::time_point deadline, const std::string& type, Json* reply) {
-  while (true) {
+  while (true) {  // Until the deadline, however much else arrives.
     std::string text;
     bool received = false;
     Status status = dealer_->Receive(MillisecondsUntil(deadline), &text, &received);
     if (!status.ok()) return status;
-    if (!received)
+    if (!received || Clock::now() >= deadline)
       return Status::Error(ErrorKind::kTimeout,
                            "no " + std::string(type == "book" ? "address book" : "answer") +
                                " from the scheduler at " + endpoint_ + " within " +
@@ -93,14 +104,15 @@ Status SchedulerLink::NextReply(Clock::time_point deadline, const std::string& t
 
 Status SchedulerLink::Register(const std::string& role, const std::string& host, JsonWriter fields,
                                Json* book) {
-  auto deadline = Clock::now() + Seconds(options_.timeout_s);
+  // One BYTEPS_OP_TIMEOUT from the first connection attempt, as on the Python side.
+  const Clock::time_point deadline = started_ + Seconds(options_.timeout_s);
   std::string mine;
   Status status = NewNonce(&mine);
   if (status.ok()) status = Send(JsonWriter().Add("type", "hello").Add("nonce", mine).Finish());
   Json challenge;
   if (status.ok()) status = NextReply(deadline, "challenge", &challenge);
   if (!status.ok()) return status;
-  if (challenge["proof"].str() != ControlProof(options_.token, "scheduler", mine))
+  if (!SameText(challenge["proof"].str(), ControlProof(options_.token, "scheduler", mine)))
     return Status::Error(ErrorKind::kPeerGone,
                          "the scheduler at " + endpoint_ +
                              " does not know this job's token (BYTEPS_JOB_TOKEN): it is not "
@@ -116,29 +128,41 @@ Status SchedulerLink::Register(const std::string& role, const std::string& host,
   return status;
 }
 
-Status SchedulerLink::PollOnce(int extra_fd, std::vector<Json>* messages, bool* extra_ready) {
-  *extra_ready = false;
-  if (Clock::now() >= next_heartbeat_) {
-    Status status = Send(JsonWriter().Add("type", "heartbeat").Finish());
-    if (!status.ok()) return status;
-    next_heartbeat_ = Clock::now() + Seconds(options_.heartbeat_interval_s);
-  }
-  pollfd fds[2] = {{dealer_->fd(), POLLIN, 0}, {extra_fd, POLLIN, 0}};
-  int polled = poll(fds, extra_fd >= 0 ? 2 : 1, MillisecondsUntil(next_heartbeat_));
-  if (polled > 0 && extra_fd >= 0 && (fds[1].revents & (POLLIN | POLLHUP))) *extra_ready = true;
-  while (true) {
+Status SchedulerLink::Drain(std::vector<Json>* orders) {
+  // Bounded, so that a flood of messages cannot starve the heartbeats.
+  for (int i = 0; i < kMaxMessagesPerPoll; ++i) {
     std::string text;
     bool received = false;
     Status status = dealer_->Receive(0, &text, &received);
-    // The scheduler's last words (an exit, say) often arrive with its close: they
-    // come first, and the next poll reports the close.
-    if (!status.ok() && messages->empty()) return status;
-    if (!status.ok() || !received) break;
+    if (!status.ok() || !received) return status;
     last_heard_ = Clock::now();
     Json message;
     if (!Json::Parse(text, &message).ok()) continue;
-    if (message["type"].str() != "heartbeat_ack") messages->push_back(std::move(message));
+    const std::string& type = message["type"].str();
+    if (type == "exit" || type == "abort") orders->push_back(std::move(message));
   }
+  return Status::OK();
+}
+
+Status SchedulerLink::PollOnce(int extra_fd, std::vector<Json>* orders, bool* extra_ready) {
+  *extra_ready = false;
+  Status sent = Status::OK();
+  if (Clock::now() >= next_heartbeat_) {
+    sent = Send(JsonWriter().Add("type", "heartbeat").Finish());
+    next_heartbeat_ = Clock::now() + Seconds(options_.heartbeat_interval_s);
+  }
+  Status drained = Drain(orders);  // What is buffered first: poll() cannot see it.
+  if (orders->empty() && sent.ok() && drained.ok()) {
+    pollfd fds[2] = {{dealer_->fd(), POLLIN, 0}, {extra_fd, POLLIN, 0}};
+    int polled = poll(fds, extra_fd >= 0 ? 2 : 1, MillisecondsUntil(next_heartbeat_));
+    if (polled > 0 && extra_fd >= 0 && (fds[1].revents & (POLLIN | POLLHUP))) *extra_ready = true;
+    drained = Drain(orders);
+  }
+  // The scheduler's last words (an exit, say) often come with its close: they count
+  // first, and the next poll reports the failure.
+  if (!orders->empty()) return Status::OK();
+  if (!sent.ok()) return sent;
+  if (!drained.ok()) return drained;
   double silent = std::chrono::duration<double>(Clock::now() - last_heard_).count();
   if (silent > options_.heartbeat_timeout_s) {
     char seconds[32];

@@ -36,22 +36,28 @@ class SchedulerLink {
   // host and proof) and returns the scheduler's address book.
   Status Register(const std::string& role, const std::string& host, JsonWriter fields, Json* book);
   // Sends a heartbeat when one is due, then waits until the next is due for the
-  // scheduler's messages (heartbeat acknowledgements aside) or for `extra_fd` to turn
-  // readable (-1: none). Fails once the scheduler has been silent for longer than
-  // the heartbeat timeout.
-  Status PollOnce(int extra_fd, std::vector<Json>* messages, bool* extra_ready);
+  // scheduler's orders (exit, abort; other messages are dropped) or for `extra_fd` to
+  // turn readable (-1: none). Fails once the scheduler has been silent for longer
+  // than the heartbeat timeout.
+  Status PollOnce(int extra_fd, std::vector<Json>* orders, bool* extra_ready);
   Status Send(const std::string& message) { return dealer_->Send(message); }
   const std::string& endpoint() const { return endpoint_; }
 
  private:
   using Clock = std::chrono::steady_clock;
-  SchedulerLink(const SchedulerLinkOptions& options, std::unique_ptr<ZmqDealer> dealer);
+  SchedulerLink(const SchedulerLinkOptions& options, std::unique_ptr<ZmqDealer> dealer,
+                Clock::time_point started);
   // The scheduler's next message of `type`; an abort or the deadline fails.
   Status NextReply(Clock::time_point deadline, const std::string& type, Json* reply);
+  // Takes the scheduler's orders that have arrived, a bounded number at a time.
+  Status Drain(std::vector<Json>* orders);
+
+  static constexpr int kMaxMessagesPerPoll = 64;
 
   SchedulerLinkOptions options_;
   std::unique_ptr<ZmqDealer> dealer_;
   std::string endpoint_;
+  Clock::time_point started_;  // the first connection attempt
   Clock::time_point last_heard_;
   Clock::time_point next_heartbeat_;
 };

@@ -1,5 +1,6 @@
 #include "settings.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -105,8 +106,47 @@ std::string ChoicesList(const char* choices) {
 }
 
 bool IsChoice(const char* choices, const std::string& value) {
+  if (value.find('|') != std::string::npos) return false;  // The table's separator.
   std::string all = std::string("|") + choices + "|";
   return all.find("|" + value + "|") != std::string::npos;
+}
+
+const Entry& TableEntry(const char* name) {
+  for (const Entry& entry : kTable)
+    if (strcmp(entry.name, name) == 0) return entry;
+  fprintf(stderr, "tf_bps: %s is not in tf_bps/settings.def\n", name);
+  abort();
+}
+
+std::string Lowered(std::string text) {
+  for (char& c : text) c = static_cast<char>(tolower(static_cast<unsigned char>(c)));
+  return text;
+}
+
+// How many GPUs NVIDIA_VISIBLE_DEVICES (or else CUDA_VISIBLE_DEVICES) lists, as
+// config.py's visible_gpus(): none when unset or none/void/-1; "all" is refused.
+Status VisibleGpus(const Settings::Lookup& lookup, int64_t* count) {
+  *count = 0;
+  for (const char* name : {"NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"}) {
+    std::string raw = Strip(lookup(name));
+    if (raw.empty()) continue;
+    std::string lowered = Lowered(raw);
+    if (lowered == "none" || lowered == "void" || lowered == "-1") return Status::OK();
+    if (lowered == "all")
+      return Status::Error(ErrorKind::kInvalidArgument,
+                           std::string(name) +
+                               "=all does not say how many GPUs there are: list them (0,1,...) "
+                               "or set BYTEPS_LOCAL_SIZE");
+    size_t start = 0;
+    while (start <= raw.size()) {
+      size_t comma = raw.find(',', start);
+      if (comma == std::string::npos) comma = raw.size();
+      if (!Strip(raw.substr(start, comma - start).c_str()).empty()) ++*count;
+      start = comma + 1;
+    }
+    return Status::OK();
+  }
+  return Status::OK();
 }
 
 }  // namespace
@@ -209,6 +249,13 @@ Status Settings::Read(const Lookup& lookup, Settings* out) {
     }
     out->values_[entry.name] = value;
   }
+  // Without BYTEPS_LOCAL_SIZE, a worker host runs one process per visible GPU.
+  int64_t local_size = out->Int("BYTEPS_LOCAL_SIZE");
+  if (!out->IsSet("BYTEPS_LOCAL_SIZE")) {
+    Status status = VisibleGpus(lookup, &local_size);
+    if (!status.ok()) return status;
+    local_size = std::max<int64_t>(1, local_size);
+  }
   double interval = out->Number("PS_HEARTBEAT_INTERVAL");
   double timeout = out->Number("PS_HEARTBEAT_TIMEOUT");
   if (interval >= timeout)
@@ -223,14 +270,26 @@ Status Settings::Read(const Lookup& lookup, Settings* out) {
         ErrorKind::kInvalidArgument,
         "BYTEPS_TRACE_END_STEP=" + std::to_string(last) +
             " is not valid: it comes before BYTEPS_TRACE_START_STEP=" + std::to_string(first));
-  // The rules on BYTEPS_LOCAL_SIZE depend on the visible GPUs: config.py's alone, as
-  // workers are placed by Python.
   int64_t worker_id = out->Int("DMLC_WORKER_ID"), num_worker = out->Int("DMLC_NUM_WORKER");
+  const int64_t max_nodes = static_cast<int64_t>(TableEntry("DMLC_NUM_WORKER").maximum);
+  if (num_worker * local_size > max_nodes)
+    return Status::Error(ErrorKind::kInvalidArgument,
+                         "DMLC_NUM_WORKER=" + std::to_string(num_worker) +
+                             " x BYTEPS_LOCAL_SIZE=" + std::to_string(local_size) +
+                             " is more than " + std::to_string(max_nodes) + " worker processes");
   if (worker_id >= num_worker)
     return Status::Error(ErrorKind::kInvalidArgument,
                          "DMLC_WORKER_ID=" + std::to_string(worker_id) +
                              " is not valid: expected 0 to DMLC_NUM_WORKER-1 (" +
                              std::to_string(num_worker - 1) + ")");
+  int64_t local_rank = out->Int("BYTEPS_LOCAL_RANK");
+  if (local_rank >= local_size)
+    return Status::Error(ErrorKind::kInvalidArgument,
+                         "BYTEPS_LOCAL_RANK=" + std::to_string(local_rank) +
+                             " is not valid: expected 0 to BYTEPS_LOCAL_SIZE-1 (" +
+                             std::to_string(local_size - 1) + ")");
+  // BYTEPS_CPU_BLACKLIST and BYTEPS_VISIBLE_CPU_CORES pin the workers bpslaunch
+  // starts; config.py alone reads them.
   return Status::OK();
 }
 

@@ -98,11 +98,14 @@ Status ZmqDealer::Handshake(int timeout_ms) {
 
 Status ZmqDealer::Fill(int timeout_ms, bool* got) {
   *got = false;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   pollfd ready{fd_, POLLIN, 0};
-  int polled = poll(&ready, 1, timeout_ms);
-  if (polled < 0 && errno != EINTR)
+  int polled;
+  while ((polled = poll(&ready, 1, RemainingMs(deadline))) < 0 && errno == EINTR) {
+  }
+  if (polled < 0)
     return Status::Error(ErrorKind::kInternal, std::string("poll: ") + strerror(errno));
-  if (polled <= 0) return Status::OK();
+  if (polled == 0) return Status::OK();
   char chunk[65536];
   ssize_t bytes = recv(fd_, chunk, sizeof(chunk), MSG_DONTWAIT);
   if (bytes == 0)
@@ -143,7 +146,9 @@ Status ZmqDealer::TakeFrame(unsigned char* flags, std::string* body, bool* compl
 Status ZmqDealer::Receive(int timeout_ms, std::string* message, bool* received) {
   *received = false;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (true) {
+  // A peer that keeps sending what is not a message (commands, parts of long ones)
+  // must not hold the caller past its deadline; what is buffered is still read.
+  for (bool first = true; first || RemainingMs(deadline) > 0; first = false) {
     unsigned char flags = 0;
     std::string body;
     bool complete = false;
@@ -157,38 +162,24 @@ Status ZmqDealer::Receive(int timeout_ms, std::string* message, bool* received) 
       continue;
     }
     if (flags & kCommand) {
-      std::string name = CommandName(body);
-      if (name == "ERROR")
+      if (CommandName(body) == "ERROR")
         return Status::Error(ErrorKind::kPeerGone,
                              "the scheduler at " + peer_ + " refused the connection");
-      if (name == "PING") {  // ZMTP 3.1 heartbeats: answer with the ping's context.
-        std::string pong = "\x04PONG";
-        if (body.size() > 7) pong += body.substr(7);
-        status = SendFrame(kCommand, pong);
-        if (!status.ok()) return status;
-      }
       continue;  // READY and others carry nothing for us.
     }
-    parts_ += body;
-    ++part_count_;
-    if (flags & kMore) {
-      if (parts_.size() > kMaxFrameBytes)
-        return Status::Error(ErrorKind::kInternal,
-                             "the scheduler at " + peer_ + " sent an oversized message");
+    // The scheduler's messages are one frame each; longer ones are skipped whole.
+    const bool last = !(flags & kMore);
+    const bool whole = last && !in_long_message_;
+    in_long_message_ = !last;
+    if (!whole) {
+      if (last) BPS_LOG(kWarning) << "dropped a message of several parts from " << peer_;
       continue;
     }
-    int parts = part_count_;
-    message->swap(parts_);
-    parts_.clear();
-    part_count_ = 0;
-    if (parts != 1) {
-      BPS_LOG(kWarning) << "dropped a message of " << parts << " parts from the scheduler at "
-                        << peer_;
-      continue;
-    }
+    message->swap(body);
     *received = true;
     return Status::OK();
   }
+  return Status::OK();
 }
 
 Status ZmqDealer::SendFrame(unsigned char flags, const std::string& body) {

@@ -32,7 +32,7 @@ class ZmqDealer {
   Status Send(const std::string& message);
   // The next one-frame message within `timeout_ms` (0: only what has arrived);
   // `received` is false when none came. Messages of several frames are not the
-  // scheduler's and are dropped.
+  // scheduler's and are skipped.
   Status Receive(int timeout_ms, std::string* message, bool* received);
   // Readable when bytes arrive: for a poll over several descriptors.
   int fd() const { return fd_; }
@@ -48,9 +48,8 @@ class ZmqDealer {
 
   int fd_;
   std::string peer_;
-  std::string buffer_;  // received, not yet parsed
-  std::string parts_;   // frames of a message still coming
-  int part_count_ = 0;
+  std::string buffer_;            // received, not yet parsed
+  bool in_long_message_ = false;  // skipping the parts of a message of several frames
 };
 
 }  // namespace bps

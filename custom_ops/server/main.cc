@@ -115,15 +115,29 @@ Status AdvertisedHost(const Settings& settings, std::string* host) {
   return Status::OK();
 }
 
-// Whether `host` is an address of this machine: binding to it succeeds only then.
-bool IsLocalAddress(const std::string& host) {
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  if (inet_pton(AF_INET, host.c_str(), &address.sin_addr) != 1) return false;
+// The IPv4 address to listen on: the advertised `host` (a name is resolved) when it
+// is one of this machine's, so strangers on other interfaces see no port; else ""
+// (every interface: behind NAT, say). Binding succeeds only to a local address.
+std::string ListenAddress(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || !found) return "";
+  sockaddr_in address = *reinterpret_cast<sockaddr_in*>(found->ai_addr);
+  freeaddrinfo(found);
   int fd = socket(AF_INET, SOCK_DGRAM, 0);
   bool bound = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
   close(fd);
-  return bound;
+  return bound ? inet_ntoa(address.sin_addr) : "";
+}
+
+// What the scheduler hears of a failure: enough to name it, and never more than its
+// messages may carry (it drops larger ones).
+std::string FailureMessage(const std::string& reason) {
+  constexpr size_t kMaxReason = 4096;
+  std::string text = reason.size() > kMaxReason ? reason.substr(0, kMaxReason) + "..." : reason;
+  return JsonWriter().Add("type", "failure").Add("reason", text).Finish();
 }
 
 // Serves one job; the exit status.
@@ -139,9 +153,7 @@ int Serve(const Settings& settings) {
   if (!settings.IsSet("BYTEPS_OP_TIMEOUT")) timeout_s = settings.Number("GLOO_TIMEOUT_SECONDS");
 
   ServerOptions options;
-  // Where it listens: its advertised address when that is one of this machine's (so
-  // strangers on other interfaces see no port), else everywhere (behind NAT, say).
-  options.host = !settings.Flag("BYTEPS_LISTEN_ANY") && IsLocalAddress(host) ? host : "";
+  options.host = settings.Flag("BYTEPS_LISTEN_ANY") ? "" : ListenAddress(host);
   options.engine_threads = static_cast<int>(settings.Int("BYTEPS_SERVER_ENGINE_THREAD"));
   options.timeout_ms = static_cast<int>(timeout_s * 1000);
   options.token = settings.Text("BYTEPS_JOB_TOKEN");
@@ -189,34 +201,29 @@ int Serve(const Settings& settings) {
   int exit_status = -1;
   bool reported = false;
   while (exit_status < 0) {
-    std::vector<Json> messages;
+    std::vector<Json> orders;
     bool failed = false;
-    status = link->PollOnce(reported ? -1 : server.failure_fd(), &messages, &failed);
+    status = link->PollOnce(reported ? -1 : server.failure_fd(), &orders, &failed);
     if (!status.ok()) {
       fprintf(stderr, "%s: %s\n", kPrefix, status.message().c_str());
       exit_status = 1;
       break;
     }
-    for (const Json& message : messages) {
-      const std::string& type = message["type"].str();
-      if (type == "exit") {
-        exit_status = 0;
-      } else if (type == "abort") {
-        fprintf(stderr, "%s: job aborted: %s\n", kPrefix, message["reason"].str().c_str());
-        stop_reason = "the job is failing: " + message["reason"].str();
-        exit_status = 1;
+    if (!orders.empty()) {  // The first order stands: exit, or abort with the reason.
+      const Json& order = orders.front();
+      exit_status = order["type"].str() == "exit" ? 0 : 1;
+      if (exit_status == 1) {
+        fprintf(stderr, "%s: job aborted: %s\n", kPrefix, order["reason"].str().c_str());
+        stop_reason = "the job is failing: " + order["reason"].str();
       }
-    }
-    if (failed && !reported && exit_status < 0) {
-      status =
-          link->Send(JsonWriter().Add("type", "failure").Add("reason", server.failure()).Finish());
+    } else if (failed && !reported) {
+      (void)link->Send(FailureMessage(server.failure()));  // A lost link shows next poll.
       reported = true;
     }
   }
   std::string failure = server.failure();
   server.Stop(stop_reason.empty() ? failure : stop_reason);
-  if (!failure.empty())
-    (void)link->Send(JsonWriter().Add("type", "failure").Add("reason", failure).Finish());
+  if (!failure.empty()) (void)link->Send(FailureMessage(failure));
   return exit_status;
 }
 

@@ -14,10 +14,9 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #ifdef TF_BPS_GPU_KERNELS
+#include "tensorflow/core/common_runtime/device.h"
 #include "tensorflow/core/framework/allocator.h"
 #include "tensorflow/core/framework/device_base.h"
-#include "xla/stream_executor/device_address.h"
-#include "xla/stream_executor/stream.h"
 #endif
 
 namespace tf_bps {
@@ -148,14 +147,17 @@ class CollectiveOp : public AsyncOpKernel {
 
   // Hands `input` to the core, with the result going to `output` (or to an output
   // the core asks for once it knows the size, when null). Both are host memory.
+  // The core's type of the tensor, or why it has none.
+  absl::Status CoreType(const Tensor& input, bps::DataType* dtype) const {
+    if (ToCoreType(input.dtype(), dtype)) return absl::OkStatus();
+    return absl::InvalidArgumentError(std::string(bps::OpKindName(kind_)) + " does not support " +
+                                      tensorflow::DataTypeString(input.dtype()) + " (tensor '" +
+                                      tensor_name_ + "')");
+  }
+
   void Enqueue(OpKernelContext* context, const Tensor& input, void* output, DoneCallback done) {
     bps::DataType dtype;
-    OP_REQUIRES_ASYNC(
-        context, ToCoreType(input.dtype(), &dtype),
-        absl::InvalidArgumentError(std::string(bps::OpKindName(kind_)) + " does not support " +
-                                   tensorflow::DataTypeString(input.dtype()) + " (tensor '" +
-                                   tensor_name_ + "')"),
-        done);
+    OP_REQUIRES_OK_ASYNC(context, CoreType(input, &dtype), done);
     std::vector<long long> shape;
     for (int i = 0; i < input.dims(); ++i) shape.push_back(input.dim_size(i));
     bps_op op{};
@@ -247,11 +249,11 @@ class AsyncPushPullOp : public CollectiveOp {
 
 #ifdef TF_BPS_GPU_KERNELS
 // The ops of a training step (push_pull, broadcast, asynchronous push_pull) on GPU
-// tensors, through pinned host staging. The input is copied to the host on the
-// stream that computed it, so the copy follows every kernel that wrote it; the core
-// gets the host copy from a stream callback once it has landed; the result goes back
-// on the same stream, and TensorFlow hears of it from another callback. The compute
-// stream itself never waits for the network.
+// tensors, through pinned host staging. TensorFlow's device context copies the input
+// to the host after the kernels that computed it, the core works on the host copy,
+// and the device context copies the result back; each step's completion arrives on
+// TensorFlow's threads, so neither the compute stream nor a CUDA callback ever waits
+// for the network.
 template <typename Base>
 class GpuStagedOp : public Base {
  public:
@@ -259,50 +261,51 @@ class GpuStagedOp : public Base {
 
   void ComputeAsync(OpKernelContext* context, AsyncOpKernel::DoneCallback done) override {
     const Tensor& input = context->input(0);
-    auto* device_context = context->op_device_context();
-    stream_executor::Stream* stream = device_context ? device_context->stream() : nullptr;
-    OP_REQUIRES_ASYNC(context, stream != nullptr,
-                      absl::InternalError("no GPU stream for tensor '" + this->tensor_name_ + "'"),
-                      done);
+    bps::DataType dtype;  // Refused before anything is allocated or copied.
+    OP_REQUIRES_OK_ASYNC(context, this->CoreType(input, &dtype), done);
+    tensorflow::DeviceContext* device_context = context->op_device_context();
+    OP_REQUIRES_ASYNC(
+        context, device_context != nullptr,
+        absl::InternalError("no GPU device context for tensor '" + this->tensor_name_ + "'"), done);
+    auto* device = static_cast<tensorflow::Device*>(context->device());
     tensorflow::AllocatorAttributes pinned;
     pinned.set_on_host(true);
     pinned.set_gpu_compatible(true);
-    Tensor staging;
+    // Shared by the callbacks, so the staging buffer lives until the last copy.
+    auto staged = std::make_shared<Staged>();
     OP_REQUIRES_OK_ASYNC(
-        context, context->allocate_temp(input.dtype(), input.shape(), &staging, pinned), done);
-    Tensor* output = nullptr;  // stays null where the root's output is its input
+        context, context->allocate_temp(input.dtype(), input.shape(), &staged->host, pinned), done);
     if (this->RootKeepsInput()) {
       context->set_output(0, input);
     } else {
-      OP_REQUIRES_OK_ASYNC(context, context->allocate_output(0, input.shape(), &output), done);
+      OP_REQUIRES_OK_ASYNC(context, context->allocate_output(0, input.shape(), &staged->output),
+                           done);
     }
-    const uint64_t bytes = input.TotalBytes();
-    stream_executor::DeviceAddressBase source(const_cast<char*>(input.tensor_data().data()), bytes);
-    if (bytes)
-      OP_REQUIRES_OK_ASYNC(context, stream->Memcpy(StagingData(staging), source, bytes), done);
-    auto copied_back = [context, stream, staging, output, bytes, done]() mutable {
-      if (!context->status().ok() || output == nullptr || bytes == 0) return done();
-      stream_executor::DeviceAddressBase target(const_cast<char*>(output->tensor_data().data()),
-                                                bytes);
-      absl::Status status = stream->Memcpy(&target, StagingData(staging), bytes);
-      if (status.ok())  // The staging buffer lives until the copy has run.
-        status = stream->DoHostCallback([staging, done]() mutable { done(); });
-      if (!status.ok()) {
-        context->SetStatus(status);
-        done();
-      }
-    };
-    absl::Status status = stream->DoHostCallback(
-        [this, context, staging, copied_back = std::move(copied_back)]() mutable {
-          this->Enqueue(context, staging, StagingData(staging), std::move(copied_back));
+    device_context->CopyDeviceTensorToCPU(
+        &input, this->tensor_name_, device, &staged->host,
+        [this, context, device_context, device, staged, done](const absl::Status& copied) {
+          if (!copied.ok()) {
+            context->SetStatus(copied);
+            return done();
+          }
+          auto copy_back = [context, device_context, device, staged, done]() {
+            if (!context->status().ok() || staged->output == nullptr) return done();
+            device_context->CopyCPUTensorToDevice(&staged->host, device, staged->output,
+                                                  [context, staged, done](const absl::Status& s) {
+                                                    if (!s.ok()) context->SetStatus(s);
+                                                    done();
+                                                  });
+          };
+          this->Enqueue(context, staged->host, const_cast<char*>(staged->host.tensor_data().data()),
+                        copy_back);
         });
-    OP_REQUIRES_OK_ASYNC(context, status, done);
   }
 
  private:
-  static void* StagingData(const Tensor& staging) {
-    return const_cast<char*>(staging.tensor_data().data());
-  }
+  struct Staged {
+    Tensor host;               // pinned host memory
+    Tensor* output = nullptr;  // on the device; null where the root keeps its input
+  };
 };
 #endif  // TF_BPS_GPU_KERNELS
 

@@ -782,6 +782,15 @@ void TestJsonParsing() {
         std::string(100, '[') + std::string(100, ']')})
     EXPECT(!Json::Parse(bad, &message).ok());
   EXPECT(Json::Parse(std::string(32, '[') + std::string(32, ']'), &message).ok());
+  // A repeated key counts once, the last one, as in Python.
+  EXPECT(Json::Parse(R"({"type": "exit", "type": 5})", &message).ok() &&
+         message["type"].type() == Json::Type::kNumber && message["type"].str().empty());
+  // A message cannot build more than a bounded tree.
+  std::string many = "[";
+  for (int i = 0; i < 70000; ++i) many += "[],";
+  EXPECT(!Json::Parse(many + "[]]", &message).ok());
+  // Bytes that are not UTF-8 go out as U+FFFD, so the scheduler can decode them.
+  EXPECT(JsonQuote("a\xff\xc3\xa9") == "\"a\xef\xbf\xbd\xc3\xa9\"");
   const std::string odd("q\"\\\n\x01", 5);
   std::string written =
       JsonWriter().Add("type", "hello").Add("n", int64_t{-7}).Add("odd", odd).Finish();
