@@ -82,7 +82,7 @@ def _join() -> None:
                 # may take a while, and an abort must stop it.
                 link.start_monitor(on_abort=_on_abort)
                 core.worker_init(book["rank"], book["size"], book["servers"],
-                                 book["merge_with"], config)
+                                 book["merge_with"], book["workers"], config)
             except BaseException as error:
                 link.close(failure=f"worker could not start: {error}")
                 raise

@@ -191,6 +191,7 @@ int bps_worker_init(const bps_worker_config* config) {
   options.credit_bytes = static_cast<size_t>(std::max(0LL, config->credit_bytes));
   options.timeout_ms = config->timeout_ms;
   options.nan_check = config->nan_check != 0;
+  options.across_hosts = config->across_hosts != 0;
   Status status = bps::ParseServers(config->servers, &options.servers);
   if (!status.ok()) return bps::Fail(status);
   auto& state = bps::State();

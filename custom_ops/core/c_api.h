@@ -36,6 +36,9 @@ typedef struct bps_worker_config {
   const char* debug_sample; /* BYTEPS_DEBUG_SAMPLE_TENSOR */
   /* PERSEUS_ALLREDUCE_NANCHECK: a floating-point push_pull holding NaN or Inf fails. */
   int nan_check;
+  /* The job spans several hosts (the same on every worker): partitions are cut for a
+   * network, smaller and more of them. */
+  int across_hosts;
 } bps_worker_config;
 int bps_worker_init(const bps_worker_config* config);
 void bps_worker_abort(const char* reason);

@@ -51,8 +51,16 @@ int64_t ScatterRows(int64_t rows, int rank, int size);
 // (BYTEPS_PARTITION_BYTES). The count is rounded up to a multiple of `spread` (the
 // servers) as long as partitions keep kMinSpreadBytes, so that a mid-sized tensor
 // keeps every server busy and a large one gives no server a piece more than another.
+// With `across_hosts` (the job spans machines), each server gets up to
+// kNetworkPiecesPerServer partitions of at least kMinNetworkPartitionBytes: over a
+// network a deep pipeline keeps links busy while the first and last pieces are in
+// flight (examples/benchmarks/network_bound.py), where on one host larger pieces cost
+// fewer messages.
 constexpr size_t kMinSpreadBytes = 64 * 1024;
-size_t EvenPartitionBytes(size_t bytes, size_t element, size_t limit, size_t spread);
+constexpr size_t kNetworkPiecesPerServer = 64;
+constexpr size_t kMinNetworkPartitionBytes = 512 * 1024;
+size_t EvenPartitionBytes(size_t bytes, size_t element, size_t limit, size_t spread,
+                          bool across_hosts = false);
 int64_t ScatterFirstRow(int64_t rows, int rank, int size);
 
 // Output 0 is the result; an alltoall's output 1 receives its splits (int64, one

@@ -19,13 +19,28 @@ constexpr std::chrono::seconds kDrainGrace{1};
 // ---------------------------------------------------------------------------
 // ServerLink
 
+namespace {
+
+// The credit counts partitions of BYTEPS_PARTITION_BYTES. Across hosts, large tensors
+// are cut into pieces down to kMinNetworkPartitionBytes (EvenPartitionBytes); the
+// credit shrinks with them, so that as many pieces, not as many bytes, are in flight.
+// Measured (network_bound.py at 400 Mbit/s, 4 workers, 2 server hosts, 64 MB in 512 KiB
+// pieces): 3.37 s with 8 MiB in flight per server, 2.95 s with 1 MiB.
+size_t CreditBytes(const WorkerOptions& options) {
+  if (!options.across_hosts || options.partition_bytes <= kMinNetworkPartitionBytes)
+    return options.credit_bytes;
+  return options.credit_bytes / options.partition_bytes * kMinNetworkPartitionBytes;
+}
+
+}  // namespace
+
 ServerLink::ServerLink(Worker* worker, int index, ServerAddress address,
                        std::unique_ptr<Channel> channel)
     : worker_(worker),
       index_(index),
       address_(std::move(address)),
       channel_(std::move(channel)),
-      credits_(worker->options().credit_bytes) {}
+      credits_(CreditBytes(worker->options())) {}
 
 ServerLink::~ServerLink() { Join(); }
 
@@ -657,8 +672,9 @@ Status Worker::Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask
     case OpKind::kBroadcast: {
       const bool root = op.kind == OpKind::kBroadcast && op.root_rank == options_.rank;
       if (root && spec.output != spec.input) std::memcpy(spec.output, spec.input, spec.bytes);
-      const size_t partition = EvenPartitionBytes(spec.bytes, DataTypeSize(op.dtype),
-                                                  options_.partition_bytes, links_.size());
+      const size_t partition =
+          EvenPartitionBytes(spec.bytes, DataTypeSize(op.dtype), options_.partition_bytes,
+                             links_.size(), options_.across_hosts);
       for (size_t offset = 0; offset < spec.bytes; offset += partition) {
         const size_t length = std::min(partition, spec.bytes - offset);
         const uint32_t part = static_cast<uint32_t>(plan->size());

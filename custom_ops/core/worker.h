@@ -56,6 +56,9 @@ struct WorkerOptions {
   // PERSEUS_ALLREDUCE_NANCHECK: a floating-point push_pull holding NaN or Inf fails
   // before anything is sent (the other workers then fail its round too).
   bool nan_check = false;
+  // The job's workers and servers are on more than one host: partitions are cut for
+  // a network (task.h, EvenPartitionBytes). Every worker of a job must agree.
+  bool across_hosts = false;
 };
 
 class Worker;

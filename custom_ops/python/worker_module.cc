@@ -43,7 +43,7 @@ PYBIND11_MODULE(_bps_worker, m) {
       [](int rank, int size, const std::string& servers, long long partition_bytes,
          long long credit_bytes, int timeout_ms, const std::string& token,
          const std::string& local_ranks, const std::string& local_socket_prefix,
-         const std::string& debug_sample, bool nan_check) {
+         const std::string& debug_sample, bool nan_check, bool across_hosts) {
         const bps_worker_config config{rank,
                                        size,
                                        servers.c_str(),
@@ -54,7 +54,8 @@ PYBIND11_MODULE(_bps_worker, m) {
                                        local_ranks.c_str(),
                                        local_socket_prefix.c_str(),
                                        debug_sample.c_str(),
-                                       nan_check ? 1 : 0};
+                                       nan_check ? 1 : 0,
+                                       across_hosts ? 1 : 0};
         int result;
         {
           py::gil_scoped_release unlocked;  // Connecting may take up to the timeout.
@@ -65,7 +66,7 @@ PYBIND11_MODULE(_bps_worker, m) {
       py::arg("rank"), py::arg("size"), py::arg("servers"), py::arg("partition_bytes"),
       py::arg("credit_bytes"), py::arg("timeout_ms"), py::arg("token"), py::arg("local_ranks") = "",
       py::arg("local_socket_prefix") = "", py::arg("debug_sample") = "",
-      py::arg("nan_check") = false,
+      py::arg("nan_check") = false, py::arg("across_hosts") = false,
       "Connects to the servers ('host:port' list, '+local' for same-host ones) and, with "
       "several local ranks ('0,1'), to the other workers of this host.");
   m.def(

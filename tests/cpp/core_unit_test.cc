@@ -209,6 +209,13 @@ void TestEvenPartitions() {
   // A small BYTEPS_PARTITION_BYTES is kept as it is: no spreading below the floor.
   EXPECT(EvenPartitionBytes(48, 4, 16, 2) == 16);
   EXPECT(EvenPartitionBytes(0, 4, kDefault, 2) == kDefault);
+  // Across hosts: up to 64 pieces per server, none under 512 KiB.
+  EXPECT(EvenPartitionBytes(64 * kMiB, 4, kDefault, 2, true) == kMiB / 2);  // 128 pieces
+  EXPECT(EvenPartitionBytes(64 * kMiB, 4, kDefault, 4, true) == kMiB / 2);  // the floor
+  EXPECT(EvenPartitionBytes(4 * kMiB, 4, kDefault, 2, true) == kMiB / 2);
+  for (size_t bytes : {size_t{1024} * kMiB, size_t{256} * 1024})  // enough pieces; too small
+    EXPECT(EvenPartitionBytes(bytes, 4, kDefault, 2, true) ==
+           EvenPartitionBytes(bytes, 4, kDefault, 2));
 }
 
 void TestTaskSpecChecks() {
