@@ -245,10 +245,12 @@ def test_a_server_leaves_a_scheduler_that_sends_garbage_naming_it(procs):
                 chatter = threading.Thread(target=_chatter, args=(connection, stop))
                 if case == "endless chatter":
                     chatter.start()
-                status, output = finish(server, timeout=30)
-                stop.set()
-                if chatter.is_alive():
-                    chatter.join()
+                try:
+                    status, output = finish(server, timeout=30)
+                finally:
+                    stop.set()
+                    if chatter.is_alive():
+                        chatter.join()
         assert status == 1, (case, output)
         expected = {"not ZeroMQ": "does not speak ZeroMQ 3",
                     "huge frame": "sent a frame of 1099511627776 bytes, over the 1048576",
