@@ -3,6 +3,7 @@
 import pytest
 
 from tf_bps.launch.hosts import Host, HostError, parse_hosts, plan_layout, read_hostfile
+from tf_bps.placement import server_shares
 
 
 def _roles(layout):
@@ -37,6 +38,28 @@ def test_server_hosts_hold_the_servers():
                               ("s1", False, 2, None, 0), ("s2", False, 1, None, 0)]
     layout = plan_layout([Host("a", 1)], num_servers=3, server_hosts=[Host("s1", 1), Host("s2", 1)])
     assert [h.servers for h in layout.hosts] == [0, 2, 1]
+
+
+def test_server_hosts_may_include_worker_hosts_for_the_hybrid_layout():
+    # BytePS's hybrid layout: a server on every worker host plus server-only hosts.
+    layout = plan_layout([Host("a", 1), Host("b", 1)],
+                         server_hosts=[Host("a", 1), Host("b", 1), Host("s", 1)])
+    assert _roles(layout) == [("a", True, 1, 0, 1), ("b", False, 1, 1, 1),
+                              ("s", False, 1, None, 0)]
+
+
+def test_the_hybrid_layout_splits_partitions_as_the_byteps_paper_does():
+    # n = 4 worker hosts, k = 2 server-only hosts: x = 2/20 per worker host, y = 6/20.
+    assert server_shares(list("abcdst"), list("abcd")) == [1, 1, 1, 1, 3, 3]
+    # Each host's share is divided among its servers; the order is the servers'.
+    assert server_shares(list("sabab"), list("ab")) == [4, 1, 1, 1, 1]
+    # k >= n: the worker hosts' servers get nothing.
+    assert server_shares(list("abst"), list("ab")) == [0, 0, 1, 1]
+    # Every other layout splits evenly (the core's default).
+    assert server_shares(list("ab"), list("ab")) == []  # colocated
+    assert server_shares(list("st"), list("ab")) == []  # separate
+    assert server_shares(list("as"), list("ab")) == []  # b has no server
+    assert server_shares(list("as"), list("a")) == []  # one worker host
 
 
 def test_layouts_that_cannot_work_are_refused():

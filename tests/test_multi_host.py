@@ -3,6 +3,7 @@ real sshd: the launcher runs on the first host and reaches the others over ssh, 
 cluster. Skipped without root or openssh-server."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -62,6 +63,26 @@ def test_a_job_runs_across_hosts_over_ssh(procs, hosts):
     assert status == 0, output
     for rank in range(4):
         assert f"[{rank}]: SUMS OK {rank}" in output, output
+
+
+def test_the_hybrid_layout_gives_server_only_hosts_the_papers_share(procs, hosts):
+    bed, ssh = hosts
+    # BytePS's hybrid layout: a server on each of the two worker hosts and one on a host
+    # of its own (n = 2, k = 1). The paper's split gives the server-only host half of
+    # the traffic and each worker host's server a quarter.
+    workers = f"{bed.address(0)}:1,{bed.address(1)}:1"
+    servers = ",".join(bed.address(host) for host in range(3))
+    command = _bpslaunch(bed, ssh, "-H", workers, "--server-hosts", servers,
+                         *worker_command("steady_sums.py"))
+    status, output = procs.run(command, base_env(TEST_ROUNDS=3, TEST_ELEMENTS=1 << 20,
+                                                 BYTEPS_LOG_LEVEL="DEBUG"), timeout=180)
+    assert status == 0, output
+    host_of = dict(re.findall(r"registered server (\d+) \(pid \d+ on (\S+)\)", output))
+    moved = {host_of[server]: int(count) for server, count in re.findall(
+        r"tf_bps server (\d+) DEBUG\] tensor 'steady' moved (\d+) bytes in", output)}
+    quarter = 3 * 2 * (4 << 20) // 4  # rounds x workers x bytes / 4
+    assert moved == {bed.address(0): quarter, bed.address(1): quarter,
+                     bed.address(2): 2 * quarter}, output
 
 
 def test_a_failure_on_one_host_ends_the_job_on_every_host(procs, hosts):

@@ -12,6 +12,7 @@ import hashlib
 import importlib
 from pathlib import Path
 
+from tf_bps import placement
 from tf_bps.config import Config, is_local_address
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -66,13 +67,16 @@ def worker_init(rank: int, size: int, servers: list[str], merge_with: list[int],
     other workers in `merge_with` (ranks of this host, this one included, that the
     scheduler found merging), push_pull partitions are summed among them first. Where
     the job's workers (`worker_hosts`) and servers are on several hosts, partitions
-    are cut for a network; every worker reads the same address book, so all agree."""
+    are cut for a network, and in the hybrid layout the servers get the BytePS paper's
+    uneven shares (placement.py); every worker reads the same address book, so all
+    agree."""
     def entry(server: str) -> str:
         host = server.rsplit(":", 1)[0]
         return f"{server}+local" if config.enable_ipc and is_local_address(host) else server
 
     local_ranks = ",".join(str(r) for r in sorted(merge_with))
-    hosts = {*worker_hosts, *(server.rsplit(":", 1)[0] for server in servers)}
+    server_hosts = [server.rsplit(":", 1)[0] for server in servers]
+    shares = placement.server_shares(server_hosts, list(worker_hosts))
     # Abstract socket names are per network namespace; the scheduler's address makes
     # them per job as well (hashed: names are short, whatever the address).
     job = hashlib.sha256(f"{config.root_uri}:{config.root_port}".encode()).hexdigest()[:16]
@@ -81,7 +85,8 @@ def worker_init(rank: int, size: int, servers: list[str], merge_with: list[int],
                          config.partition_bytes, config.credit_bytes,
                          int(config.op_timeout * 1000),
                          config.job_token, local_ranks, prefix, config.debug_sample_tensor,
-                         config.nan_check, across_hosts=len(hosts) > 1)
+                         config.nan_check, across_hosts=len({*worker_hosts, *server_hosts}) > 1,
+                         server_shares=",".join(map(str, shares)))
 
 
 def worker_abort(reason: str) -> None:

@@ -79,6 +79,27 @@ Status ParseServers(const char* text, std::vector<ServerAddress>* servers) {
   return Status::OK();
 }
 
+// "1,1,3": one share per server, none over kMaxShare, not all zero.
+Status ParseShares(const std::string& text, size_t num_servers, std::vector<uint32_t>* shares) {
+  constexpr long kMaxShare = 1000;  // keeps the servers' cycle short
+  if (text.empty()) return Status::OK();
+  std::stringstream list(text);
+  std::string item;
+  bool any = false;
+  while (std::getline(list, item, ',')) {
+    char* end = nullptr;
+    const long share = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || share < 0 || share > kMaxShare) break;
+    shares->push_back(static_cast<uint32_t>(share));
+    any = any || share > 0;
+  }
+  if (shares->size() != num_servers || !any || !list.eof())
+    return Status::Error(ErrorKind::kInvalidArgument,
+                         "bad server shares '" + text + "': want " + std::to_string(num_servers) +
+                             " integers from 0 to " + std::to_string(kMaxShare) + ", not all 0");
+  return Status::OK();
+}
+
 }  // namespace
 
 Status ParseRanks(const std::string& text, std::vector<int32_t>* ranks) {
@@ -193,6 +214,9 @@ int bps_worker_init(const bps_worker_config* config) {
   options.nan_check = config->nan_check != 0;
   options.across_hosts = config->across_hosts != 0;
   Status status = bps::ParseServers(config->servers, &options.servers);
+  if (!status.ok()) return bps::Fail(status);
+  status =
+      bps::ParseShares(text(config->server_shares), options.servers.size(), &options.server_shares);
   if (!status.ok()) return bps::Fail(status);
   auto& state = bps::State();
   auto worker = std::make_shared<bps::Worker>(options);

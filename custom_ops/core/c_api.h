@@ -39,6 +39,9 @@ typedef struct bps_worker_config {
   /* The job spans several hosts (the same on every worker): partitions are cut for a
    * network, smaller and more of them. */
   int across_hosts;
+  /* How many partitions each server gets relative to the others, comma-separated, one
+   * per server (the same on every worker); empty: the same number. */
+  const char* server_shares;
 } bps_worker_config;
 int bps_worker_init(const bps_worker_config* config);
 void bps_worker_abort(const char* reason);

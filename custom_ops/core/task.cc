@@ -130,6 +130,28 @@ int64_t ScatterFirstRow(int64_t rows, int rank, int size) {
   return rank * (rows / size) + std::min<int64_t>(rank, rows % size);
 }
 
+std::vector<int> ServerCycle(const std::vector<uint32_t>& shares, size_t num_servers) {
+  std::vector<int> cycle;
+  if (shares.empty()) {
+    for (size_t i = 0; i < num_servers; ++i) cycle.push_back(static_cast<int>(i));
+    return cycle;
+  }
+  int64_t total = 0;
+  for (uint32_t share : shares) total += share;
+  // Each turn every server earns its share; the richest is picked and pays the total.
+  std::vector<int64_t> credit(shares.size(), 0);
+  for (int64_t turn = 0; turn < total; ++turn) {
+    size_t best = 0;
+    for (size_t i = 0; i < shares.size(); ++i) {
+      credit[i] += shares[i];
+      if (credit[i] > credit[best]) best = i;
+    }
+    credit[best] -= total;
+    cycle.push_back(static_cast<int>(best));
+  }
+  return cycle;
+}
+
 bool Task::BeginIo() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (failed_ || done_called_) return false;

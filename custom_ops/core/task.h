@@ -49,9 +49,10 @@ int64_t ScatterRows(int64_t rows, int rank, int size);
 // How a push_pull or a broadcast of `bytes` bytes (elements of `element` bytes) is cut:
 // the size of every partition but the last, whole elements, at most `limit`
 // (BYTEPS_PARTITION_BYTES). The count is rounded up to a multiple of `spread` (the
-// servers) as long as partitions keep kMinSpreadBytes, so that a mid-sized tensor
-// keeps every server busy and a large one gives no server a piece more than another.
-// With `across_hosts` (the job spans machines), each server gets up to
+// length of the servers' cycle, ServerCycle) as long as partitions keep
+// kMinSpreadBytes, so that a mid-sized tensor keeps every server busy and a large one
+// gives each server its share exactly.
+// With `across_hosts` (the job spans machines), each place in the cycle gets up to
 // kNetworkPiecesPerServer partitions of at least kMinNetworkPartitionBytes: over a
 // network a deep pipeline keeps links busy while the first and last pieces are in
 // flight (examples/benchmarks/network_bound.py), where on one host larger pieces cost
@@ -62,6 +63,13 @@ constexpr size_t kMinNetworkPartitionBytes = 512 * 1024;
 size_t EvenPartitionBytes(size_t bytes, size_t element, size_t limit, size_t spread,
                           bool across_hosts = false);
 int64_t ScatterFirstRow(int64_t rows, int rank, int size);
+
+// The order in which a tensor's partitions visit the servers: one cycle in which
+// server i appears shares[i] times, interleaved (smooth weighted round robin), so
+// that consecutive partitions go to different servers. Partition p of a tensor goes
+// to cycle[(first + p) % cycle.size()]. No shares: every server once, in order.
+// Shares are uneven in the BytePS paper's hybrid layout (see tf_bps/placement.py).
+std::vector<int> ServerCycle(const std::vector<uint32_t>& shares, size_t num_servers);
 
 // Output 0 is the result; an alltoall's output 1 receives its splits (int64, one
 // per sending rank). Returns the buffer for `shape`, or null with `status` set.

@@ -395,7 +395,9 @@ void ServerLink::Join() {
 // ---------------------------------------------------------------------------
 // Worker
 
-Worker::Worker(WorkerOptions options) : options_(std::move(options)) {}
+Worker::Worker(WorkerOptions options)
+    : options_(std::move(options)),
+      server_cycle_(ServerCycle(options_.server_shares, options_.servers.size())) {}
 
 Worker::~Worker() { Stop(); }
 
@@ -624,8 +626,8 @@ Status Worker::SetProcessSet(uint32_t id, std::vector<int32_t> ranks) {
 }
 
 ServerLink& Worker::LinkFor(uint64_t tensor_id, uint32_t part) {
-  const size_t num_servers = links_.size();
-  return *links_[(tensor_id % num_servers + part) % num_servers];
+  const size_t length = server_cycle_.size();
+  return *links_[server_cycle_[(tensor_id % length + part) % length]];
 }
 
 size_t Worker::PartitionBytes(DataType dtype) const {
@@ -674,7 +676,7 @@ Status Worker::Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask
       if (root && spec.output != spec.input) std::memcpy(spec.output, spec.input, spec.bytes);
       const size_t partition =
           EvenPartitionBytes(spec.bytes, DataTypeSize(op.dtype), options_.partition_bytes,
-                             links_.size(), options_.across_hosts);
+                             server_cycle_.size(), options_.across_hosts);
       for (size_t offset = 0; offset < spec.bytes; offset += partition) {
         const size_t length = std::min(partition, spec.bytes - offset);
         const uint32_t part = static_cast<uint32_t>(plan->size());

@@ -59,6 +59,9 @@ struct WorkerOptions {
   // The job's workers and servers are on more than one host: partitions are cut for
   // a network (task.h, EvenPartitionBytes). Every worker of a job must agree.
   bool across_hosts = false;
+  // How many partitions each server gets, relative to the others (ServerCycle in
+  // task.h); empty: the same number. Every worker of a job must agree.
+  std::vector<uint32_t> server_shares;
 };
 
 class Worker;
@@ -185,7 +188,8 @@ class Worker {
   // A gather's sizes arrived (`sizes`: every worker's rows, then an alltoall's split
   // matrix): allocates the output and sends this worker's rows.
   Status StartGatherData(const std::shared_ptr<Task>& task, const std::vector<char>& sizes);
-  // Partitions of a tensor are spread over the servers, starting at its id's.
+  // Partitions of a tensor are spread over the servers in their cycle, starting at
+  // its id's place.
   ServerLink& LinkFor(uint64_t tensor_id, uint32_t part);
   // A partition of `task` bound for a server (or a local merge).
   PartitionTask Partition(const std::shared_ptr<Task>& task, uint32_t part, size_t offset,
@@ -222,6 +226,7 @@ class Worker {
   static size_t RowBytes(const Declaration& op);
 
   const WorkerOptions options_;
+  const std::vector<int> server_cycle_;  // indices of links_ (ServerCycle)
   std::vector<std::unique_ptr<ServerLink>> links_;
   std::unique_ptr<LocalMerge> local_;  // with other workers on this host
   // Where pushes to same-host servers and peers are staged: one table of arenas, so

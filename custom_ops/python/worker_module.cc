@@ -43,7 +43,8 @@ PYBIND11_MODULE(_bps_worker, m) {
       [](int rank, int size, const std::string& servers, long long partition_bytes,
          long long credit_bytes, int timeout_ms, const std::string& token,
          const std::string& local_ranks, const std::string& local_socket_prefix,
-         const std::string& debug_sample, bool nan_check, bool across_hosts) {
+         const std::string& debug_sample, bool nan_check, bool across_hosts,
+         const std::string& server_shares) {
         const bps_worker_config config{rank,
                                        size,
                                        servers.c_str(),
@@ -55,7 +56,8 @@ PYBIND11_MODULE(_bps_worker, m) {
                                        local_socket_prefix.c_str(),
                                        debug_sample.c_str(),
                                        nan_check ? 1 : 0,
-                                       across_hosts ? 1 : 0};
+                                       across_hosts ? 1 : 0,
+                                       server_shares.c_str()};
         int result;
         {
           py::gil_scoped_release unlocked;  // Connecting may take up to the timeout.
@@ -66,7 +68,7 @@ PYBIND11_MODULE(_bps_worker, m) {
       py::arg("rank"), py::arg("size"), py::arg("servers"), py::arg("partition_bytes"),
       py::arg("credit_bytes"), py::arg("timeout_ms"), py::arg("token"), py::arg("local_ranks") = "",
       py::arg("local_socket_prefix") = "", py::arg("debug_sample") = "",
-      py::arg("nan_check") = false, py::arg("across_hosts") = false,
+      py::arg("nan_check") = false, py::arg("across_hosts") = false, py::arg("server_shares") = "",
       "Connects to the servers ('host:port' list, '+local' for same-host ones) and, with "
       "several local ranks ('0,1'), to the other workers of this host.");
   m.def(

@@ -194,6 +194,7 @@ int Serve(const Settings& settings) {
   }
   int64_t server_id = -1;
   book["server_id"].AsInt(0, INT32_MAX, &server_id);
+  SetLogPrefix(std::string(kPrefix) + " " + std::to_string(server_id));
   BPS_LOG(kInfo) << "server " << server_id << " serving " << host_of_rank.size()
                  << " worker(s) on port " << port;
 

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -216,6 +217,21 @@ void TestEvenPartitions() {
   for (size_t bytes : {size_t{1024} * kMiB, size_t{256} * 1024})  // enough pieces; too small
     EXPECT(EvenPartitionBytes(bytes, 4, kDefault, 2, true) ==
            EvenPartitionBytes(bytes, 4, kDefault, 2));
+}
+
+void TestServerCycle() {
+  // No shares: every server once, in order (the layout of every job but the hybrid).
+  EXPECT((ServerCycle({}, 3) == std::vector<int>{0, 1, 2}));
+  // The hybrid layout's 1:1:2: each server its share, the large one never twice in a row.
+  EXPECT((ServerCycle({1, 1, 2}, 3) == std::vector<int>{2, 0, 1, 2}));
+  const std::vector<int> cycle = ServerCycle({1, 1, 1, 1, 3, 3, 0}, 7);
+  EXPECT(cycle.size() == 10);
+  for (int server = 0; server < 7; ++server)
+    EXPECT(std::count(cycle.begin(), cycle.end(), server) == (server < 4 ? 1 : server < 6 ? 3 : 0));
+  for (size_t i = 0; i < cycle.size(); ++i) EXPECT(cycle[i] != cycle[(i + 1) % cycle.size()]);
+  // 64 MiB across hosts over that cycle: a whole number of cycles, so shares are exact.
+  const size_t piece = EvenPartitionBytes(64 << 20, 4, 4096000, cycle.size(), true);
+  EXPECT(((64 << 20) + piece - 1) / piece % cycle.size() == 0);
 }
 
 void TestTaskSpecChecks() {
@@ -850,6 +866,7 @@ int main() {
   bps::TestTimelineWindow();
   bps::TestScatterSplits();
   bps::TestEvenPartitions();
+  bps::TestServerCycle();
   bps::TestTaskSpecChecks();
   bps::TestTransports();
   bps::TestTokenProofs();

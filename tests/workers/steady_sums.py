@@ -1,5 +1,6 @@
-"""push_pulls with known sums for a while (TEST_ROUNDS rounds, 20 ms apart), checking
-each; prints SUMS OK at the end, or exits 1 at the first wrong value."""
+"""push_pulls of TEST_ELEMENTS floats with known sums for a while (TEST_ROUNDS rounds,
+20 ms apart), checking each; prints SUMS OK at the end, or exits 1 at the first wrong
+value."""
 
 import os
 import sys
@@ -13,8 +14,9 @@ import tf_bps as bps
 bps.init()
 rank, size = bps.rank(), bps.size()
 print("READY", flush=True)
+elements = int(os.environ.get("TEST_ELEMENTS", "50000"))
 for step in range(int(os.environ.get("TEST_ROUNDS", "100"))):
-    got = bps.push_pull(tf.fill([50_000], float(rank + step)), op=bps.Sum, name="steady")
+    got = bps.push_pull(tf.fill([elements], float(rank + step)), op=bps.Sum, name="steady")
     want = float(sum(range(size)) + size * step)
     if not np.all(got.numpy() == want):
         print(f"WRONG round {step}: {got.numpy()[:4]} where {want} was due", flush=True)
