@@ -109,13 +109,11 @@ Status Task::SetReceivedSplits(const std::vector<int64_t>& splits) {
 
 size_t EvenPartitionBytes(size_t bytes, size_t element, size_t limit, size_t spread,
                           bool across_hosts) {
+  if (across_hosts) limit = std::min(limit, kNetworkPartitionBytes);
   const size_t limit_elements = std::max<size_t>(1, limit / element);
   const size_t elements = bytes / element;
   if (elements == 0) return limit_elements * element;
-  size_t pieces = (elements + limit_elements - 1) / limit_elements;
-  if (across_hosts)
-    pieces = std::max(pieces, std::min(kNetworkPiecesPerServer * std::max<size_t>(1, spread),
-                                       bytes / kMinNetworkPartitionBytes));
+  const size_t pieces = (elements + limit_elements - 1) / limit_elements;
   const size_t even = (pieces + spread - 1) / std::max<size_t>(1, spread) * spread;
   const size_t most = std::max(pieces, bytes / kMinSpreadBytes);
   const size_t count = std::min(even, most);

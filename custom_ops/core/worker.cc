@@ -21,15 +21,24 @@ constexpr std::chrono::seconds kDrainGrace{1};
 
 namespace {
 
-// The credit counts partitions of BYTEPS_PARTITION_BYTES. Across hosts, large tensors
-// are cut into pieces down to kMinNetworkPartitionBytes (EvenPartitionBytes); the
-// credit shrinks with them, so that as many pieces, not as many bytes, are in flight.
-// Measured (network_bound.py at 400 Mbit/s, 4 workers, 2 server hosts, 64 MB in 512 KiB
-// pieces): 3.37 s with 8 MiB in flight per server, 2.95 s with 1 MiB.
-size_t CreditBytes(const WorkerOptions& options) {
-  if (!options.across_hosts || options.partition_bytes <= kMinNetworkPartitionBytes)
-    return options.credit_bytes;
-  return options.credit_bytes / options.partition_bytes * kMinNetworkPartitionBytes;
+// The credit counts partitions of BYTEPS_PARTITION_BYTES. Across hosts, tensors are
+// cut into pieces of kNetworkPartitionBytes (EvenPartitionBytes); the credit shrinks
+// with them, so that as many pieces, not as many bytes, are in flight: a deep queue at
+// a link delays every sum behind it. Measured (network_bound.py at 400 Mbit/s, 4
+// workers, 2 server hosts, 64 MB in 512 KiB pieces): 3.37 s with 8 MiB in flight per
+// server, 2.95 s with 1 MiB.
+// Flows queued at one link share it by the bytes each has queued there, so a server
+// with a larger share of the partitions (placement.py) gets as much more in flight.
+size_t CreditBytes(const WorkerOptions& options, int server) {
+  size_t credit = options.credit_bytes;
+  if (options.across_hosts && options.partition_bytes > kNetworkPartitionBytes)
+    credit = credit / options.partition_bytes * kNetworkPartitionBytes;
+  const std::vector<uint32_t>& shares = options.server_shares;
+  if (shares.empty() || shares[server] == 0) return credit;
+  uint32_t least = shares[server];
+  for (uint32_t share : shares)
+    if (share > 0) least = std::min(least, share);
+  return credit / least * shares[server];
 }
 
 }  // namespace
@@ -40,7 +49,7 @@ ServerLink::ServerLink(Worker* worker, int index, ServerAddress address,
       index_(index),
       address_(std::move(address)),
       channel_(std::move(channel)),
-      credits_(CreditBytes(worker->options())) {}
+      credits_(CreditBytes(worker->options(), index)) {}
 
 ServerLink::~ServerLink() { Join(); }
 

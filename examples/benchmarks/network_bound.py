@@ -2,16 +2,19 @@
 against TensorFlow's ring all-reduce, on hosts made of network namespaces.
 
     sudo python examples/benchmarks/network_bound.py [--mbit 200] [--mb 4,64]
-        [--layouts 2x2,4x2,4x4,2c,4c]
+        [--layouts 2x2,4x2,4x4,2c,4c,4h2]
 
 A layout "NxK" is N worker hosts (one worker each) and K separate server hosts; "Nc"
-puts a server on each of the N worker hosts. Every host's link is limited to --mbit
-in each direction (tests/netbed.py); the bandwidth B a host gets is measured with a
-plain TCP transfer first. For each layout the script prints the median time of a
-push_pull of each --mb size, the floor the links allow for that placement and the ratio:
+puts a server on each of the N worker hosts; "NhK" is the BytePS paper's hybrid, a
+server on each of the N worker hosts plus K server-only hosts (tf_bps/placement.py
+splits the traffic unevenly between them). Every host's link is limited to --mbit in
+each direction (tests/netbed.py); the bandwidth B a host gets is measured with a plain
+TCP transfer first. For each layout the script prints the median time of a push_pull
+of each --mb size, the floor the links allow for that placement and the ratio:
 
     K separate server hosts, even split:   max(1, N/K) M/B
     servers on the N worker hosts:          2(N-1)M/(N B)   (also the ring optimum)
+    hybrid, the paper's split:              2N(N-1)M/((N^2 + KN - 2K) B)
 
 and MultiWorkerMirroredStrategy's ring all-reduce on the same N worker hosts.
 """
@@ -19,6 +22,7 @@ and MultiWorkerMirroredStrategy's ring all-reduce on the same N worker hosts.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import socket
@@ -36,6 +40,7 @@ from netbed import NetBed  # noqa: E402  (the test bed lives with the tests)
 
 WARMUP, STEPS = 2, 5
 PORT = 29500
+PROBE_SECONDS = 3
 
 
 def timed_steps(run_once) -> float:
@@ -71,38 +76,85 @@ def mwms_worker(out_path: str, nbytes: int) -> None:
 
 
 def receive(port: int) -> None:
-    """The far end of the bandwidth probe: reads until the sender closes."""
+    """The far end of the bandwidth probe: prints the rate at which bytes arrive once
+    the flow is steady (after its first second, for PROBE_SECONDS), then closes."""
     with socket.create_server(("0.0.0.0", port)) as server:
         conn, _ = server.accept()
         with conn:
-            while conn.recv(1 << 20):
-                pass
+            conn.recv(1 << 20)
+            steady = time.perf_counter() + 1
+            while time.perf_counter() < steady:
+                conn.recv(1 << 20)
+            received, start = 0, time.perf_counter()
+            while time.perf_counter() - start < PROBE_SECONDS:
+                received += len(conn.recv(1 << 20))
+            print(received / (time.perf_counter() - start), flush=True)
 
 
 def measure_bandwidth(bed: NetBed) -> float:
-    """Bytes per second one host sends another through the limited links."""
-    receiver = subprocess.Popen(bed.command(1, [sys.executable, __file__, "--receive"]))
+    """Bytes per second one host receives from another through the limited links."""
+    receiver = subprocess.Popen(bed.command(1, [sys.executable, __file__, "--receive"]),
+                                stdout=subprocess.PIPE, text=True)
     try:
         probe = ("import socket, time\n"
                  f"for _ in range(100):\n"
                  f"    try: s = socket.create_connection(('{bed.address(1)}', {PORT})); break\n"
                  "    except OSError: time.sleep(0.1)\n"
-                 "chunk = bytes(1 << 20); start = time.perf_counter(); sent = 0\n"
-                 "while time.perf_counter() - start < 3: s.sendall(chunk); sent += len(chunk)\n"
-                 "s.close(); print(sent / (time.perf_counter() - start))\n")
-        out = subprocess.run(bed.command(0, [sys.executable, "-c", probe]), capture_output=True,
-                             text=True, check=True, timeout=60).stdout
-        return float(out.split()[-1])
+                 "chunk = bytes(1 << 20)\n"
+                 "try:\n"
+                 "    while True: s.sendall(chunk)\n"
+                 "except OSError: pass\n")
+        subprocess.run(bed.command(0, [sys.executable, "-c", probe]), capture_output=True,
+                       timeout=60)
+        return float(receiver.communicate(timeout=30)[0].split()[-1])
     finally:
-        receiver.wait(timeout=30)
+        if receiver.poll() is None:
+            receiver.kill()
+            receiver.wait()
 
 
-def run_layout(bed: NetBed, workers: int, servers: int, colocated: bool, nbytes: int,
-               scratch: str) -> float:
-    """Seconds per push_pull: workers on hosts 0..N-1, servers on the next K hosts
-    (or one on each worker host), the scheduler on the first server host."""
-    server_hosts = list(range(workers)) if colocated else list(range(workers, workers + servers))
-    out_path = os.path.join(scratch, f"bps-{workers}-{servers}-{colocated}.json")
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    workers: int  # worker hosts 0..N-1, one worker each
+    server_only: int  # hosts N..N+K-1, one server each
+    colocated: bool  # one server on each worker host too
+
+    @classmethod
+    def parse(cls, text: str) -> Layout:
+        for mark, colocated in (("x", False), ("h", True)):
+            if mark in text:
+                n, k = text.split(mark)
+                return cls(int(n), int(k), colocated)
+        return cls(int(text.rstrip("c")), 0, True)
+
+    @property
+    def hosts(self) -> int:
+        return self.workers + self.server_only
+
+    @property
+    def server_hosts(self) -> list[int]:
+        return [*(range(self.workers) if self.colocated else ()),
+                *range(self.workers, self.hosts)]
+
+    def name(self) -> str:
+        n, k = self.workers, self.server_only
+        if not self.colocated:
+            return f"{n} workers, {k} server hosts"
+        return f"{n} workers, colocated" + (f" + {k} server hosts" if k else "")
+
+    def floor(self, seconds_per_tensor: float) -> float:
+        """The fewest seconds the links allow for a tensor taking `seconds_per_tensor` to
+        cross one link."""
+        n, k = self.workers, self.server_only
+        if not self.colocated:
+            return max(1.0, n / k) * seconds_per_tensor
+        return 2 * n * (n - 1) / (n * n + k * n - 2 * k) * seconds_per_tensor
+
+
+def run_layout(bed: NetBed, layout: Layout, nbytes: int, scratch: str) -> float:
+    """Seconds per push_pull, the scheduler on the first server host."""
+    workers, server_hosts = layout.workers, layout.server_hosts
+    out_path = os.path.join(scratch, f"bps-{layout.name()}.json")
     env = {**os.environ, "DMLC_PS_ROOT_URI": bed.address(server_hosts[0]),
            "DMLC_PS_ROOT_PORT": str(PORT), "DMLC_NUM_WORKER": str(workers),
            "DMLC_NUM_SERVER": str(len(server_hosts)), "TF_CPP_MIN_LOG_LEVEL": "3"}
@@ -129,7 +181,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mbit", type=float, default=200, help="link rate per host and way")
     parser.add_argument("--mb", default="4,64", help="MB per push_pull, comma-separated")
-    parser.add_argument("--layouts", default="2x2,4x2,4x4,2c,4c")
+    parser.add_argument("--layouts", default="2x2,4x2,4x4,2c,4c,4h2")
     parser.add_argument("--no-ring", action="store_true", help="skip the ring all-reduce")
     parser.add_argument("--role", choices=["tf_bps", "mwms"], help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -143,37 +195,28 @@ def main() -> None:
     if args.role == "mwms":
         return mwms_worker(args.out, sizes[0] << 20)
 
-    layouts = []
-    for text in args.layouts.split(","):
-        colocated = text.endswith("c")
-        n, _, k = text.rstrip("c").partition("x")
-        layouts.append((int(n), int(k) if k else int(n), colocated))
-    hosts = max(n + (0 if colocated else k) for n, k, colocated in layouts)
+    layouts = [Layout.parse(text) for text in args.layouts.split(",")]
+    hosts = max(layout.hosts for layout in layouts)
     with NetBed(hosts=hosts, mbit=args.mbit) as bed, tempfile.TemporaryDirectory() as scratch:
         bandwidth = measure_bandwidth(bed)
         print(f"links of {args.mbit:g} Mbit/s: B = {bandwidth / 1e6:.1f} MB/s measured; "
               f"median of {STEPS} steps")
         for size in sizes:
             print(f"\n{size} MB push_pull")
-            print(f"{'layout':>24}  {'tf_bps s':>8}  {'floor s':>7}  {'ratio':>5}  "
+            print(f"{'layout':>34}  {'tf_bps s':>8}  {'floor s':>7}  {'ratio':>5}  "
                   f"{'ring s':>6}  {'ring/tf_bps':>11}")
             rings: dict[int, float] = {}
-            for n, k, colocated in layouts:
+            for layout in layouts:
                 nbytes = size << 20
-                seconds = run_layout(bed, n, k, colocated, nbytes, scratch)
-                megabytes = nbytes / 1e6
-                if colocated:
-                    floor = 2 * (n - 1) * megabytes / (n * bandwidth / 1e6)
-                    name = f"{n} workers, colocated"
-                else:
-                    floor = max(1.0, n / k) * megabytes / (bandwidth / 1e6)
-                    name = f"{n} workers, {k} server hosts"
+                seconds = run_layout(bed, layout, nbytes, scratch)
+                floor = layout.floor(nbytes / bandwidth)
                 ring = "      -            -"
+                n = layout.workers
                 if not args.no_ring:
                     if n not in rings:
                         rings[n] = run_ring(bed, n, nbytes, scratch)
                     ring = f"{rings[n]:6.2f}  {rings[n] / seconds:10.2f}x"
-                print(f"{name:>24}  {seconds:8.2f}  {floor:7.2f}  {seconds / floor:5.2f}  "
+                print(f"{layout.name():>34}  {seconds:8.2f}  {floor:7.2f}  {seconds / floor:5.2f}  "
                       f"{ring}", flush=True)
 
 if __name__ == "__main__":

@@ -210,13 +210,13 @@ void TestEvenPartitions() {
   // A small BYTEPS_PARTITION_BYTES is kept as it is: no spreading below the floor.
   EXPECT(EvenPartitionBytes(48, 4, 16, 2) == 16);
   EXPECT(EvenPartitionBytes(0, 4, kDefault, 2) == kDefault);
-  // Across hosts: up to 64 pieces per server, none under 512 KiB.
-  EXPECT(EvenPartitionBytes(64 * kMiB, 4, kDefault, 2, true) == kMiB / 2);  // 128 pieces
-  EXPECT(EvenPartitionBytes(64 * kMiB, 4, kDefault, 4, true) == kMiB / 2);  // the floor
-  EXPECT(EvenPartitionBytes(4 * kMiB, 4, kDefault, 2, true) == kMiB / 2);
-  for (size_t bytes : {size_t{1024} * kMiB, size_t{256} * 1024})  // enough pieces; too small
+  // Across hosts: pieces of 128 KiB (a whole number per server), or smaller if asked.
+  EXPECT(EvenPartitionBytes(64 * kMiB, 4, kDefault, 2, true) == kNetworkPartitionBytes);
+  EXPECT(EvenPartitionBytes(64 * kMiB, 4, kDefault, 3, true) < kNetworkPartitionBytes);
+  EXPECT(EvenPartitionBytes(4 * kMiB, 4, 4096, 2, true) == 4096);
+  for (size_t bytes : {size_t{1024} * kMiB, size_t{256} * 1024, size_t{4000}})
     EXPECT(EvenPartitionBytes(bytes, 4, kDefault, 2, true) ==
-           EvenPartitionBytes(bytes, 4, kDefault, 2));
+           EvenPartitionBytes(bytes, 4, kNetworkPartitionBytes, 2));
 }
 
 void TestServerCycle() {
@@ -231,7 +231,7 @@ void TestServerCycle() {
   for (size_t i = 0; i < cycle.size(); ++i) EXPECT(cycle[i] != cycle[(i + 1) % cycle.size()]);
   // 64 MiB across hosts over that cycle: a whole number of cycles, so shares are exact.
   const size_t piece = EvenPartitionBytes(64 << 20, 4, 4096000, cycle.size(), true);
-  EXPECT(((64 << 20) + piece - 1) / piece % cycle.size() == 0);
+  EXPECT(piece <= kNetworkPartitionBytes && ((64 << 20) + piece - 1) / piece % cycle.size() == 0);
 }
 
 void TestTaskSpecChecks() {
