@@ -2,6 +2,7 @@
 
 import pytest
 
+from tf_bps import core
 from tf_bps.launch.hosts import Host, HostError, parse_hosts, plan_layout, read_hostfile
 from tf_bps.placement import server_shares
 
@@ -60,6 +61,14 @@ def test_the_hybrid_layout_splits_partitions_as_the_byteps_paper_does():
     assert server_shares(list("st"), list("ab")) == []  # separate
     assert server_shares(list("as"), list("ab")) == []  # b has no server
     assert server_shares(list("as"), list("a")) == []  # one worker host
+
+
+@pytest.mark.parametrize("shares", ["1,x", "1,-1", "0,0", "1", "1,1,1", "1,1001", "1,"])
+def test_the_core_refuses_shares_it_cannot_use(shares):
+    engine = core.worker_engine()
+    with pytest.raises(Exception, match=f"bad server shares '{shares}': want 2 integers"):
+        engine.init(0, 1, "127.0.0.1:1,127.0.0.1:2", 4096000, 0, 1000, "token",
+                    server_shares=shares)
 
 
 def test_layouts_that_cannot_work_are_refused():

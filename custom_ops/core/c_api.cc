@@ -85,15 +85,15 @@ Status ParseShares(const std::string& text, size_t num_servers, std::vector<uint
   if (text.empty()) return Status::OK();
   std::stringstream list(text);
   std::string item;
-  bool any = false;
-  while (std::getline(list, item, ',')) {
+  bool any = false, bad = false;
+  while (!bad && std::getline(list, item, ',')) {
     char* end = nullptr;
     const long share = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || share < 0 || share > kMaxShare) break;
+    bad = item.empty() || *end != '\0' || share < 0 || share > kMaxShare;
     shares->push_back(static_cast<uint32_t>(share));
     any = any || share > 0;
   }
-  if (shares->size() != num_servers || !any || !list.eof())
+  if (bad || shares->size() != num_servers || !any)
     return Status::Error(ErrorKind::kInvalidArgument,
                          "bad server shares '" + text + "': want " + std::to_string(num_servers) +
                              " integers from 0 to " + std::to_string(kMaxShare) + ", not all 0");
