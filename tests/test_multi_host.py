@@ -12,6 +12,7 @@ import time
 import pytest
 from conftest import LAUNCH, base_env, finish, worker_command
 from netbed import NetBed, NetBedUnavailable, SshHosts
+from test_collectives import check_collectives
 
 
 @pytest.fixture
@@ -83,6 +84,18 @@ def test_the_hybrid_layout_gives_server_only_hosts_the_papers_share(procs, hosts
     quarter = 3 * 2 * (4 << 20) // 4  # rounds x workers x bytes / 4
     assert moved == {bed.address(0): quarter, bed.address(1): quarter,
                      bed.address(2): 2 * quarter}, output
+
+
+def test_every_collective_works_in_the_hybrid_layout(procs, hosts, tmp_path):
+    # Uneven shares, and the push window that comes with them, under every operation.
+    bed, ssh = hosts
+    workers = f"{bed.address(0)}:1,{bed.address(1)}:1"
+    servers = ",".join(bed.address(host) for host in range(3))
+    command = _bpslaunch(bed, ssh, "-H", workers, "--server-hosts", servers,
+                         *worker_command("collectives.py"))
+    status, output = procs.run(command, base_env(TEST_OUT=str(tmp_path)), timeout=240)
+    assert status == 0, output
+    check_collectives(tmp_path, 2, local_size=1)
 
 
 def test_a_failure_on_one_host_ends_the_job_on_every_host(procs, hosts):

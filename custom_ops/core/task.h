@@ -3,6 +3,7 @@
 #ifndef TF_BPS_CORE_TASK_H_
 #define TF_BPS_CORE_TASK_H_
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -122,6 +123,9 @@ class Task {
   void AddPartitions(int count);
   void PartitionDone();
   void Fail(const Status& status);
+  // Partitions whose answer arrived (the push window counts them, Worker::push_window).
+  void CountAnswer() { answered_.fetch_add(1, std::memory_order_relaxed); }
+  uint32_t answered() const { return answered_.load(std::memory_order_relaxed); }
 
  private:
   void MaybeFinishLocked(std::unique_lock<std::mutex>& lock);
@@ -133,6 +137,7 @@ class Task {
   const uint32_t round_;
   const uint64_t signature_;
   const std::string declaration_frame_;
+  std::atomic<uint32_t> answered_{0};
   const uint64_t declaration_hash_;
   const int timeout_ms_;
   const std::chrono::steady_clock::time_point deadline_;

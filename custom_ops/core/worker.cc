@@ -41,6 +41,20 @@ size_t CreditBytes(const WorkerOptions& options, int server) {
   return credit / least * shares[server];
 }
 
+// Where the servers' shares differ: the partitions the links' credits let be in flight
+// together (see Worker::push_window). Not with a local merge: a worker then pushes
+// only the partitions it leads, and the count of answers would lag the indices.
+uint32_t PushWindow(const WorkerOptions& options) {
+  if (options.server_shares.empty() || options.credit_bytes == 0 || options.local_ranks.size() > 1)
+    return 0;
+  size_t bytes = 0;
+  for (size_t i = 0; i < options.servers.size(); ++i)
+    bytes += CreditBytes(options, static_cast<int>(i));
+  const size_t piece =
+      std::min(options.partition_bytes, options.across_hosts ? kNetworkPartitionBytes : SIZE_MAX);
+  return static_cast<uint32_t>(std::max<size_t>(1, bytes / std::max<size_t>(1, piece)));
+}
+
 }  // namespace
 
 ServerLink::ServerLink(Worker* worker, int index, ServerAddress address,
@@ -128,6 +142,9 @@ void ServerLink::SendAbandons(uint64_t tensor_id, uint32_t round, OpKind kind,
 }
 
 bool ServerLink::Admit(const PartitionTask& partition) {
+  // The window lets a tensor's earliest unanswered partition go, so it never stalls.
+  const uint32_t window = worker_->push_window();
+  if (window && partition.part >= partition.task->answered() + window) return false;
   return credits_.TryTake(partition.priority, partition.push_length);
 }
 
@@ -214,13 +231,17 @@ Status ServerLink::SendPartition(const PartitionTask& partition, FrameHeader* he
 }
 
 bool ServerLink::TakePending(const FrameHeader& header, Pending* pending) {
-  std::lock_guard<std::mutex> lock(pending_mutex_);
-  auto it = pending_.find(PartitionKey{header.tensor_id, header.part});
-  // A reply for another round answers a task that already failed: never use it.
-  if (it == pending_.end() || it->second.task->round() != header.round) return false;
-  *pending = it->second;
-  ReturnCredit(it->second);
-  pending_.erase(it);
+  {
+    std::lock_guard<std::mutex> lock(pending_mutex_);
+    auto it = pending_.find(PartitionKey{header.tensor_id, header.part});
+    // A reply for another round answers a task that already failed: never use it.
+    if (it == pending_.end() || it->second.task->round() != header.round) return false;
+    *pending = it->second;
+    ReturnCredit(it->second);
+    pending_.erase(it);
+  }
+  pending->task->CountAnswer();
+  worker_->OnAnswer();
   return true;
 }
 
@@ -406,9 +427,15 @@ void ServerLink::Join() {
 
 Worker::Worker(WorkerOptions options)
     : options_(std::move(options)),
-      server_cycle_(ServerCycle(options_.server_shares, options_.servers.size())) {}
+      server_cycle_(ServerCycle(options_.server_shares, options_.servers.size())),
+      push_window_(PushWindow(options_)) {}
 
 Worker::~Worker() { Stop(); }
+
+void Worker::OnAnswer() {
+  if (!push_window_) return;
+  for (auto& link : links_) link->Recheck();
+}
 
 Status Worker::Start() {
   if (options_.servers.empty()) return Status::Error("no servers to connect to");
