@@ -416,10 +416,13 @@ void LocalMerge::MaybeMerge(const PartitionKey& key, MergeState* state, Effects*
   spec.output = sum;
   spec.bytes = state->length;
   const uint32_t round = state->round;
+  // The sum's slot is held while the merged task lives: its push reads it, its reply
+  // lands in it, and its completion hands it to the peers (who then hold it).
+  auto hold = std::make_shared<SlotHold>(slots_, location);
   state->upstream = std::make_shared<Task>(
       std::move(spec), worker_->GlobalGroup(), key.tensor_id, state->priority >> 32, round,
       options_.timeout_ms, nullptr,
-      [this, key, round](const Status& result) { OnUpstreamDone(key, round, result); });
+      [this, key, round, hold](const Status& result) { OnUpstreamDone(key, round, result); });
   PartitionTask item =
       worker_->Partition(state->upstream, key.part, 0, sum, state->length, state->length);
   item.flags = kFlagHostMerged;

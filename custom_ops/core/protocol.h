@@ -41,6 +41,10 @@ enum class FrameType : uint8_t {
   kJoined = 13,
   kChallenge = 14,  // server -> worker, on connecting: payload the server's nonce.
   kWelcome = 15,    // server -> worker: payload the server's proof.
+  // Same-host peers, either way: the receiver has read every location sent before
+  // fence number `tensor_id` once it acknowledges it (transport.h, SharedMemoryChannel).
+  kFence = 16,
+  kFenceAck = 17,
 };
 
 // What a server does with a round's contributions. Wire values.

@@ -408,7 +408,7 @@ void Server::Process(Engine* engine, PushItem item) {
                   ": worker rank " + std::to_string(key.contributors.front()) + " sent round " +
                   std::to_string(key.round) + ", worker rank " + std::to_string(item.rank) +
                   " sent " + round_text + " (an earlier operation on it failed on some worker)",
-              static_cast<int>(item.rank));
+              &item);
     key.last_closed = newest;
     pool_.Release(std::move(item.block));
     return;
@@ -445,7 +445,7 @@ void Server::Process(Engine* engine, PushItem item) {
               "worker rank " + std::to_string(item.rank) + " sent a host-merged " +
                   OpKindName(item.kind) + " of tensor " + Describe(item.tensor_id, item.rank) +
                   " (only push_pull in the global set merges)",
-              static_cast<int>(item.rank));
+              &item);
     pool_.Release(std::move(item.block));
     return;
   }
@@ -458,7 +458,7 @@ void Server::Process(Engine* engine, PushItem item) {
                   Describe(item.tensor_id, item.rank) + " arrived twice for worker rank " +
                   std::to_string(r) + " in " + round_text + " (the last from worker rank " +
                   std::to_string(item.rank) + ")",
-              static_cast<int>(item.rank));
+              &item);
     pool_.Release(std::move(item.block));
     return;
   }
@@ -468,7 +468,7 @@ void Server::Process(Engine* engine, PushItem item) {
       !std::binary_search(key.members.begin(), key.members.end(), item.rank)) {
     FailRound(id, &key, ErrorKind::kMismatch,
               MismatchMessage(item.tensor_id, key.contributors.front(), item.rank),
-              static_cast<int>(item.rank));
+              &item);
     pool_.Release(std::move(item.block));
     return;
   }
@@ -723,11 +723,14 @@ void Server::Accumulate(KeyState* key, PushItem* item) {
   }
 }
 
-char* Server::ResultSlot(const PartitionKey& id, size_t length) {
+char* Server::ResultSlot(const PartitionKey& id, KeyState* key, size_t length) {
   char* slot = nullptr;
-  ShmLocation location;
-  Status status = listener_.shared_results().Slot(SlotKey{id}, length, &slot, &location);
-  if (!status.ok()) SetFailure(status.message());
+  Status status = listener_.shared_results().Slot(SlotKey{id}, length, &slot, &key->result_slot);
+  if (!status.ok()) {
+    SetFailure(status.message());
+    return nullptr;
+  }
+  key->holds_result_slot = true;  // until the round closes, after the replies
   return slot;
 }
 
@@ -747,7 +750,7 @@ const char* Server::Complete(const PartitionKey& id, KeyState* key, size_t* leng
     case OpKind::kReduceScatter: {
       *length = key->length;
       if (key->shared.empty()) return key->sum.data.get();  // Reduced as the pushes came in.
-      char* out = ResultSlot(id, key->length);
+      char* out = ResultSlot(id, key, key->length);
       if (!out) return nullptr;
       const size_t count = key->length / DataTypeSize(dtype);
       // Shared inputs are read once each: the first pair lands in the result directly.
@@ -769,10 +772,10 @@ const char* Server::Complete(const PartitionKey& id, KeyState* key, size_t* leng
         if (c.length) root = &c;
       *length = root ? root->length : 0;
       if (!root) return "";  // An empty tensor: nothing to send but the acknowledgements.
-      // Rows that came through a worker's shared memory go on from there (the root
-      // writes each partition's two copies in turn, so its next round leaves them be).
-      if (root->shared || !any_local) return root->data();
-      char* out = ResultSlot(id, root->length);
+      // Same-host receivers read a copy in our memory: a worker's own memory is read
+      // only by us, so that it knows when nobody reads it any more.
+      if (!any_local) return root->data();
+      char* out = ResultSlot(id, key, root->length);
       if (out) std::memcpy(out, root->data(), root->length);
       return out;
     }
@@ -793,13 +796,11 @@ const char* Server::Complete(const PartitionKey& id, KeyState* key, size_t* leng
         }
       }
       // An allgather partition holds one worker's rows: they go out from where they
-      // arrived (for same-host workers, that worker's shared memory) without a copy.
-      // Safe to share: that worker writes them again only in a later round, which
-      // starts once every member has read this one.
-      if (!sizes && pieces <= 1) return only ? only->data() : "";
+      // arrived, but to same-host workers from our memory (as a broadcast's).
+      if (!sizes && pieces <= 1 && !(only && any_local)) return only ? only->data() : "";
       char* out = nullptr;
       if (any_local) {
-        out = ResultSlot(id, *length);
+        out = ResultSlot(id, key, *length);
       } else {
         key->sum = pool_.Acquire(*length);
         out = key->sum.data.get();
@@ -865,11 +866,12 @@ void Server::LogTraffic() {
 }
 
 void Server::FailRound(const PartitionKey& id, KeyState* key, ErrorKind kind,
-                       const std::string& message, int also) {
+                       const std::string& message, const PushItem* refused) {
   for (uint32_t r : key->contributors) SendError(r, id, key->round, kind, message);
-  if (also >= 0 && std::find(key->contributors.begin(), key->contributors.end(),
-                             static_cast<uint32_t>(also)) == key->contributors.end())
-    SendError(static_cast<uint32_t>(also), id, key->round, kind, message);
+  // The refused push hears it for its own round: every push gets one answer.
+  if (refused && std::find(key->contributors.begin(), key->contributors.end(), refused->rank) ==
+                     key->contributors.end())
+    SendError(refused->rank, id, refused->round, kind, message);
   key->closed_error = message;
   key->closed_kind = kind;
   key->last_closed = std::max(key->last_closed, key->round);
@@ -877,6 +879,8 @@ void Server::FailRound(const PartitionKey& id, KeyState* key, ErrorKind kind,
 }
 
 void Server::CloseRound(KeyState* key) {
+  if (key->holds_result_slot) listener_.shared_results().Release(key->result_slot);
+  key->holds_result_slot = false;
   key->active = false;
   key->contributors.clear();
   key->covered.clear();

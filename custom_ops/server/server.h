@@ -129,6 +129,8 @@ class Server {
     std::vector<Contribution> by_rank;   // broadcast and allgather
     std::vector<uint32_t> contributors;  // who pushed: they receive the result
     std::vector<uint32_t> covered;       // whose data is in: contributors and their hosts'
+    ShmLocation result_slot;             // the round's result, if in shared memory
+    bool holds_result_slot = false;
     // Tensor data pushed here and sent back, over all rounds (logged at the end).
     uint64_t bytes_in = 0;
     uint64_t bytes_out = 0;
@@ -179,13 +181,14 @@ class Server {
   size_t Reply(const PartitionKey& id, const KeyState& key, const char* result, size_t length);
   // Logs, per tensor, the data that came in and went out (DEBUG).
   void LogTraffic();
-  // Ends the round in progress with an error for each contributor (and `also`, when
-  // it is a worker whose push is refused with the round).
+  // Ends the round in progress with an error for each contributor (and for the
+  // `refused` push's worker, when its push is refused with the round).
   void FailRound(const PartitionKey& id, KeyState* key, ErrorKind kind, const std::string& message,
-                 int also = -1);
+                 const PushItem* refused = nullptr);
   void CloseRound(KeyState* key);
   // Null, with the job failing, when shared memory runs out.
-  char* ResultSlot(const PartitionKey& id, size_t length);
+  // The slot is held for the round (KeyState::result_slot).
+  char* ResultSlot(const PartitionKey& id, KeyState* key, size_t length);
   Status ReceivePush(const FrameHeader& header, DataReader* payload, PushItem* item);
   // A push may not exceed what its sender declared the tensor to hold.
   Status CheckPushLength(const FrameHeader& header, uint32_t rank);

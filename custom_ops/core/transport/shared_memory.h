@@ -7,8 +7,10 @@
 #ifndef TF_BPS_CORE_TRANSPORT_SHARED_MEMORY_H_
 #define TF_BPS_CORE_TRANSPORT_SHARED_MEMORY_H_
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -38,16 +40,14 @@ class SharedArena {
   size_t size_;
 };
 
-// The arenas a process can hand to its same-host peers, by index: its own and, on
-// a server, those its workers announced, so that one worker's pushed rows reach
-// another as a location instead of a copy. Thread-safe.
+// The arenas a process hands to its same-host peers, by index (the index a peer
+// learns with the arena's descriptor). Thread-safe.
 class ArenaTable {
  public:
   uint32_t Add(std::shared_ptr<SharedArena> arena);
   // Null past the end.
   std::shared_ptr<SharedArena> Get(uint32_t index) const;
-  // Where [data, data + bytes) lies, if inside one of the arenas.
-  bool Locate(const void* data, size_t bytes, ShmLocation* location) const;
+  size_t size() const;
 
  private:
   mutable std::mutex mutex_;
@@ -71,28 +71,85 @@ struct SlotKeyHash {
   }
 };
 
-// Memory this process writes for its same-host peers to read: slots by SlotKey, in
-// arenas of `table`. A slot is reused round after round (it is written again only
-// once every reader has finished with it) and moves only when its size changes or
-// it is retired; slots are never freed, so a bump allocator over a growing list of
-// arenas does. Thread-safe.
+// Memory this process writes for its same-host peers to read: a slot per SlotKey,
+// cut from arenas of `table`.
+//
+// A slot is reused round after round (the round protocol lets a writer write it again
+// only once every reader of the last round is done) and stays where it is while its
+// data fits. Its memory is given back, the pages returned to the system, once
+// nothing can read it any more: a slot is *held* while a writer fills it (Slot) and
+// for each peer that was handed its location and has not said it is done (Hold,
+// Release; the channels release a pushed location when its answer arrives, and
+// replied ones when the peer acknowledges a fence, see SharedMemoryChannel). A slot
+// nobody holds is freed when it is replaced (its key's data outgrew it or shrank
+// well below it), retired (Retire) or idle for kIdleSeconds; a replaced or retired
+// slot that is still held goes when its last holder lets go. Thread-safe.
 class SharedSlots {
  public:
+  // A slot unused for this long, and held by nobody, is freed: a tensor whose name
+  // is never used again (names made per step, say) gives its memory back.
+  static constexpr int kIdleSeconds = 5;
+
   explicit SharedSlots(std::shared_ptr<ArenaTable> table) : table_(std::move(table)) {}
-  // The slot of `key`, `bytes` long.
+  // The slot of `key`, `bytes` long, held for the caller until it calls Release.
   Status Slot(const SlotKey& key, size_t bytes, char** data, ShmLocation* location);
+  // If [data, data + bytes) lies in one of the slots, holds that slot and says where
+  // the data lies; false otherwise.
+  bool Hold(const void* data, size_t bytes, ShmLocation* location);
+  // Lets go of the slot `location` lies in (held by Slot or Hold).
+  void Release(const ShmLocation& location);
   // The tensor's next writes go to fresh slots: after a failed round a peer may
-  // still be reading the old ones, and the usual ordering no longer protects them.
+  // still be reading the old ones, and the round protocol no longer protects them.
+  // The old ones are freed once nobody holds them.
   void Retire(uint64_t tensor_id);
+  // Bytes of slots in use (held, or live for their key), and of the arenas.
+  size_t used_bytes() const;
+  size_t arena_bytes() const;
   ArenaTable& table() const { return *table_; }
 
  private:
+  struct Record {  // One slot, at its offset in its arena.
+    SlotKey key;
+    size_t capacity = 0;
+    int holders = 0;
+    bool live = true;  // still its key's slot
+    std::chrono::steady_clock::time_point last_used;
+  };
+  struct Arena {
+    std::shared_ptr<SharedArena> memory;
+    std::map<uint64_t, Record> records;  // by offset
+    std::map<uint64_t, uint64_t> free;   // offset -> length, coalesced
+  };
+  // Where a slot of `capacity` bytes fits, making an arena if none has room.
+  Status AllocateLocked(size_t capacity, uint32_t* arena, uint64_t* offset);
+  // The record `location` lies in; null if none.
+  Record* FindLocked(const ShmLocation& location, uint32_t* arena, uint64_t* offset);
+  // Frees the record if nothing needs it any more.
+  void MaybeFreeLocked(uint32_t arena, uint64_t offset);
+  void FreeLocked(uint32_t arena, uint64_t offset);
+  // Frees the idle slots (at most once a second).
+  void CollectIdleLocked(std::chrono::steady_clock::time_point now);
+
   const std::shared_ptr<ArenaTable> table_;
-  std::mutex mutex_;
-  std::shared_ptr<SharedArena> current_;  // the arena slots are cut from
-  uint32_t current_index_ = 0;
-  size_t used_ = 0;  // in `current_`
-  std::unordered_map<SlotKey, ShmLocation, SlotKeyHash> slots_;
+  mutable std::mutex mutex_;
+  std::vector<Arena> arenas_;  // by table index
+  std::unordered_map<SlotKey, std::pair<uint32_t, uint64_t>, SlotKeyHash> live_;
+  size_t used_ = 0;
+  std::chrono::steady_clock::time_point last_collect_{};
+};
+
+// Holds a slot (SharedSlots::Slot) for as long as it lives.
+class SlotHold {
+ public:
+  SlotHold(std::shared_ptr<SharedSlots> slots, const ShmLocation& location)
+      : slots_(std::move(slots)), location_(location) {}
+  ~SlotHold() { slots_->Release(location_); }
+  SlotHold(const SlotHold&) = delete;
+  SlotHold& operator=(const SlotHold&) = delete;
+
+ private:
+  const std::shared_ptr<SharedSlots> slots_;
+  const ShmLocation location_;
 };
 
 // A peer's arenas by the peer's index, mapped as their descriptors arrive.

@@ -66,6 +66,7 @@ Status DataReader::Skip() {
 
 Status Channel::Send(const FrameHeader& header, const void* payload) {
   std::lock_guard<std::mutex> lock(write_mutex_);
+  SendControlLocked();
   return conn_->Send(header, payload);
 }
 

@@ -14,9 +14,13 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "../common.h"
 #include "../protocol.h"
@@ -80,6 +84,9 @@ class Channel {
   // Reads a header and hands the payload to a stream reader.
   Status ReceiveFromSocket(FrameHeader* header, DataReader* payload, bool* eof);
 
+  // Control frames a transport sends before the caller's (write_mutex_ held).
+  virtual void SendControlLocked() {}
+
   std::unique_ptr<Connection> conn_;
   std::mutex write_mutex_;
 };
@@ -94,29 +101,56 @@ class SocketChannel : public Channel {
 class SharedMemoryChannel : public Channel {
  public:
   enum class Side {
-    // Pushes not already in `slots` are copied into their partition's slot; the
-    // server's arenas are for this channel only.
+    // Pushes not already in `slots` are copied into their partition's slot.
     kWorker,
-    // Data in `slots`' table (results, and every worker's arenas) goes as a
-    // location, anything else over the socket; the worker's arenas join the table,
-    // so that what one worker pushed can reach another without a copy.
+    // Results in `slots` go as a location, anything else over the socket.
     kServer,
   };
   SharedMemoryChannel(std::unique_ptr<Connection> conn, std::shared_ptr<SharedSlots> slots,
                       Side side);
+  ~SharedMemoryChannel() override;
   Status SendData(FrameHeader header, const void* data, const SlotKey& slot) override;
   Status Receive(FrameHeader* header, DataReader* payload, bool* eof) override;
   void RetireSlots(uint64_t tensor_id) override { slots_->Retire(tensor_id); }
   bool shares_memory() const override { return true; }
 
+ protected:
+  void SendControlLocked() override;
+
  private:
   // Maps an arena the peer announced (its descriptor came with the frame).
   Status AddPeerArena(const FrameHeader& header, DataReader* payload);
+  // The location of `data` for the peer, in a slot held for it; false to send the
+  // bytes themselves.
+  bool Locate(const FrameHeader& header, const void* data, const SlotKey& slot,
+              ShmLocation* location, Status* status);
+  // Keeps `location` held until the peer is done with it (see below).
+  void HoldForPeer(const FrameHeader& header, const ShmLocation& location);
+  // Bookkeeping of a frame the peer sent: an answer lets go of its push; a fence is
+  // acknowledged, an acknowledgement lets go of the replies it covers.
+  void OnPeerFrame(const FrameHeader& header);
 
   const std::shared_ptr<SharedSlots> slots_;
   const Side side_;
   uint32_t announced_ = 0;  // Arenas of `slots_`' table the peer knows; guarded by write_mutex_.
   PeerArenas peer_arenas_;
+
+  // What the peer was handed and may still read. A pushed location is read until
+  // the push's round is answered (a reply or an error, exactly one per push). A
+  // replied location is read by the peer's receiving thread before it takes the next
+  // frame, so a fence sent after it and acknowledged proves it read; replies wait
+  // for the next fence. One fence is out at a time; a receiving thread never sends
+  // (a send can block on a peer that waits for it to read), so an acknowledgement
+  // and a fence that is due go out before the next frame this side sends.
+  std::mutex held_mutex_;
+  std::unordered_map<PartitionKey, std::vector<std::pair<uint32_t, ShmLocation>>,
+                     PartitionKeyHash>
+      held_pushes_;                                           // by partition: (round, location)
+  std::deque<std::pair<uint64_t, ShmLocation>> held_replies_;  // (covering fence, location)
+  uint64_t fences_sent_ = 0;
+  uint64_t fences_acknowledged_ = 0;
+  bool fence_due_ = false;        // a reply waits for the next fence
+  uint64_t acknowledgement_ = 0;  // the peer's latest fence, to acknowledge; 0: none
 };
 
 struct ServerAddress {
