@@ -42,3 +42,73 @@ def process_memory(pid: int) -> dict[str, int]:
     return {"anon": _status_kib(pid, "RssAnon") * 1024,
             "shared": _status_kib(pid, "RssShmem") * 1024,
             "owned": owned_shared_bytes(pid)}
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (children, theirs, ...), read from /proc."""
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:  # ended meanwhile
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{task}/children") as children:
+                    kids = [int(child) for child in children.read().split()]
+            except OSError:
+                continue
+            found += kids
+            frontier += kids
+    return found
+
+
+def servers_of(pid: int) -> list[int]:
+    """The native summation servers (bps_server) a launcher at `pid` started."""
+    servers = []
+    for child in descendants(pid):
+        try:
+            with open(f"/proc/{child}/comm") as comm:
+                if comm.read().strip() == "bps_server":
+                    servers.append(child)
+        except OSError:
+            continue
+    return sorted(servers)
+
+
+def watch_soak(process, marks: list[int], deadline: float) -> tuple[dict, dict, list[str]]:
+    """Follows a `bpslaunch ... soak.py` job's output until it ends or `deadline`
+    (time.monotonic()) passes. Returns the workers' reports, by (rank, step), the
+    servers' memory when rank 0 reported each step in `marks` and its last report, by
+    (server index, step), and the output lines."""
+    import json
+    import queue
+    import threading
+    import time
+
+    lines: queue.Queue = queue.Queue()
+
+    def pump():
+        for line in process.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    workers, servers, output = {}, {}, []
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=1)
+        except queue.Empty:
+            continue
+        if line is None:
+            break
+        output.append(line)
+        if "MEMORY " not in line:
+            continue
+        report = json.loads(line.split("MEMORY ", 1)[1])
+        workers[report["rank"], report["step"]] = report
+        if report["rank"] == 0 and (report["step"] in marks or report.get("last")):
+            for index, server in enumerate(servers_of(process.pid)):
+                servers[index, report["step"]] = process_memory(server)
+    return workers, servers, output

@@ -1,9 +1,9 @@
 """A long mix of the call patterns users write, checked value by value, reporting this
 worker's memory as it goes: unnamed eager push_pulls whose shape and dtype change
-from call to call, named ones, a tf.function, allgathers whose row count changes,
+from call to call, named ones, names made per step, a tf.function, allgathers whose row count changes,
 broadcasts and alltoalls of changing sizes, and rounds that fail (workers disagree on
 a shape) and are retried. Every TEST_REPORT_EVERY steps it prints
-`MEMORY {"rank", "step", "anon", "shared", "owned"}` (bytes; memory.py), and at the
+`MEMORY {"rank", "step", "last", "anon", "shared", "owned"}` (bytes; memory.py), and at the
 end `DONE <rank>`. Exits non-zero at the first wrong value."""
 
 import json
@@ -20,12 +20,14 @@ bps.init()
 rank, size = bps.rank(), bps.size()
 steps = int(os.environ.get("TEST_STEPS", "200"))
 report_every = int(os.environ.get("TEST_REPORT_EVERY", "50"))
-seconds = float(os.environ.get("TEST_SECONDS", "0"))  # > 0: stop after this long too
+# > 0: stop after about this long too (checked at each report).
+seconds = float(os.environ.get("TEST_SECONDS", "0"))
 
 # Unnamed eager push_pulls all share one name, so each of these changes the shape
 # (and the dtype) under it; the largest spans several partitions.
 SHAPES = [(1,), (7, 3), (1000,), (65536,), (1024, 257), (300_000,)]
 DTYPES = [tf.float32, tf.int32, tf.float64]
+ROTATING_NAMES = 300
 
 
 def check(what: str, step: int, got, want) -> None:
@@ -59,6 +61,13 @@ def one_step(step: int) -> None:
         got = bps.push_pull(fill([4096 * (i + 1)], rank + i), average=False,
                             name=f"soak.named.{i}")
         check(f"named push_pull {i}", step, got, np.full([4096 * (i + 1)], ranks_sum + size * i))
+    # Names made per step, each used again only after it has been idle for longer than
+    # SharedSlots::kIdleSeconds: their memory goes meanwhile, and comes back. (A name
+    # used once for good costs TensorFlow an eager kernel of its own, about 35 KB that
+    # it never frees, whatever the op.)
+    name = f"soak.rotating.{step % ROTATING_NAMES}"
+    got = bps.push_pull(fill([16384], rank + step), average=False, name=name)
+    check("push_pull of a rotating name", step, got, np.full([16384], ranks_sum + size * step))
     # A graph: the same two tensors every step.
     x, y = graph_sums(fill([5000], rank), fill([3, 333], step))
     check("graph push_pull", step, x, np.full([5000], ranks_sum))
@@ -93,9 +102,16 @@ def one_step(step: int) -> None:
         check("retried push_pull", step, got, np.full([2000], ranks_sum))
 
 
-def report(step: int) -> None:
-    print("MEMORY " + json.dumps({"rank": rank, "step": step, **process_memory(os.getpid())}),
+def report(step: int, last: bool = False) -> None:
+    memory = process_memory(os.getpid())
+    print("MEMORY " + json.dumps({"rank": rank, "step": step, "last": last, **memory}),
           flush=True)
+
+
+def time_is_up() -> bool:
+    """Rank 0's clock decides for everyone, so that all stop at the same step."""
+    up = tf.constant(bool(seconds) and float(tf.timestamp() - started) > seconds)
+    return bool(bps.broadcast(up, root_rank=0, name="soak.stop").numpy())
 
 
 started = tf.timestamp()
@@ -104,8 +120,8 @@ for step in range(1, steps + 1):
     one_step(step)
     if step == 1 or step % report_every == 0:
         report(step)
-    if seconds and float(tf.timestamp() - started) > seconds:
-        break
-report(step)
+        if time_is_up():
+            break
+report(step, last=True)
 print("DONE", rank, flush=True)
 bps.shutdown()
