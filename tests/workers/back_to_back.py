@@ -1,8 +1,8 @@
 """Back-to-back rounds of the same tensors, as fast as each worker can go: every
-result must be its own round's. Same-host workers share memory with the servers,
-and a broadcast root's or a gatherer's data goes from its shared memory straight to
-the others, so a worker that races ahead must never overwrite what a slower one is
-still reading. Exits non-zero at the first wrong value."""
+result must be its own round's. Same-host workers and servers share memory, written
+again round after round and freed when a shape changes, so a worker that races ahead
+must never overwrite what a slower one is still reading, and freed memory must never
+be reused under a reader. Exits non-zero at the first wrong value."""
 
 import os
 import sys
@@ -49,5 +49,19 @@ for i in range(rounds):
     got = bps.push_pull(tf.fill([elements], float(i + rank)), average=False, name="b2b.sum")
     check("push_pull", i, got.numpy(), np.full(elements, float(size * i + sum(range(size))),
                                                 np.float32))
+# Shapes that change by more than 4x from round to round, so that slots move and the
+# old ones are freed while a slower worker may still be at the round before: whatever
+# reuses their memory must never show in a result.
+SIZES = [elements, 1000, elements // 2, 7, elements // 8, elements]
+for i in range(rounds):
+    n = SIZES[i % len(SIZES)]
+    got = bps.push_pull(tf.fill([n], float(i + rank)), average=False, name="b2b.moving.sum")
+    check("push_pull of a changing shape", i, got.numpy(),
+          np.full(n, float(size * i + sum(range(size))), np.float32))
+    root = i % size
+    got = bps.broadcast(tf.fill([SIZES[(i + 1) % len(SIZES)]], float(100 * i + rank)),
+                        root_rank=root, name="b2b.moving.broadcast")
+    check("broadcast of a changing shape", i, got.numpy(),
+          np.full(SIZES[(i + 1) % len(SIZES)], 100.0 * i + root, np.float32))
 print("DONE", rank, flush=True)
 bps.shutdown()

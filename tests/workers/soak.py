@@ -1,10 +1,10 @@
 """A long mix of the call patterns users write, checked value by value, reporting this
 worker's memory as it goes: unnamed eager push_pulls whose shape and dtype change
-from call to call, named ones, names made per step, a tf.function, allgathers whose row count changes,
-broadcasts and alltoalls of changing sizes, and rounds that fail (workers disagree on
-a shape) and are retried. Every TEST_REPORT_EVERY steps it prints
-`MEMORY {"rank", "step", "last", "anon", "shared", "owned"}` (bytes; memory.py), and at the
-end `DONE <rank>`. Exits non-zero at the first wrong value."""
+from call to call, named ones, names made per step, a tf.function, allgathers whose
+row count changes, broadcasts and alltoalls of changing sizes, and rounds that fail
+(workers disagree on a shape) and are retried. Every TEST_REPORT_EVERY steps it prints
+`MEMORY {"rank", "step", "last", "anon", "shared", "owned"}` (bytes; memory.py), and at
+the end `DONE <rank>`. Exits non-zero at the first wrong value."""
 
 import json
 import os
