@@ -73,6 +73,7 @@ UNIT_TEST_SOURCES = SHARED_SOURCES + [
     "custom_ops/control/settings.cc",
     "custom_ops/control/json.cc",
     "tests/cpp/core_unit_test.cc",
+    "tests/cpp/shared_slots_test.cc",
 ]
 
 CXXFLAGS = ["-std=c++17", "-O3", "-fPIC", "-pthread", "-fvisibility-inlines-hidden"]

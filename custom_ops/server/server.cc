@@ -467,8 +467,7 @@ void Server::Process(Engine* engine, PushItem item) {
       item.owner != key.owner || item.process_set != key.process_set || !same_length ||
       !std::binary_search(key.members.begin(), key.members.end(), item.rank)) {
     FailRound(id, &key, ErrorKind::kMismatch,
-              MismatchMessage(item.tensor_id, key.contributors.front(), item.rank),
-              &item);
+              MismatchMessage(item.tensor_id, key.contributors.front(), item.rank), &item);
     pool_.Release(std::move(item.block));
     return;
   }

@@ -32,20 +32,12 @@
 #include "../../custom_ops/core/transport/auth.h"
 #include "../../custom_ops/core/transport/transport.h"
 #include "../../custom_ops/server/server.h"
+#include "expect.h"
 
 namespace bps {
 namespace {
 
-int failures = 0;
 const char kToken[] = "unit-test-token";
-
-#define EXPECT(condition)                                                        \
-  do {                                                                           \
-    if (!(condition)) {                                                          \
-      ++failures;                                                                \
-      std::cerr << __FILE__ << ":" << __LINE__ << ": expected " #condition "\n"; \
-    }                                                                            \
-  } while (0)
 
 // ---------------------------------------------------------------------------
 // Reduce kernels
@@ -398,7 +390,8 @@ void TestTransports() {
   const char* pushed = payload.View(bytes);
   EXPECT(pushed && std::memcmp(pushed, data.data(), bytes) == 0);
 
-  // What one worker pushed reaches another worker as a location in its arena.
+  // What one worker pushed reaches another worker as bytes: a worker's memory is
+  // read by its own server only, so that it knows when nobody reads it any more.
   EXPECT(other_server->SendData(DataHeader(FrameType::kReply, bytes), pushed, key).ok());
   EXPECT(read_reply(*other_worker) == data);
 
@@ -869,6 +862,7 @@ int main() {
   bps::TestServerCycle();
   bps::TestTaskSpecChecks();
   bps::TestTransports();
+  bps::TestSharedSlots();
   bps::TestTokenProofs();
   bps::TestServerRounds();
   bps::TestSquattedLocalSocketIsNotTrusted();

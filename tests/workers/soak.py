@@ -62,7 +62,7 @@ def one_step(step: int) -> None:
                             name=f"soak.named.{i}")
         check(f"named push_pull {i}", step, got, np.full([4096 * (i + 1)], ranks_sum + size * i))
     # Names made per step, each used again only after it has been idle for longer than
-    # SharedSlots::kIdleSeconds: their memory goes meanwhile, and comes back. (A name
+    # SharedSlots::kIdleAfter: their memory goes meanwhile, and comes back. (A name
     # used once for good costs TensorFlow an eager kernel of its own, about 35 KB that
     # it never frees, whatever the op.)
     name = f"soak.rotating.{step % ROTATING_NAMES}"

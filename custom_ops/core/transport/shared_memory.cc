@@ -132,8 +132,8 @@ Status SharedSlots::AllocateLocked(size_t capacity, uint32_t* arena, uint64_t* o
     }
   }
   std::shared_ptr<SharedArena> memory;
-  Status status = SharedArena::Create(std::max(kArenaBytes, RoundUp(capacity, kArenaBytes)),
-                                      &memory);
+  Status status =
+      SharedArena::Create(std::max(kArenaBytes, RoundUp(capacity, kArenaBytes)), &memory);
   if (!status.ok()) return status;
   *arena = table_->Add(memory);
   *offset = 0;
@@ -234,9 +234,11 @@ void SharedSlots::FreeLocked(uint32_t arena, uint64_t offset) {
 }
 
 void SharedSlots::CollectIdleLocked(std::chrono::steady_clock::time_point now) {
-  if (now - last_collect_ < std::chrono::seconds(1)) return;
+  if (now - last_collect_ <
+      std::min<std::chrono::milliseconds>(idle_after_, std::chrono::seconds(1)))
+    return;
   last_collect_ = now;
-  const auto idle_since = now - std::chrono::seconds(kIdleSeconds);
+  const auto idle_since = now - idle_after_;
   for (auto it = live_.begin(); it != live_.end();) {
     const auto [arena, offset] = it->second;
     Record& record = arenas_[arena].records.at(offset);

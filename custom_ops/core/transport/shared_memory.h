@@ -82,15 +82,17 @@ struct SlotKeyHash {
 // Release; the channels release a pushed location when its answer arrives, and
 // replied ones when the peer acknowledges a fence, see SharedMemoryChannel). A slot
 // nobody holds is freed when it is replaced (its key's data outgrew it or shrank
-// well below it), retired (Retire) or idle for kIdleSeconds; a replaced or retired
+// well below it), retired (Retire) or idle (kIdleAfter); a replaced or retired
 // slot that is still held goes when its last holder lets go. Thread-safe.
 class SharedSlots {
  public:
   // A slot unused for this long, and held by nobody, is freed: a tensor whose name
   // is never used again (names made per step, say) gives its memory back.
-  static constexpr int kIdleSeconds = 5;
+  static constexpr std::chrono::milliseconds kIdleAfter{5000};
 
-  explicit SharedSlots(std::shared_ptr<ArenaTable> table) : table_(std::move(table)) {}
+  explicit SharedSlots(std::shared_ptr<ArenaTable> table,
+                       std::chrono::milliseconds idle_after = kIdleAfter)
+      : table_(std::move(table)), idle_after_(idle_after) {}
   // The slot of `key`, `bytes` long, held for the caller until it calls Release.
   Status Slot(const SlotKey& key, size_t bytes, char** data, ShmLocation* location);
   // If [data, data + bytes) lies in one of the slots, holds that slot and says where
@@ -127,10 +129,11 @@ class SharedSlots {
   // Frees the record if nothing needs it any more.
   void MaybeFreeLocked(uint32_t arena, uint64_t offset);
   void FreeLocked(uint32_t arena, uint64_t offset);
-  // Frees the idle slots (at most once a second).
+  // Frees the idle slots (looking at most once a second, or per idle_after_).
   void CollectIdleLocked(std::chrono::steady_clock::time_point now);
 
   const std::shared_ptr<ArenaTable> table_;
+  const std::chrono::milliseconds idle_after_;
   mutable std::mutex mutex_;
   std::vector<Arena> arenas_;  // by table index
   std::unordered_map<SlotKey, std::pair<uint32_t, uint64_t>, SlotKeyHash> live_;

@@ -21,8 +21,8 @@ SharedMemoryChannel::~SharedMemoryChannel() {
   for (const auto& [fence, location] : held_replies_) slots_->Release(location);
 }
 
-bool SharedMemoryChannel::Locate(const FrameHeader& header, const void* data,
-                                 const SlotKey& slot, ShmLocation* location, Status* status) {
+bool SharedMemoryChannel::Locate(const FrameHeader& header, const void* data, const SlotKey& slot,
+                                 ShmLocation* location, Status* status) {
   if (header.length == 0) return false;  // An empty acknowledgement, say.
   if (slots_->Hold(data, header.length, location)) return true;
   if (side_ != Side::kWorker) return false;

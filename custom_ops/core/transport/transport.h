@@ -145,7 +145,7 @@ class SharedMemoryChannel : public Channel {
   std::mutex held_mutex_;
   std::unordered_map<PartitionKey, std::vector<std::pair<uint32_t, ShmLocation>>,
                      PartitionKeyHash>
-      held_pushes_;                                           // by partition: (round, location)
+      held_pushes_;                                            // by partition: (round, location)
   std::deque<std::pair<uint64_t, ShmLocation>> held_replies_;  // (covering fence, location)
   uint64_t fences_sent_ = 0;
   uint64_t fences_acknowledged_ = 0;
