@@ -304,8 +304,9 @@ def test_workers_under_gdb_print_a_backtrace_when_they_crash(procs):
 
 
 def test_a_sampled_tensor_is_logged_at_each_stage(procs):
+    # Merged although the server is on the workers' host, for the merge's stage too.
     status, output = procs.launch(2, "steady_sums.py", num_servers=1, TEST_ROUNDS=2,
-                                  BYTEPS_DEBUG_SAMPLE_TENSOR="steady")
+                                  BYTEPS_DEBUG_SAMPLE_TENSOR="steady", BYTEPS_LOCAL_MERGE=1)
     assert status == 0, output
     samples = re.findall(r"\[(\d)\]: .*sample of tensor 'steady' \(id \d+\) round (\d), "
                          r"([a-z0-9 ]+): first \[[^]]*\] sum (\d+) of 50000 elements", output)

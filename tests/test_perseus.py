@@ -15,7 +15,8 @@ def test_perseus_options_in_a_job(procs):
         2, "perseus_options.py", num_servers=1, BYTEPS_LOG_LEVEL="DEBUG",
         PERSEUS_ALLREDUCE_DTYPE=0, PERSEUS_ALLREDUCE_GRADIENT_SCALE=4,
         PERSEUS_ALLREDUCE_FUSION=1, PERSEUS_ACCUMULATE_N_STEPS=2,
-        PERSEUS_CHANGE_HVD_ALLGATHER=0, PERSEUS_ALLREDUCE_NANCHECK=1, PERSEUS_MASTER_PORT=6666)
+        PERSEUS_CHANGE_HVD_ALLGATHER=0, PERSEUS_ALLREDUCE_NANCHECK=1, PERSEUS_MASTER_PORT=6666,
+        BYTEPS_LOCAL_MERGE=1)  # merged although the server is on the workers' host
     assert status == 0, output
     reports = marked_json(output)
     for report in reports.values():
@@ -59,13 +60,13 @@ def test_down_sampling_sends_a_share_of_each_gradient_and_a_slow_worker_is_repor
     status, output = procs.launch(
         2, "sampled_steps.py", mode, "6", num_servers=1, BYTEPS_LOG_LEVEL="DEBUG",
         PERSEUS_DOWNSAMPLE_N_ELEMENTS=2, PERSEUS_GRADIENT_MOMENTUM=0.5,
-        PERSEUS_PERF_CHECK_N_STEPS=3)
+        PERSEUS_PERF_CHECK_N_STEPS=3, BYTEPS_LOCAL_MERGE=1)
     assert status == 0, output
     expected = _down_sampled_kernel(6, every=2, momentum=0.5, workers=2)
     for report in marked_json(output).values():
         np.testing.assert_allclose(report["kernel"], expected, rtol=1e-6)
     # 5 elements in turns of 2: 3 per step (one of them padding), 4 bytes each, one
-    # copy per host, 6 steps; the whole gradient would be 20 bytes a step.
+    # copy per host (merged, BYTEPS_LOCAL_MERGE=1), 6 steps; the whole gradient would be 20 bytes a step.
     moved = dict(re.findall(r"tensor '([^']+)' moved (\d+) bytes in", output))
     name = {"optimizer": "DistributedOptimizer.sequential/dense/kernel",
             "tape": "DistributedOptimizer.0.sequential/dense/kernel"}[mode]

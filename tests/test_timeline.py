@@ -58,9 +58,11 @@ def _check_events(events):
 def test_timeline_of_two_workers_training(procs, tmp_path):
     status, output = procs.run(
         [*LAUNCH, "-np", "2", *worker_command("traced_training.py")],
-        # Each gradient its own round (no fusion), so that each has its own events.
+        # Each gradient its own round (no fusion), so that each has its own events; the
+        # workers merge although their servers are on their host, for the merge's stages.
         base_env(BYTEPS_TRACE_ON=1, BYTEPS_TRACE_START_STEP=2, BYTEPS_TRACE_END_STEP=3,
-                 BYTEPS_TRACE_DIR=tmp_path, BYTEPS_FUSION_THRESHOLD=0), timeout=180)
+                 BYTEPS_TRACE_DIR=tmp_path, BYTEPS_FUSION_THRESHOLD=0, BYTEPS_LOCAL_MERGE=1),
+        timeout=180)
     assert status == 0, output
     # Each file was complete while its worker still ran (before shutdown).
     assert "[0]: TRACE WRITTEN" in output and "[1]: TRACE WRITTEN" in output, output

@@ -77,7 +77,7 @@ def _join() -> None:
             try:
                 book = link.register("worker", worker_id=config.worker_id,
                                      local_rank=config.local_rank, local_size=config.local_size,
-                                     local_merge=config.local_merge and config.enable_ipc)
+                                     local_merge=config.local_merge if config.enable_ipc else "0")
                 # Heartbeats and the job's abort from here on: connecting to the servers
                 # may take a while, and an abort must stop it.
                 link.start_monitor(on_abort=_on_abort)

@@ -236,8 +236,10 @@ class Config:
     enable_async: bool
     enable_ipc: bool
     # The workers of one host sum push_pull partitions among themselves before one of
-    # them pushes (custom_ops/core/local_merge.h); it needs shared memory (IPC).
-    local_merge: bool
+    # them pushes (custom_ops/core/local_merge.h); it needs shared memory (IPC). "auto":
+    # where a server is on another host, so that it saves bytes on a network link
+    # (the scheduler decides, scheduler.py); "1": always; "0": never.
+    local_merge: str
     # Core affinity of the workers bpslaunch starts (launch/affinity.py): BYTEPS_NUMA_ON,
     # the physical cores per worker, CPUs to avoid, explicit lists per local worker,
     # and whether a worker gets every hyperthread of its cores.
@@ -317,7 +319,7 @@ class Config:
             force_distributed=_flag(env, "BYTEPS_FORCE_DISTRIBUTED"),
             enable_async=_flag(env, "BYTEPS_ENABLE_ASYNC"),
             enable_ipc=_flag(env, "BYTEPS_ENABLE_IPC"),
-            local_merge=_flag(env, "BYTEPS_LOCAL_MERGE"),
+            local_merge=_choice(env, "BYTEPS_LOCAL_MERGE"),
             numa_on=_flag(env, "BYTEPS_NUMA_ON"),
             numa_quota=_int(env, "BYTEPS_NUMA_DEFAULT_QUOTA"),
             cpu_blacklist=frozenset().union(*_cpu_lists(env, "BYTEPS_CPU_BLACKLIST", False)),

@@ -12,9 +12,10 @@
    its level before the input existed, as a multiple of the tensor (the bounds: a
    worker 3x, for input, output and one staging copy; a server 1.5x): private + owned
    shared, what it takes from the machine, and private + mapped shared (its resident
-   size, where a page a peer made and this one reads counts again). The peer in the
-   same run is the same job with BYTEPS_ENABLE_IPC=0 (TCP over loopback, no shared
-   memory), whose peaks are all private memory.
+   size, where a page a peer made and this one reads counts again). Then the same with
+   the workers merging first (BYTEPS_LOCAL_MERGE=1; by default they do not, with the
+   server on their host), and the peer in the same run, the job over TCP loopback
+   (BYTEPS_ENABLE_IPC=0), whose peaks are all private memory.
 """
 
 from __future__ import annotations
@@ -106,10 +107,10 @@ def sample(launcher: subprocess.Popen, samples: list, stop: threading.Event) -> 
         time.sleep(0.002)
 
 
-def peak(gib: float, ipc: bool) -> dict[str, float]:
+def peak(gib: float, env: dict) -> dict[str, tuple[float, float]]:
     command = [*LAUNCH, "-np", "2", "--num-servers", "1", sys.executable, __file__,
                "--peak-worker", str(gib)]
-    job = subprocess.Popen(command, env=job_env(BYTEPS_ENABLE_IPC=int(ipc)),
+    job = subprocess.Popen(command, env=job_env(**env),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            start_new_session=True)
     samples: list = []
@@ -134,7 +135,7 @@ def peak(gib: float, ipc: bool) -> dict[str, float]:
         during = [m for m in mine if before < m[0] <= end + 0.05]
         if not base or not during:
             continue
-        what = mine[0][1]
+        what = mine[-1][1]  # a server starts as the launcher's Python, then is bps_server
         key = f"{what} {len([k for k in ratios if k.startswith(what)])}"
         ratios[key] = tuple((max(m[i] for m in during) - base[-1][i]) / (gib * (1 << 30))
                             for i in (2, 3))
@@ -155,8 +156,10 @@ def main() -> None:
         soak(args.steps)
     print(f"\npeak memory of one {args.peak_gib:g} GiB push_pull above the level before, "
           "x the tensor: private + owned shared (private + mapped shared):")
-    for ipc, label in ((True, "shared memory"), (False, "TCP (BYTEPS_ENABLE_IPC=0)")):
-        ratios = peak(args.peak_gib, ipc)
+    for label, env in (("shared memory", {}),
+                       ("the same, merged first", {"BYTEPS_LOCAL_MERGE": 1}),
+                       ("TCP (BYTEPS_ENABLE_IPC=0)", {"BYTEPS_ENABLE_IPC": 0})):
+        ratios = peak(args.peak_gib, env)
         print(f"  {label:28}" + ", ".join(f"{k} {owned:.2f}x ({mapped:.2f}x)"
                                           for k, (owned, mapped) in sorted(ratios.items())))
 
