@@ -2,34 +2,35 @@
 # (Starlark) and setup.py executes it (these plain list assignments are also Python),
 # so the Bazel and pip builds cannot drift apart.
 
-# What both engines share: types, the wire format, sockets, shared memory, kernels.
-SHARED_SOURCES = [
-    "custom_ops/core/common.cc",
-    "custom_ops/core/logging.cc",
-    "custom_ops/core/protocol.cc",
-    "custom_ops/core/reduce.cc",
-    "custom_ops/core/transport/socket.cc",
-    "custom_ops/core/transport/shared_memory.cc",
-    "custom_ops/core/transport/transport.cc",
-    "custom_ops/core/transport/shared_memory_channel.cc",
-    "custom_ops/core/transport/auth.cc",
+# One list per layer (custom_ops/<layer>/), as BUILD's libraries are cut:
+#   common   types, Status, logging, the reduce kernels
+#   wire     the frame format, job-token proofs, the transports (socket, shared memory)
+#   worker   the worker engine behind its C API (c_api.h): planning, the partition
+#            pipeline, the local merge, the timeline
+#   server   the summation engine
+#   control  the scheduler link in C++ (the server's), settings, JSON
+COMMON_SOURCES = [
+    "custom_ops/common/common.cc",
+    "custom_ops/common/logging.cc",
+    "custom_ops/common/reduce.cc",
 ]
-
-# The worker engine behind its C API (c_api.h).
-CORE_SOURCES = SHARED_SOURCES + [
-    "custom_ops/core/task.cc",
-    "custom_ops/core/credits.cc",
-    "custom_ops/core/timeline.cc",
-    "custom_ops/core/local_merge.cc",
-    "custom_ops/core/worker.cc",
-    "custom_ops/core/c_api.cc",
+WIRE_SOURCES = [
+    "custom_ops/wire/protocol.cc",
+    "custom_ops/wire/auth.cc",
+    "custom_ops/wire/socket.cc",
+    "custom_ops/wire/shared_memory.cc",
+    "custom_ops/wire/shared_memory_channel.cc",
+    "custom_ops/wire/transport.cc",
 ]
-
-# The server engine; no worker code.
-SERVER_ENGINE_SOURCES = SHARED_SOURCES + ["custom_ops/server/server.cc"]
-
-# The control plane in C++: the variables (tf_bps/settings.def), JSON, and a ZeroMQ
-# DEALER that registers with the scheduler.
+WORKER_SOURCES = [
+    "custom_ops/worker/task.cc",
+    "custom_ops/worker/credits.cc",
+    "custom_ops/worker/timeline.cc",
+    "custom_ops/worker/local_merge.cc",
+    "custom_ops/worker/worker.cc",
+    "custom_ops/worker/c_api.cc",
+]
+SERVER_ENGINE_SOURCES = ["custom_ops/server/server.cc"]
 CONTROL_SOURCES = [
     "custom_ops/control/settings.cc",
     "custom_ops/control/json.cc",
@@ -37,8 +38,13 @@ CONTROL_SOURCES = [
     "custom_ops/control/scheduler_link.cc",
 ]
 
+# pip's programs and libraries, each whole.
+# The worker engine behind its C API: tf_bps/_bps_core.
+CORE_SOURCES = COMMON_SOURCES + WIRE_SOURCES + WORKER_SOURCES
+
 # bps-server, the native executable every server runs (tf_bps/bps_server).
-SERVER_SOURCES = SERVER_ENGINE_SOURCES + CONTROL_SOURCES + ["custom_ops/server/main.cc"]
+SERVER_SOURCES = (COMMON_SOURCES + WIRE_SOURCES + SERVER_ENGINE_SOURCES + CONTROL_SOURCES +
+                  ["custom_ops/server/main.cc"])
 
 # The Python binding (pybind11) and the TensorFlow kernels.
 WORKER_MODULE_SOURCES = ["custom_ops/python/worker_module.cc"]
@@ -49,7 +55,7 @@ TF_SOURCES = ["custom_ops/tf/collective_ops.cc"]
 TF_GPU_FLAGS = ["-DTF_BPS_GPU_KERNELS"]
 
 # The core's CUDA kernels (built only where a CUDA toolkit is found), and nvcc's flags.
-GPU_SOURCES = ["custom_ops/core/common.cc", "custom_ops/core/cuda/gpu_kernels.cu"]
+GPU_SOURCES = ["custom_ops/common/common.cc", "custom_ops/worker/cuda/gpu_kernels.cu"]
 # The CUDA runtime is linked statically, so the library needs only the driver, whatever
 # CUDA runtime TensorFlow brings along. Ampere and Hopper machine code, and PTX that
 # newer GPUs compile at load time.
@@ -64,17 +70,16 @@ NVCC_FLAGS = [
     "-gencode=arch=compute_90,code=compute_90",
 ]
 
-# The C++ unit tests: the pieces they exercise, without the worker and the C API.
-UNIT_TEST_SOURCES = SHARED_SOURCES + [
-    "custom_ops/core/task.cc",
-    "custom_ops/core/credits.cc",
-    "custom_ops/core/timeline.cc",
-    "custom_ops/server/server.cc",
+# The C++ unit tests (tests/cpp): the pieces they exercise, without the worker engine
+# and its C API. pip's test (tests/test_core_units.py) compiles these with them.
+UNIT_TEST_SOURCES = ["tests/cpp/core_unit_test.cc", "tests/cpp/shared_slots_test.cc"]
+UNIT_TEST_PIECES = (COMMON_SOURCES + WIRE_SOURCES + SERVER_ENGINE_SOURCES + [
+    "custom_ops/worker/task.cc",
+    "custom_ops/worker/credits.cc",
+    "custom_ops/worker/timeline.cc",
     "custom_ops/control/settings.cc",
     "custom_ops/control/json.cc",
-    "tests/cpp/core_unit_test.cc",
-    "tests/cpp/shared_slots_test.cc",
-]
+])
 
 CXXFLAGS = ["-std=c++17", "-O3", "-fPIC", "-pthread", "-fvisibility-inlines-hidden"]
 WARNINGS = ["-Wall", "-Wextra"]

@@ -8,7 +8,7 @@ _bps_tf_ops: the TensorFlow kernels, linked against _bps_core and compiled with 
 _bps_worker: the pybind11 module Python uses to start and stop the worker engine.
 bps_server: the summation server, a native executable with no Python and no TensorFlow
     (`bps-server` runs it); an operator can copy it alone to a CPU-only server machine.
-_bps_gpu: the core's CUDA kernels behind their C API (core/cuda/gpu_api.h), built only
+_bps_gpu: the core's CUDA kernels behind their C API (worker/cuda/gpu_api.h), built only
     when a CUDA toolkit is found (see cuda_toolkit); without one the build is CPU only.
 """
 

@@ -1,4 +1,4 @@
-"""ctypes signatures of the core's GPU C API (custom_ops/core/cuda/gpu_api.h), for the
+"""ctypes signatures of the core's GPU C API (custom_ops/worker/cuda/gpu_api.h), for the
 tests that load it; imports neither TensorFlow nor tf_bps."""
 
 import ctypes

@@ -11,10 +11,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def unit_test_sources() -> list[str]:
-    """The list BUILD's core_unit_test uses too (native_sources.bzl)."""
+    """The tests and the pieces they exercise (native_sources.bzl, which BUILD's
+    core_unit_test reads too)."""
     lists: dict = {}
     exec((ROOT / "native_sources.bzl").read_text(), {"__builtins__": {}}, lists)
-    return [str(ROOT / path) for path in lists["UNIT_TEST_SOURCES"]]
+    return [str(ROOT / path) for path in lists["UNIT_TEST_PIECES"] + lists["UNIT_TEST_SOURCES"]]
 
 
 def test_core_unit_tests(tmp_path):

@@ -1,6 +1,6 @@
 """The core's CUDA kernels on a real GPU, through their C API with CuPy arrays (no
 TensorFlow): every dtype's sums, min, max, products and averages against numpy, scale
-factors, and fp16 compression. Compiles custom_ops/core/cuda with the nvcc found here;
+factors, and fp16 compression. Compiles custom_ops/worker/cuda with the nvcc found here;
 skips where there is no GPU, CuPy or nvcc (CI has none)."""
 
 import ctypes
@@ -34,8 +34,8 @@ def gpu(tmp_path_factory):
     library = tmp_path_factory.mktemp("gpu") / "libbps_gpu.so"
     build = subprocess.run(
         [nvcc, "-std=c++17", "-O3", "-shared", "-Xcompiler=-fPIC", "-arch=native",
-         str(ROOT / "custom_ops" / "core" / "common.cc"),
-         str(ROOT / "custom_ops" / "core" / "cuda" / "gpu_kernels.cu"), "-o", str(library)],
+         str(ROOT / "custom_ops" / "common" / "common.cc"),
+         str(ROOT / "custom_ops" / "worker" / "cuda" / "gpu_kernels.cu"), "-o", str(library)],
         capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr
     lib = declare(ctypes.CDLL(str(library)))

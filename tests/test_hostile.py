@@ -81,7 +81,7 @@ def test_the_scheduler_survives_garbage_and_refuses_strangers(procs):
     assert "does not know this job's token" in log, log
 
 
-HEADER = struct.Struct("<IBBBBIIIB3xiIQQqQ")  # custom_ops/core/protocol.h: FrameHeader
+HEADER = struct.Struct("<IBBBBIIIB3xiIQQqQ")  # custom_ops/wire/protocol.h: FrameHeader
 MAGIC, HELLO = 0x32535042, 1
 
 

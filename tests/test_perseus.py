@@ -66,7 +66,8 @@ def test_down_sampling_sends_a_share_of_each_gradient_and_a_slow_worker_is_repor
     for report in marked_json(output).values():
         np.testing.assert_allclose(report["kernel"], expected, rtol=1e-6)
     # 5 elements in turns of 2: 3 per step (one of them padding), 4 bytes each, one
-    # copy per host (merged, BYTEPS_LOCAL_MERGE=1), 6 steps; the whole gradient would be 20 bytes a step.
+    # copy per host (merged, BYTEPS_LOCAL_MERGE=1), 6 steps; the whole gradient would be
+    # 20 bytes a step.
     moved = dict(re.findall(r"tensor '([^']+)' moved (\d+) bytes in", output))
     name = {"optimizer": "DistributedOptimizer.sequential/dense/kernel",
             "tape": "DistributedOptimizer.0.sequential/dense/kernel"}[mode]

@@ -227,16 +227,16 @@ class Config:
     local_size: int
     partition_bytes: int
     # BYTEPS_SCHEDULING_CREDIT: partitions a worker may have pushed to one server
-    # without the sum back (custom_ops/core/credits.h); 0: no limit.
+    # without the sum back (custom_ops/worker/credits.h); 0: no limit.
     scheduling_credit: int
     server_engine_threads: int
     force_distributed: bool
     # BYTEPS_ENABLE_ASYNC: servers keep the parameters and workers push weight deltas
-    # without waiting for each other (training.py, custom_ops/core/protocol.h).
+    # without waiting for each other (training.py, custom_ops/wire/protocol.h).
     enable_async: bool
     enable_ipc: bool
     # The workers of one host sum push_pull partitions among themselves before one of
-    # them pushes (custom_ops/core/local_merge.h); it needs shared memory (IPC). "auto":
+    # them pushes (custom_ops/worker/local_merge.h); it needs shared memory (IPC). "auto":
     # where a server is on another host, so that it saves bytes on a network link
     # (the scheduler decides, scheduler.py); "1": always; "0": never.
     local_merge: str
@@ -267,7 +267,7 @@ class Config:
     perf_check_steps: int
     stacked_allgather: bool
     # The timeline (BYTEPS_TRACE_*): each worker writes <dir>/<local rank>/comm.json
-    # for steps start to end (custom_ops/core/timeline.h).
+    # for steps start to end (custom_ops/worker/timeline.h).
     trace_on: bool
     trace_start_step: int
     trace_end_step: int

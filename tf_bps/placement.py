@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-# The largest share the core takes (ParseShares in custom_ops/core/c_api.cc): a cycle
+# The largest share the core takes (ParseShares in custom_ops/worker/c_api.cc): a cycle
 # of the servers holds each server as many times as its share.
 MAX_SHARE = 1000
 

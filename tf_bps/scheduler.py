@@ -73,7 +73,7 @@ def _merges(worker: Node, server_hosts: list[str]) -> bool:
 
 def _merge_groups(workers: list[Node], server_hosts: list[str]) -> list[int]:
     """By rank, a number per group of workers that merge push_pull partitions before
-    pushing them (custom_ops/core/local_merge.h): those of one host that all merge
+    pushing them (custom_ops/worker/local_merge.h): those of one host that all merge
     (_merges); a worker that does not is a group of its own. Workers and servers get
     the same numbers, so the servers count a host's merged push for exactly its group."""
     numbers: dict[str, int] = {}

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "../core/common.h"
+#include "../common/common.h"
 
 namespace bps {
 

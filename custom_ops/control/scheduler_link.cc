@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "../core/transport/auth.h"
+#include "../wire/auth.h"
 #include "settings.h"
 
 namespace bps {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "../core/common.h"
+#include "../common/common.h"
 #include "json.h"
 #include "zmq_dealer.h"
 

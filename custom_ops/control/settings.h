@@ -10,7 +10,7 @@
 #include <map>
 #include <string>
 
-#include "../core/common.h"
+#include "../common/common.h"
 
 namespace bps {
 

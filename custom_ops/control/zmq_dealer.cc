@@ -8,8 +8,8 @@
 #include <chrono>
 #include <cstring>
 
-#include "../core/logging.h"
-#include "../core/transport/socket.h"
+#include "../common/logging.h"
+#include "../wire/socket.h"
 
 namespace bps {
 namespace {

@@ -12,7 +12,7 @@
 #include <memory>
 #include <string>
 
-#include "../core/common.h"
+#include "../common/common.h"
 
 namespace bps {
 

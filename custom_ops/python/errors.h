@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "../core/common.h"
+#include "../common/common.h"
 
 namespace bps {
 

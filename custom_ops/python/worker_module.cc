@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "../core/c_api.h"
+#include "../worker/c_api.h"
 #include "errors.h"
 
 namespace py = pybind11;

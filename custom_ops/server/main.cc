@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
+#include "../common/logging.h"
 #include "../control/scheduler_link.h"
 #include "../control/settings.h"
-#include "../core/logging.h"
 #include "server.h"
 
 namespace bps {

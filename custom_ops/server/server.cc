@@ -7,9 +7,9 @@
 #include <cstring>
 #include <new>
 
-#include "../core/logging.h"
-#include "../core/reduce.h"
-#include "../core/transport/auth.h"
+#include "../common/logging.h"
+#include "../common/reduce.h"
+#include "../wire/auth.h"
 
 namespace bps {
 namespace {

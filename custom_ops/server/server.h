@@ -21,9 +21,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "../core/common.h"
-#include "../core/protocol.h"
-#include "../core/transport/transport.h"
+#include "../common/common.h"
+#include "../wire/protocol.h"
+#include "../wire/transport.h"
 
 namespace bps {
 

@@ -7,9 +7,9 @@
 #include <utility>
 #include <vector>
 
-#include "../core/c_api.h"
-#include "../core/common.h"
-#include "../core/protocol.h"
+#include "../common/common.h"
+#include "../wire/protocol.h"
+#include "../worker/c_api.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"

@@ -21,17 +21,17 @@
 #include <thread>
 #include <vector>
 
+#include "../../custom_ops/common/reduce.h"
 #include "../../custom_ops/control/json.h"
 #include "../../custom_ops/control/settings.h"
-#include "../../custom_ops/core/credits.h"
-#include "../../custom_ops/core/protocol.h"
-#include "../../custom_ops/core/reduce.h"
-#include "../../custom_ops/core/stage.h"
-#include "../../custom_ops/core/task.h"
-#include "../../custom_ops/core/timeline.h"
-#include "../../custom_ops/core/transport/auth.h"
-#include "../../custom_ops/core/transport/transport.h"
 #include "../../custom_ops/server/server.h"
+#include "../../custom_ops/wire/auth.h"
+#include "../../custom_ops/wire/protocol.h"
+#include "../../custom_ops/wire/transport.h"
+#include "../../custom_ops/worker/credits.h"
+#include "../../custom_ops/worker/stage.h"
+#include "../../custom_ops/worker/task.h"
+#include "../../custom_ops/worker/timeline.h"
 #include "expect.h"
 
 namespace bps {

@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "../../custom_ops/core/transport/transport.h"
+#include "../../custom_ops/wire/transport.h"
 #include "expect.h"
 
 namespace bps {

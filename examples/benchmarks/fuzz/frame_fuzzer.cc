@@ -13,9 +13,9 @@
 #include <string>
 #include <thread>
 
-#include "../../../custom_ops/core/logging.h"
-#include "../../../custom_ops/core/protocol.h"
-#include "../../../custom_ops/core/transport/transport.h"
+#include "../../../custom_ops/common/logging.h"
+#include "../../../custom_ops/wire/protocol.h"
+#include "../../../custom_ops/wire/transport.h"
 #include "../../../custom_ops/server/server.h"
 
 namespace {

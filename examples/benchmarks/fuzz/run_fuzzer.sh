@@ -7,14 +7,14 @@ root="$(cd "$(dirname "$0")/../../.." && pwd)"
 seconds="${1:-180}"
 clang="$(command -v clang++ || command -v clang++-14)"
 work="$(mktemp -d)"
-core="$root/custom_ops/core"
+ops="$root/custom_ops"
 # The reduction kernels use _Float16, which this clang lacks on x86: g++ builds them
 # (they read no peer input), clang the rest, instrumented.
-g++ -std=c++17 -O2 -c "$core/reduce.cc" -o "$work/reduce.o"
+g++ -std=c++17 -O2 -c "$ops/common/reduce.cc" -o "$work/reduce.o"
 "$clang" -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -pthread "$root/examples/benchmarks/fuzz/frame_fuzzer.cc" "$work/reduce.o" \
-  "$core"/{common,logging,protocol}.cc \
-  "$core"/transport/{socket,shared_memory,transport,shared_memory_channel,auth}.cc \
+  "$ops"/common/{common,logging}.cc \
+  "$ops"/wire/{protocol,socket,shared_memory,transport,shared_memory_channel,auth}.cc \
   "$root/custom_ops/server/server.cc" -o "$work/frame_fuzzer"
 mkdir -p "$work/corpus"
 # stderr of the target (its log lines) is closed; libFuzzer still reports crashes.

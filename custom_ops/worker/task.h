@@ -1,7 +1,7 @@
 // One collective operation on one tensor, from the adapter's request until its
 // completion callback: the unit every stage of the worker passes along.
-#ifndef TF_BPS_CORE_TASK_H_
-#define TF_BPS_CORE_TASK_H_
+#ifndef TF_BPS_WORKER_TASK_H_
+#define TF_BPS_WORKER_TASK_H_
 
 #include <atomic>
 #include <chrono>
@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "common.h"
-#include "protocol.h"
+#include "../common/common.h"
+#include "../wire/protocol.h"
 
 namespace bps {
 
@@ -180,4 +180,4 @@ struct PartitionTaskOrder {
 
 }  // namespace bps
 
-#endif  // TF_BPS_CORE_TASK_H_
+#endif  // TF_BPS_WORKER_TASK_H_

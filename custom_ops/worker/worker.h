@@ -10,8 +10,8 @@
 //   pull stage     one receiver thread per server link, writes into the output (and
 //                  starts a gather's second step once its sizes arrive)
 //   watchdog       fails operations that outlive the operation timeout
-#ifndef TF_BPS_CORE_WORKER_H_
-#define TF_BPS_CORE_WORKER_H_
+#ifndef TF_BPS_WORKER_WORKER_H_
+#define TF_BPS_WORKER_WORKER_H_
 
 #include <atomic>
 #include <chrono>
@@ -25,13 +25,13 @@
 #include <unordered_map>
 #include <vector>
 
-#include "common.h"
+#include "../common/common.h"
+#include "../wire/transport.h"
 #include "credits.h"
 #include "local_merge.h"
 #include "stage.h"
 #include "task.h"
 #include "timeline.h"
-#include "transport/transport.h"
 
 namespace bps {
 
@@ -275,4 +275,4 @@ class Worker {
 
 }  // namespace bps
 
-#endif  // TF_BPS_CORE_WORKER_H_
+#endif  // TF_BPS_WORKER_WORKER_H_

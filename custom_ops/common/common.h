@@ -1,6 +1,6 @@
 // Types shared by every layer of the core: data types, tensor views, status.
-#ifndef TF_BPS_CORE_COMMON_H_
-#define TF_BPS_CORE_COMMON_H_
+#ifndef TF_BPS_COMMON_COMMON_H_
+#define TF_BPS_COMMON_COMMON_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -92,4 +92,4 @@ std::string ShapeString(DataType dtype, const std::vector<int64_t>& shape);
 
 }  // namespace bps
 
-#endif  // TF_BPS_CORE_COMMON_H_
+#endif  // TF_BPS_COMMON_COMMON_H_

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "logging.h"
-#include "reduce.h"
+#include "../common/logging.h"
+#include "../common/reduce.h"
 #include "task.h"
 #include "worker.h"
 

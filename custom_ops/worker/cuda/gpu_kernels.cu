@@ -10,7 +10,7 @@
 #include <string>
 #include <type_traits>
 
-#include "../common.h"
+#include "../../common/common.h"
 #include "gpu_api.h"
 
 namespace bps {

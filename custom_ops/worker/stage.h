@@ -4,8 +4,8 @@
 // it go (the push stage's scheduling credit, credits.h). Stages are where later work
 // plugs in (local reduce, device copies, compression) and where the timeline will
 // record when each item entered and left.
-#ifndef TF_BPS_CORE_STAGE_H_
-#define TF_BPS_CORE_STAGE_H_
+#ifndef TF_BPS_WORKER_STAGE_H_
+#define TF_BPS_WORKER_STAGE_H_
 
 #include <chrono>
 #include <condition_variable>
@@ -105,4 +105,4 @@ class Stage {
 
 }  // namespace bps
 
-#endif  // TF_BPS_CORE_STAGE_H_
+#endif  // TF_BPS_WORKER_STAGE_H_

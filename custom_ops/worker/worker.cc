@@ -4,8 +4,8 @@
 #include <chrono>
 #include <cstring>
 
-#include "logging.h"
-#include "reduce.h"
+#include "../common/logging.h"
+#include "../common/reduce.h"
 
 namespace bps {
 namespace {
@@ -954,9 +954,7 @@ void Worker::WatchdogLoop() {
 
 void Worker::Stop() {
   if (stopping_.exchange(true)) return;
-  {
-    std::lock_guard<std::mutex> lock(watchdog_mutex_);
-  }
+  { std::lock_guard<std::mutex> lock(watchdog_mutex_); }
   watchdog_cv_.notify_all();
   if (watchdog_.joinable()) watchdog_.join();
   for (auto& link : links_) link->Close(options_.rank);

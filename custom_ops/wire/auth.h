@@ -7,15 +7,15 @@
 //   server -> worker  kChallenge  server nonce
 //   worker -> server  kHello      rank, worker nonce, HMAC(token, "worker", server nonce, rank)
 //   server -> worker  kWelcome    HMAC(token, "server", worker nonce, rank)
-#ifndef TF_BPS_CORE_TRANSPORT_AUTH_H_
-#define TF_BPS_CORE_TRANSPORT_AUTH_H_
+#ifndef TF_BPS_WIRE_AUTH_H_
+#define TF_BPS_WIRE_AUTH_H_
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
-#include "../common.h"
+#include "../common/common.h"
 #include "transport.h"
 
 namespace bps {
@@ -38,4 +38,4 @@ Status AuthenticateServer(Channel& channel, const std::string& token, uint32_t r
 
 }  // namespace bps
 
-#endif  // TF_BPS_CORE_TRANSPORT_AUTH_H_
+#endif  // TF_BPS_WIRE_AUTH_H_

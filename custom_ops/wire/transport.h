@@ -8,8 +8,8 @@
 // have: ConnectToServer() and Listener pick it by where the peer runs. Frames keep
 // their logical types on both (kPush, kReply); the shared-memory variants on the
 // wire (kPushShm, kReplyShm, kArena) never leave this layer.
-#ifndef TF_BPS_CORE_TRANSPORT_TRANSPORT_H_
-#define TF_BPS_CORE_TRANSPORT_TRANSPORT_H_
+#ifndef TF_BPS_WIRE_TRANSPORT_H_
+#define TF_BPS_WIRE_TRANSPORT_H_
 
 #include <chrono>
 #include <cstddef>
@@ -22,8 +22,8 @@
 #include <utility>
 #include <vector>
 
-#include "../common.h"
-#include "../protocol.h"
+#include "../common/common.h"
+#include "protocol.h"
 #include "shared_memory.h"
 #include "socket.h"
 
@@ -197,4 +197,4 @@ class Listener {
 
 }  // namespace bps
 
-#endif  // TF_BPS_CORE_TRANSPORT_TRANSPORT_H_
+#endif  // TF_BPS_WIRE_TRANSPORT_H_

@@ -5,8 +5,8 @@
  * with bps_gpu_last_error() saying why (a bad dtype, no device, a launch failure).
  *
  * dtype and reduce_op take the core's wire values (common.h: DataType, ReduceOp). */
-#ifndef TF_BPS_CORE_CUDA_GPU_API_H_
-#define TF_BPS_CORE_CUDA_GPU_API_H_
+#ifndef TF_BPS_WORKER_CUDA_GPU_API_H_
+#define TF_BPS_WORKER_CUDA_GPU_API_H_
 
 #include <stddef.h>
 
@@ -34,4 +34,4 @@ int bps_gpu_decompress_fp16(const void* src_float16, void* dst_float32, size_t c
 }
 #endif
 
-#endif /* TF_BPS_CORE_CUDA_GPU_API_H_ */
+#endif /* TF_BPS_WORKER_CUDA_GPU_API_H_ */

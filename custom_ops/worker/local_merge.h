@@ -25,8 +25,8 @@
 // worker that joined (bps.join) is not waited for. Joins are told apart by epoch:
 // each worker counts the joins it has seen complete, so a contribution made after a
 // join is never taken for one made before it.
-#ifndef TF_BPS_CORE_LOCAL_MERGE_H_
-#define TF_BPS_CORE_LOCAL_MERGE_H_
+#ifndef TF_BPS_WORKER_LOCAL_MERGE_H_
+#define TF_BPS_WORKER_LOCAL_MERGE_H_
 
 #include <chrono>
 #include <cstdint>
@@ -39,12 +39,12 @@
 #include <utility>
 #include <vector>
 
-#include "common.h"
-#include "protocol.h"
+#include "../common/common.h"
+#include "../wire/protocol.h"
+#include "../wire/transport.h"
 #include "stage.h"
 #include "task.h"
 #include "timeline.h"
-#include "transport/transport.h"
 
 namespace bps {
 
@@ -221,4 +221,4 @@ class LocalMerge {
 
 }  // namespace bps
 
-#endif  // TF_BPS_CORE_LOCAL_MERGE_H_
+#endif  // TF_BPS_WORKER_LOCAL_MERGE_H_

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <utility>
 
-#include "logging.h"
+#include "../common/logging.h"
 
 namespace bps {
 namespace {

@@ -4,8 +4,8 @@
 //
 // Arenas are memfds: their descriptors travel over the Unix socket (SCM_RIGHTS), so
 // nothing is named on disk and the memory goes away with the last process using it.
-#ifndef TF_BPS_CORE_TRANSPORT_SHARED_MEMORY_H_
-#define TF_BPS_CORE_TRANSPORT_SHARED_MEMORY_H_
+#ifndef TF_BPS_WIRE_SHARED_MEMORY_H_
+#define TF_BPS_WIRE_SHARED_MEMORY_H_
 
 #include <chrono>
 #include <cstddef>
@@ -16,8 +16,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "../common.h"
-#include "../protocol.h"
+#include "../common/common.h"
+#include "protocol.h"
 
 namespace bps {
 
@@ -169,4 +169,4 @@ class PeerArenas {
 
 }  // namespace bps
 
-#endif  // TF_BPS_CORE_TRANSPORT_SHARED_MEMORY_H_
+#endif  // TF_BPS_WIRE_SHARED_MEMORY_H_

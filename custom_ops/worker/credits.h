@@ -19,8 +19,8 @@
 //  - a link that got no answer and pushed nothing for kPatience lets its next
 //    partition go anyway (workers whose orders disagree, a straggler that has not
 //    queued its partitions yet): the limit then costs time, never progress.
-#ifndef TF_BPS_CORE_CREDITS_H_
-#define TF_BPS_CORE_CREDITS_H_
+#ifndef TF_BPS_WORKER_CREDITS_H_
+#define TF_BPS_WORKER_CREDITS_H_
 
 #include <chrono>
 #include <cstddef>
@@ -58,4 +58,4 @@ class PushCredits {
 
 }  // namespace bps
 
-#endif  // TF_BPS_CORE_CREDITS_H_
+#endif  // TF_BPS_WORKER_CREDITS_H_

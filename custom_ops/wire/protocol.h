@@ -1,15 +1,15 @@
 // The wire format between workers and servers, in one place: frame kinds, the
 // fixed frame header (operation kind and round in every frame), the shared-memory
 // payloads and the tensor declaration a server uses to check and describe pushes.
-#ifndef TF_BPS_CORE_PROTOCOL_H_
-#define TF_BPS_CORE_PROTOCOL_H_
+#ifndef TF_BPS_WIRE_PROTOCOL_H_
+#define TF_BPS_WIRE_PROTOCOL_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "common.h"
+#include "../common/common.h"
 
 namespace bps {
 
@@ -168,4 +168,4 @@ uint64_t StableHash(const void* data, size_t bytes, uint64_t seed = 146959810393
 
 }  // namespace bps
 
-#endif  // TF_BPS_CORE_PROTOCOL_H_
+#endif  // TF_BPS_WIRE_PROTOCOL_H_

@@ -12,7 +12,7 @@
 #include <cstring>
 #include <thread>
 
-#include "../logging.h"
+#include "../common/logging.h"
 #include "auth.h"
 
 namespace bps {

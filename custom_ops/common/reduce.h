@@ -1,7 +1,7 @@
 // Element-wise arithmetic on raw buffers: servers reduce pushes with it and workers
 // scale results with it. Vectorised per CPU at load time.
-#ifndef TF_BPS_CORE_REDUCE_H_
-#define TF_BPS_CORE_REDUCE_H_
+#ifndef TF_BPS_COMMON_REDUCE_H_
+#define TF_BPS_COMMON_REDUCE_H_
 
 #include <cstddef>
 #include <string>
@@ -34,4 +34,4 @@ std::string SampleText(DataType dtype, const void* data, size_t count);
 
 }  // namespace bps
 
-#endif  // TF_BPS_CORE_REDUCE_H_
+#endif  // TF_BPS_COMMON_REDUCE_H_

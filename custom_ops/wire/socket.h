@@ -2,8 +2,8 @@
 // Unix socket. A frame is a FrameHeader (protocol.h) followed by `length` payload
 // bytes. Payloads are written straight from the caller's memory (sendmsg) and read
 // straight into the caller's buffer, so tensor data is never staged in between.
-#ifndef TF_BPS_CORE_TRANSPORT_SOCKET_H_
-#define TF_BPS_CORE_TRANSPORT_SOCKET_H_
+#ifndef TF_BPS_WIRE_SOCKET_H_
+#define TF_BPS_WIRE_SOCKET_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "../common.h"
-#include "../protocol.h"
+#include "../common/common.h"
+#include "protocol.h"
 
 namespace bps {
 
@@ -88,4 +88,4 @@ void ConfigureSocket(int fd, int send_timeout_ms);
 
 }  // namespace bps
 
-#endif  // TF_BPS_CORE_TRANSPORT_SOCKET_H_
+#endif  // TF_BPS_WIRE_SOCKET_H_

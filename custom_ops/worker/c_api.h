@@ -2,8 +2,8 @@
  * TensorFlow kernels) and of the Python binding. Plain C types only, so that
  * libraries built with other compiler flags can call it. Functions returning int
  * return 0 on success and -1 on failure; bps_last_error() then holds the message. */
-#ifndef TF_BPS_CORE_C_API_H_
-#define TF_BPS_CORE_C_API_H_
+#ifndef TF_BPS_WORKER_C_API_H_
+#define TF_BPS_WORKER_C_API_H_
 
 #ifdef __cplusplus
 extern "C" {
@@ -101,4 +101,4 @@ void bps_enqueue(const bps_op* op, bps_allocate_fn allocate, bps_done_fn done, v
 }
 #endif
 
-#endif /* TF_BPS_CORE_C_API_H_ */
+#endif /* TF_BPS_WORKER_C_API_H_ */

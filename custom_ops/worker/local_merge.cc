@@ -8,9 +8,9 @@
 #include <cstring>
 #include <thread>
 
-#include "logging.h"
-#include "reduce.h"
-#include "transport/auth.h"
+#include "../common/logging.h"
+#include "../common/reduce.h"
+#include "../wire/auth.h"
 #include "worker.h"
 
 namespace bps {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "reduce.h"
+#include "../common/reduce.h"
 
 namespace bps {
 

@@ -1,7 +1,7 @@
 // Leveled logging to stderr. The level is set once through the C API from the
 // Python configuration (BYTEPS_LOG_LEVEL, PS_VERBOSE); the core reads no environment.
-#ifndef TF_BPS_CORE_LOGGING_H_
-#define TF_BPS_CORE_LOGGING_H_
+#ifndef TF_BPS_COMMON_LOGGING_H_
+#define TF_BPS_COMMON_LOGGING_H_
 
 #include <sstream>
 
@@ -40,4 +40,4 @@ struct LogVoidify {
       ? (void)0                              \
       : ::bps::LogVoidify() & ::bps::LogLine(::bps::LogLevel::level)
 
-#endif  // TF_BPS_CORE_LOGGING_H_
+#endif  // TF_BPS_COMMON_LOGGING_H_

@@ -6,8 +6,8 @@
 // gradients is the n-th optimizer step. Recording is one lock and one vector append per
 // event; the file is written on a thread of its own once every operation of the window
 // has ended and a later step has begun (or at shutdown), so training does not stall.
-#ifndef TF_BPS_CORE_TIMELINE_H_
-#define TF_BPS_CORE_TIMELINE_H_
+#ifndef TF_BPS_WORKER_TIMELINE_H_
+#define TF_BPS_WORKER_TIMELINE_H_
 
 #include <atomic>
 #include <cstdint>
@@ -66,4 +66,4 @@ class Timeline {
 
 }  // namespace bps
 
-#endif  // TF_BPS_CORE_TIMELINE_H_
+#endif  // TF_BPS_WORKER_TIMELINE_H_
