@@ -44,9 +44,8 @@ struct LocalMerge::Peer {
   std::unordered_map<uint64_t, uint64_t> declared;
 };
 
-LocalMerge::LocalMerge(Worker* worker, LocalMergeOptions options,
-                       std::shared_ptr<SharedSlots> slots)
-    : worker_(worker), options_(std::move(options)), slots_(std::move(slots)) {}
+LocalMerge::LocalMerge(Owner* owner, LocalMergeOptions options, std::shared_ptr<SharedSlots> slots)
+    : owner_(owner), options_(std::move(options)), slots_(std::move(slots)) {}
 
 LocalMerge::~LocalMerge() { Close(); }
 
@@ -206,7 +205,7 @@ void LocalMerge::CheckAgreement(const PartitionKey& key, MergeState* state, int 
 // Contributions
 
 Timeline* LocalMerge::TracerFor(const Task& task) const {
-  Timeline* timeline = worker_->timeline();
+  Timeline* timeline = owner_->timeline();
   return timeline && timeline->Traces(task.round()) ? timeline : nullptr;
 }
 
@@ -405,9 +404,8 @@ void LocalMerge::MaybeMerge(const PartitionKey& key, MergeState* state, Effects*
       tracer->Stage(op.name, state->round, key.part, "REDUCE", state->own_arrived_at,
                     Timeline::Now());
   }
-  worker_->Sample(op.name, key.tensor_id, state->round, op.dtype,
-                  ("host sum of partition " + std::to_string(key.part)).c_str(), sum,
-                  state->length);
+  owner_->Sample(op.name, key.tensor_id, state->round, op.dtype,
+                 ("host sum of partition " + std::to_string(key.part)).c_str(), sum, state->length);
   // The host's sum goes up as a task of its own: the server links time it, abandon it
   // and finish it (average, postscale) like any other partition.
   TaskSpec spec;
@@ -420,11 +418,11 @@ void LocalMerge::MaybeMerge(const PartitionKey& key, MergeState* state, Effects*
   // lands in it, and its completion hands it to the peers (who then hold it).
   auto hold = std::make_shared<SlotHold>(slots_, location);
   state->upstream = std::make_shared<Task>(
-      std::move(spec), worker_->GlobalGroup(), key.tensor_id, state->priority >> 32, round,
+      std::move(spec), owner_->GlobalGroup(), key.tensor_id, state->priority >> 32, round,
       options_.timeout_ms, nullptr,
       [this, key, round, hold](const Status& result) { OnUpstreamDone(key, round, result); });
   PartitionTask item =
-      worker_->Partition(state->upstream, key.part, 0, sum, state->length, state->length);
+      MakePartition(state->upstream, key.part, 0, sum, state->length, state->length);
   item.flags = kFlagHostMerged;
   item.priority = state->priority;
   effects->upstream.emplace_back(state->upstream, std::move(item));
@@ -560,10 +558,10 @@ void LocalMerge::Run(Effects& effects) {
   for (auto& [task, status] : effects.failures) task->Fail(status);
   for (auto& [task, item] : effects.upstream) {
     task->Launch(1);
-    worker_->LinkFor(item.task->tensor_id(), item.part).Enqueue(std::move(item));
+    owner_->SendToServer(std::move(item));
   }
   for (auto& [tensor_id, round] : effects.abandoned)
-    worker_->AbandonAtServers(tensor_id, round, OpKind::kPushPull);
+    owner_->AbandonAtServers(tensor_id, round, OpKind::kPushPull);
 }
 
 // ---------------------------------------------------------------------------
@@ -587,7 +585,7 @@ void LocalMerge::ReceiveLoop(int index) {
         if (closing_) return;
       }
       OnPeerGone(index, false);
-      worker_->OnLinkFailure(status.message() + " (from " + peer.name + ")");
+      owner_->OnLinkFailure(status.message() + " (from " + peer.name + ")");
       return;
     }
   }

@@ -48,8 +48,6 @@
 
 namespace bps {
 
-class Worker;
-
 struct LocalMergeOptions {
   std::vector<int32_t> ranks;  // the workers of this host, ascending (this one included)
   int rank = 0;                // this worker's
@@ -61,8 +59,28 @@ struct LocalMergeOptions {
 
 class LocalMerge {
  public:
-  // `slots`: where this worker stages shared memory (Worker's, shared with its links).
-  LocalMerge(Worker* worker, LocalMergeOptions options, std::shared_ptr<SharedSlots> slots);
+  // What the merge reports to, and asks of, the worker that owns it: its only way up.
+  class Owner {
+   public:
+    virtual ~Owner() = default;
+    // The timeline, if the job records one; null otherwise.
+    virtual Timeline* timeline() const = 0;
+    // A peer's connection broke: the worker fails with `reason`.
+    virtual void OnLinkFailure(const std::string& reason) = 0;
+    // Logs `bytes` of the tensor's values at `stage` when it is BYTEPS_DEBUG_SAMPLE_TENSOR's.
+    virtual void Sample(const std::string& name, uint64_t tensor_id, uint32_t round, DataType dtype,
+                        const char* stage, const void* data, size_t bytes) const = 0;
+    // The group of an operation in the global set: every worker.
+    virtual Group GlobalGroup() const = 0;
+    // Sends a host's summed partition on to its server.
+    virtual void SendToServer(PartitionTask partition) = 0;
+    // Tells every server this worker gave up `round` of the tensor.
+    virtual void AbandonAtServers(uint64_t tensor_id, uint32_t round, OpKind kind) = 0;
+  };
+
+  // `slots`: where this worker stages shared memory (the worker's, shared with its
+  // server links).
+  LocalMerge(Owner* owner, LocalMergeOptions options, std::shared_ptr<SharedSlots> slots);
   ~LocalMerge();
 
   // Connects to every other worker of this host (each listens; lower local indices
@@ -194,7 +212,7 @@ class LocalMerge {
   void OnUpstreamDone(const PartitionKey& key, uint32_t round, const Status& status);
   void Run(Effects& effects);
 
-  Worker* const worker_;
+  Owner* const owner_;
   const LocalMergeOptions options_;
   int index_ = 0;  // of this worker among options_.ranks
   const std::shared_ptr<SharedSlots> slots_;

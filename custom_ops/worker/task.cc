@@ -198,4 +198,18 @@ void Task::MaybeFinishLocked(std::unique_lock<std::mutex>& lock) {
   done(result);
 }
 
+PartitionTask MakePartition(const std::shared_ptr<Task>& task, uint32_t part, size_t offset,
+                            const char* data, size_t push_length, size_t reply_length) {
+  PartitionTask item;
+  item.task = task;
+  item.part = part;
+  item.offset = offset;
+  item.data = data;
+  item.push_length = push_length;
+  item.reply_length = reply_length;
+  item.priority = (task->order() << 32) | part;
+  item.signature = task->signature();
+  return item;
+}
+
 }  // namespace bps

@@ -172,6 +172,11 @@ struct PartitionTask {
   int64_t queued_at = 0;    // when it entered its push stage, if the timeline traces it
 };
 
+// Partition `part` of `task`: `push_length` bytes at `data` to push, `reply_length` to
+// receive at `offset` in the output; ranked by the tensor's order, then the index.
+PartitionTask MakePartition(const std::shared_ptr<Task>& task, uint32_t part, size_t offset,
+                            const char* data, size_t push_length, size_t reply_length);
+
 struct PartitionTaskOrder {
   bool operator()(const PartitionTask& a, const PartitionTask& b) const {
     return a.priority > b.priority;

@@ -10,17 +10,6 @@
 namespace bps {
 namespace {
 
-// How long a link whose sends failed waits for its receiver to read what the server
-// sent before it went away.
-constexpr std::chrono::seconds kDrainGrace{1};
-
-}  // namespace
-
-// ---------------------------------------------------------------------------
-// ServerLink
-
-namespace {
-
 // The credit counts partitions of BYTEPS_PARTITION_BYTES. Across hosts, tensors are
 // cut into pieces of kNetworkPartitionBytes (EvenPartitionBytes); the credit shrinks
 // with them, so that as many pieces, not as many bytes, are in flight: a deep queue at
@@ -57,371 +46,6 @@ uint32_t PushWindow(const WorkerOptions& options) {
 
 }  // namespace
 
-ServerLink::ServerLink(Worker* worker, int index, ServerAddress address,
-                       std::unique_ptr<Channel> channel)
-    : worker_(worker),
-      index_(index),
-      address_(std::move(address)),
-      channel_(std::move(channel)),
-      credits_(CreditBytes(worker->options(), index)) {}
-
-ServerLink::~ServerLink() { Join(); }
-
-std::string ServerLink::description() const {
-  return "server " + std::to_string(index_) + " (" + address_.host + ":" +
-         std::to_string(address_.port) + ")";
-}
-
-void ServerLink::Start() {
-  push_stage_.Start([this](PartitionTask& partition) { return Push(partition); },
-                    [this](const PartitionTask& partition) { return Admit(partition); });
-  receiver_ = std::thread([this] { ReceiveLoop(); });
-}
-
-Timeline* ServerLink::TracerFor(const Task& task) const {
-  Timeline* timeline = worker_->timeline();
-  return timeline && timeline->Traces(task.round()) ? timeline : nullptr;
-}
-
-void ServerLink::Enqueue(PartitionTask task) {
-  if (TracerFor(*task.task)) task.queued_at = Timeline::Now();
-  {
-    std::lock_guard<std::mutex> lock(pending_mutex_);
-    pending_[PartitionKey{task.task->tensor_id(), task.part}] = Pending{
-        task.task, task.part, task.offset, task.reply_length, task.priority, task.push_length};
-  }
-  push_stage_.Push(std::move(task));
-}
-
-void ServerLink::SendProcessSet(uint32_t id, const std::vector<int32_t>& ranks) {
-  FrameHeader header;
-  header.type = static_cast<uint8_t>(FrameType::kProcessSet);
-  header.rank = static_cast<uint32_t>(worker_->options().rank);
-  header.process_set = id;
-  header.length = ranks.size() * sizeof(int32_t);
-  Status status = channel_->Send(header, ranks.data());
-  if (!status.ok()) BPS_LOG(kDebug) << status.message();  // Reported by the link's threads.
-}
-
-void ServerLink::Abandon(uint64_t tensor_id, uint32_t round, OpKind kind) {
-  channel_->RetireSlots(tensor_id);
-  std::vector<uint32_t> parts;
-  {
-    std::lock_guard<std::mutex> lock(pending_mutex_);
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      if (it->first.tensor_id == tensor_id && it->second.task->round() == round) {
-        parts.push_back(it->second.part);
-        ReturnCredit(it->second);
-        it = pending_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-  SendAbandons(tensor_id, round, kind, parts);
-}
-
-void ServerLink::AbandonUnsent(uint64_t tensor_id, uint32_t round, uint32_t part, OpKind kind) {
-  SendAbandons(tensor_id, round, kind, {part});
-}
-
-void ServerLink::SendAbandons(uint64_t tensor_id, uint32_t round, OpKind kind,
-                              const std::vector<uint32_t>& parts) {
-  if (parts.empty() || worker_->stopping()) return;
-  FrameHeader header;
-  header.type = static_cast<uint8_t>(FrameType::kAbandon);
-  header.op_kind = static_cast<uint8_t>(kind);
-  header.rank = static_cast<uint32_t>(worker_->options().rank);
-  header.tensor_id = tensor_id;
-  header.round = round;
-  for (uint32_t part : parts) {
-    header.part = part;
-    // Best effort: if the server is gone, its rounds are gone with it.
-    if (!channel_->Send(header, nullptr).ok()) return;
-  }
-}
-
-bool ServerLink::Admit(const PartitionTask& partition) {
-  // The window lets a tensor's earliest unanswered partition go, so it never stalls.
-  const uint32_t window = worker_->push_window();
-  if (window && partition.part >= partition.task->answered() + window) return false;
-  return credits_.TryTake(partition.priority, partition.push_length);
-}
-
-void ServerLink::ReturnCredit(const Pending& pending) {
-  if (!pending.credited) return;
-  credits_.Return(pending.priority, pending.push_length);
-  push_stage_.Recheck();
-}
-
-bool ServerLink::Push(PartitionTask& partition) {
-  Task& task = *partition.task;
-  {
-    // The credit Admit took stays with the pending partition until its answer.
-    std::lock_guard<std::mutex> lock(pending_mutex_);
-    auto it = pending_.find(PartitionKey{task.tensor_id(), partition.part});
-    if (it != pending_.end() && it->second.task == partition.task) {
-      it->second.credited = true;
-    } else {
-      credits_.Return(partition.priority, partition.push_length);  // abandoned meanwhile
-    }
-  }
-  if (!task.BeginIo()) return true;  // Failed meanwhile: nothing to send.
-  Timeline* const tracer = TracerFor(task);
-  const int64_t served_at = tracer ? Timeline::Now() : 0;
-  FrameHeader header;
-  header.rank = static_cast<uint32_t>(worker_->options().rank);
-  header.part = partition.part;
-  header.round = task.round();
-  header.op_kind = static_cast<uint8_t>(task.kind());
-  header.tensor_id = task.tensor_id();
-  header.signature = partition.signature;
-  header.dtype = static_cast<uint8_t>(task.dtype());
-  header.reduce_op = static_cast<uint8_t>(task.op().reduce_op);
-  header.owner = partition.owner;
-  header.process_set = task.op().process_set;
-  header.flags = partition.flags;
-  if (IsGather(task.kind())) header.rows = task.op().shape[0];
-  Status status = SendPartition(partition, &header);
-  if (tracer && status.ok()) {
-    const int64_t pushed_at = Timeline::Now();
-    tracer->Stage(task.name(), task.round(), partition.part, "QUEUE", partition.queued_at,
-                  served_at);
-    tracer->Stage(task.name(), task.round(), partition.part, "PUSH", served_at, pushed_at);
-    std::lock_guard<std::mutex> lock(pending_mutex_);
-    auto it = pending_.find(PartitionKey{task.tensor_id(), partition.part});
-    if (it != pending_.end() && it->second.task == partition.task) it->second.pushed_at = pushed_at;
-  }
-  task.EndIo();
-  BPS_LOG(kTrace) << "pushed " << task.name() << " part " << partition.part << " round "
-                  << task.round() << " to " << description();
-  if (status.ok()) return true;
-  // The server may have said why it is going away (a worker died, say) before the
-  // socket broke: let the receiver read that first, then fail what is left.
-  channel_->ShutdownWrite();
-  {
-    std::unique_lock<std::mutex> lock(receiver_mutex_);
-    receiver_cv_.wait_for(lock, kDrainGrace, [this] { return receiver_done_; });
-  }
-  worker_->OnLinkFailure(status.message() + " while pushing tensor '" + task.name() + "' to " +
-                         description());
-  return false;
-}
-
-Status ServerLink::SendPartition(const PartitionTask& partition, FrameHeader* header) {
-  // The server hears a tensor's declaration before its first push, and again whenever
-  // anything in it changes (a gather's first dimension too, which bounds what the
-  // server accepts).
-  const Task& task = *partition.task;
-  uint64_t& declared = declared_[task.tensor_id()];
-  if (declared != task.declaration_hash()) {
-    header->type = static_cast<uint8_t>(FrameType::kDeclare);
-    header->length = task.declaration_frame().size();
-    Status status = channel_->Send(*header, task.declaration_frame().data());
-    if (!status.ok()) return status;
-    declared = task.declaration_hash();
-  }
-  header->type = static_cast<uint8_t>(FrameType::kPush);
-  header->length = partition.push_length;
-  // A broadcast root's data goes to the receivers from where it lies; alternating
-  // copies keep its next round from overwriting what they may still be reading.
-  const uint32_t copy = task.kind() == OpKind::kBroadcast ? task.round() % 2 : 0;
-  return channel_->SendData(*header, partition.data,
-                            SlotKey{{task.tensor_id(), partition.part}, copy});
-}
-
-bool ServerLink::TakePending(const FrameHeader& header, Pending* pending) {
-  {
-    std::lock_guard<std::mutex> lock(pending_mutex_);
-    auto it = pending_.find(PartitionKey{header.tensor_id, header.part});
-    // A reply for another round answers a task that already failed: never use it.
-    if (it == pending_.end() || it->second.task->round() != header.round) return false;
-    *pending = it->second;
-    ReturnCredit(it->second);
-    pending_.erase(it);
-  }
-  pending->task->CountAnswer();
-  worker_->OnAnswer();
-  return true;
-}
-
-void ServerLink::FinishPartition(const Task& task, void* data, size_t bytes) {
-  if (!IsReduction(task.kind())) return;
-  const Declaration& op = task.op();
-  const size_t count = bytes / DataTypeSize(op.dtype);
-  if (op.reduce_op == ReduceOp::kAverage) DivideInPlace(op.dtype, data, count, task.group().size());
-  ScaleInPlace(op.dtype, data, count, op.postscale);
-}
-
-Status ServerLink::HandleReply(const FrameHeader& header, DataReader* payload) {
-  const bool error = header.type == static_cast<uint8_t>(FrameType::kError);
-  // Read an error's message first: the stream must stay in step whatever the task's fate.
-  std::string message;
-  if (error) {
-    if (header.length > (1u << 20))
-      return Status::Error(description() + " sent an oversized error");
-    message.resize(header.length);
-    Status status = payload->Read(message.data(), message.size());
-    if (!status.ok()) return status;
-  }
-  Pending pending;
-  if (!TakePending(header, &pending)) return payload->Skip();
-  Task& task = *pending.task;
-  if (error) {
-    const uint8_t kind = header.error_kind;
-    task.Fail(Status::Error(kind <= static_cast<uint8_t>(ErrorKind::kShutdown)
-                                ? static_cast<ErrorKind>(kind)
-                                : ErrorKind::kInternal,
-                            message));
-    return Status::OK();
-  }
-  const uint64_t length = header.length;
-  if (length != pending.reply_length) {
-    task.Fail(Status::Error(ErrorKind::kInternal,
-                            description() + " returned a malformed result (" +
-                                std::to_string(length) + " bytes where " +
-                                std::to_string(pending.reply_length) + " were due) for partition " +
-                                std::to_string(header.part) + " of tensor '" + task.name() + "'"));
-    return payload->Skip();
-  }
-  if (!task.BeginIo()) return payload->Skip();
-  if (IsGather(task.kind()) && header.part == kSizesPart) {
-    // The first step of a gather: now the output's size and this worker's place in
-    // it are known, and the rows can move.
-    std::vector<char> sizes(length);
-    Status status = payload->Read(sizes.data(), length);
-    Status started = status.ok() ? worker_->StartGatherData(pending.task, sizes) : status;
-    task.EndIo();
-    if (!status.ok()) return status;  // The stream is broken.
-    if (!started.ok()) {
-      task.Fail(started);
-    } else {
-      task.PartitionDone();
-    }
-    return Status::OK();
-  }
-  void* dst = static_cast<char*>(task.output()) + pending.offset;
-  Status status = payload->Read(dst, length);
-  if (status.ok()) FinishPartition(task, dst, length);
-  if (Timeline* tracer = TracerFor(task); tracer && status.ok() && pending.pushed_at)
-    tracer->Stage(task.name(), task.round(), header.part, "PULL", pending.pushed_at,
-                  Timeline::Now());
-  task.EndIo();
-  if (!status.ok()) return status;
-  task.PartitionDone();
-  return Status::OK();
-}
-
-Status ServerLink::HandleJoined(const FrameHeader& header, DataReader* payload) {
-  constexpr size_t kEntry = sizeof(uint64_t) + sizeof(uint32_t);
-  // Bounded before allocating: a last rank, then one entry per key of the server.
-  if (header.length < sizeof(int32_t) || (header.length - sizeof(int32_t)) % kEntry != 0 ||
-      header.length > (64u << 20))
-    return Status::Error("a malformed join reply from " + description());
-  std::vector<char> entries(header.length);
-  Status status = payload->Read(entries.data(), entries.size());
-  if (!status.ok()) return status;
-  int32_t last;
-  std::memcpy(&last, entries.data(), sizeof(last));
-  std::unordered_map<uint64_t, uint32_t> rounds;
-  for (size_t at = sizeof(last); at < entries.size(); at += kEntry) {
-    uint64_t tensor_id;
-    uint32_t round;
-    std::memcpy(&tensor_id, entries.data() + at, sizeof(tensor_id));
-    std::memcpy(&round, entries.data() + at + sizeof(tensor_id), sizeof(round));
-    uint32_t& known = rounds[tensor_id];
-    known = std::max(known, round);
-  }
-  worker_->OnJoined(index_, last, rounds);
-  return Status::OK();
-}
-
-void ServerLink::SendJoin() {
-  FrameHeader header;
-  header.type = static_cast<uint8_t>(FrameType::kJoin);
-  header.rank = static_cast<uint32_t>(worker_->options().rank);
-  Status status = channel_->Send(header, nullptr);
-  if (!status.ok()) BPS_LOG(kDebug) << status.message();  // Reported by the link's threads.
-}
-
-void ServerLink::ReceiveLoop() {
-  while (true) {
-    FrameHeader header;
-    DataReader payload;
-    bool eof = false;
-    Status status = channel_->Receive(&header, &payload, &eof);
-    if (status.ok()) {
-      const auto type = static_cast<FrameType>(header.type);
-      if (type == FrameType::kReply || type == FrameType::kError) {
-        status = HandleReply(header, &payload);
-      } else if (type == FrameType::kJoined) {
-        status = HandleJoined(header, &payload);
-      } else if (type == FrameType::kBye && header.length <= (1u << 20)) {
-        std::string why(header.length, '\0');
-        status = payload.Read(why.data(), why.size());
-        if (status.ok()) status = Status::Error(description() + " is stopping: " + why);
-      } else {
-        status = Status::Error("unexpected frame type " + std::to_string(header.type) + " from " +
-                               description());
-      }
-    }
-    if (!status.ok()) {
-      if (!worker_->stopping()) worker_->OnLinkFailure(status.message());
-      {
-        std::lock_guard<std::mutex> lock(receiver_mutex_);
-        receiver_done_ = true;
-      }
-      receiver_cv_.notify_all();
-      return;
-    }
-  }
-}
-
-void ServerLink::FailPending(const Status& reason) {
-  std::unordered_map<PartitionKey, Pending, PartitionKeyHash> pending;
-  {
-    std::lock_guard<std::mutex> lock(pending_mutex_);
-    pending.swap(pending_);
-    for (auto& entry : pending) ReturnCredit(entry.second);
-  }
-  for (auto& entry : pending)
-    entry.second.task->Fail(reason.WithSuffix(" (tensor '" + entry.second.task->name() + "')"));
-}
-
-void ServerLink::FailExpired(std::chrono::steady_clock::time_point now) {
-  std::vector<std::pair<std::shared_ptr<Task>, uint32_t>> expired;
-  {
-    std::lock_guard<std::mutex> lock(pending_mutex_);
-    for (const auto& entry : pending_)
-      if (entry.second.task->expired(now))
-        expired.emplace_back(entry.second.task, entry.second.part);
-  }
-  for (auto& [task, part] : expired) {
-    task->Fail(Status::Error(ErrorKind::kTimeout,
-                             std::string(OpKindName(task->kind())) + " of tensor '" + task->name() +
-                                 "' (round " + std::to_string(task->round()) +
-                                 ") timed out after " + std::to_string(task->timeout_seconds()) +
-                                 " s waiting for " + description() + " to return partition " +
-                                 std::to_string(part) +
-                                 " (a worker may not have sent it; see BYTEPS_OP_TIMEOUT)"));
-  }
-}
-
-void ServerLink::Close(int rank) {
-  push_stage_.Close();
-  push_stage_.Join();
-  FrameHeader bye;
-  bye.type = static_cast<uint8_t>(FrameType::kBye);
-  bye.rank = static_cast<uint32_t>(rank);
-  channel_->Send(bye, nullptr);  // Best effort: the server may be gone already.
-  channel_->Shutdown();
-}
-
-void ServerLink::Join() {
-  push_stage_.Join();
-  if (receiver_.joinable()) receiver_.join();
-}
-
 // ---------------------------------------------------------------------------
 // Worker
 
@@ -451,8 +75,9 @@ Status Worker::Start() {
       return Status::Error(ErrorKind::kPeerGone, "worker " + std::to_string(options_.rank) +
                                                      " cannot reach " + peer + ": " +
                                                      status.message());
-    links_.push_back(
-        std::make_unique<ServerLink>(this, static_cast<int>(i), address, std::move(channel)));
+    links_.push_back(std::make_unique<ServerLink>(
+        this, options_.rank, static_cast<int>(i), address, std::move(channel),
+        CreditBytes(options_, static_cast<int>(i)), push_window_));
   }
   for (auto& link : links_) link->Start();
   if (options_.local_ranks.size() > 1) {
@@ -666,24 +291,14 @@ ServerLink& Worker::LinkFor(uint64_t tensor_id, uint32_t part) {
   return *links_[server_cycle_[(tensor_id % length + part) % length]];
 }
 
+void Worker::SendToServer(PartitionTask partition) {
+  LinkFor(partition.task->tensor_id(), partition.part).Enqueue(std::move(partition));
+}
+
 size_t Worker::PartitionBytes(DataType dtype) const {
   // Partitions hold whole elements so that servers and averaging never split one.
   const size_t element = DataTypeSize(dtype);
   return std::max(element, options_.partition_bytes / element * element);
-}
-
-PartitionTask Worker::Partition(const std::shared_ptr<Task>& task, uint32_t part, size_t offset,
-                                const char* data, size_t push_length, size_t reply_length) const {
-  PartitionTask item;
-  item.task = task;
-  item.part = part;
-  item.offset = offset;
-  item.data = data;
-  item.push_length = push_length;
-  item.reply_length = reply_length;
-  item.priority = (task->order() << 32) | part;
-  item.signature = task->signature();
-  return item;
 }
 
 Status Worker::Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask>* plan) {
@@ -717,10 +332,10 @@ Status Worker::Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask
         const size_t length = std::min(partition, spec.bytes - offset);
         const uint32_t part = static_cast<uint32_t>(plan->size());
         if (op.kind != OpKind::kBroadcast) {
-          plan->push_back(Partition(task, part, offset, source + offset, length, length));
+          plan->push_back(MakePartition(task, part, offset, source + offset, length, length));
         } else {  // The root's data crosses once; receivers send nothing.
-          plan->push_back(
-              Partition(task, part, offset, source + offset, root ? length : 0, root ? 0 : length));
+          plan->push_back(MakePartition(task, part, offset, source + offset, root ? length : 0,
+                                        root ? 0 : length));
         }
       }
       return Status::OK();
@@ -739,8 +354,8 @@ Status Worker::Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask
         for (size_t offset = begin; offset < end; offset += partition) {
           const size_t length = std::min(partition, end - offset);
           PartitionTask item =
-              Partition(task, static_cast<uint32_t>(plan->size()), offset - begin, source + offset,
-                        length, owner == group.index ? length : 0);
+              MakePartition(task, static_cast<uint32_t>(plan->size()), offset - begin,
+                            source + offset, length, owner == group.index ? length : 0);
           item.owner = group.ranks[owner];
           plan->push_back(std::move(item));
         }
@@ -752,9 +367,9 @@ Status Worker::Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask
       // First the sizes; the rows follow once every worker's are known.
       const size_t sizes_bytes = op.kind == OpKind::kAlltoall ? size * size * sizeof(int64_t) : 0;
       const char* splits = reinterpret_cast<const char*>(task->splits().data());
-      plan->push_back(Partition(task, kSizesPart, 0, splits,
-                                op.kind == OpKind::kAlltoall ? size * sizeof(int64_t) : 0,
-                                AllgatherTableBytes(size) + sizes_bytes));
+      plan->push_back(MakePartition(task, kSizesPart, 0, splits,
+                                    op.kind == OpKind::kAlltoall ? size * sizeof(int64_t) : 0,
+                                    AllgatherTableBytes(size) + sizes_bytes));
       return Status::OK();
     }
   }
@@ -804,8 +419,8 @@ Status Worker::StartGatherData(const std::shared_ptr<Task>& task, const std::vec
       const size_t bytes = static_cast<size_t>(table[r]) * row_bytes;
       for (size_t at = 0; at < bytes; at += partition) {
         const size_t length = std::min(partition, bytes - at);
-        plan.push_back(Partition(task, static_cast<uint32_t>(plan.size()) + 1, offset + at,
-                                 task->source() + at, r == rank ? length : 0, length));
+        plan.push_back(MakePartition(task, static_cast<uint32_t>(plan.size()) + 1, offset + at,
+                                     task->source() + at, r == rank ? length : 0, length));
       }
       offset += bytes;
     }
@@ -834,8 +449,8 @@ Status Worker::StartGatherData(const std::shared_ptr<Task>& task, const std::vec
   for (int owner = 0; owner < size; ++owner) {
     const size_t length = static_cast<size_t>(task->splits()[owner]) * row_bytes;
     PartitionTask item =
-        Partition(task, static_cast<uint32_t>(owner) + 1, 0, task->source() + offset, length,
-                  owner == rank ? static_cast<size_t>(total) * row_bytes : 0);
+        MakePartition(task, static_cast<uint32_t>(owner) + 1, 0, task->source() + offset, length,
+                      owner == rank ? static_cast<size_t>(total) * row_bytes : 0);
     item.owner = group.ranks[owner];
     plan.push_back(std::move(item));
     offset += length;

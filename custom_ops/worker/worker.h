@@ -29,6 +29,7 @@
 #include "../wire/transport.h"
 #include "credits.h"
 #include "local_merge.h"
+#include "server_link.h"
 #include "stage.h"
 #include "task.h"
 #include "timeline.h"
@@ -64,88 +65,9 @@ struct WorkerOptions {
   std::vector<uint32_t> server_shares;
 };
 
-class Worker;
-
-// The connection to one server with its push (sender) and pull (receiver) threads.
-class ServerLink {
- public:
-  ServerLink(Worker* worker, int index, ServerAddress address, std::unique_ptr<Channel> channel);
-  ~ServerLink();
-
-  void Start();
-  void Enqueue(PartitionTask task);
-  // Looks at the waiting partitions again: the push window moved.
-  void Recheck() { push_stage_.Recheck(); }
-  // Registers (or, with no ranks, removes) a process set at this server.
-  void SendProcessSet(uint32_t id, const std::vector<int32_t>& ranks);
-  // Tells the server this worker has joined (bps.join).
-  void SendJoin();
-  // Forgets `task`'s partitions still waiting here and tells the server this worker
-  // gave up their round, so no other worker's contribution waits for it in vain.
-  // The tensor's next pushes get fresh shared memory: a peer may still be reading.
-  void Abandon(uint64_t tensor_id, uint32_t round, OpKind kind);
-  // Tells the server this worker gives up `part` of the round without having pushed
-  // it, so that the other workers' contributions do not wait for it.
-  void AbandonUnsent(uint64_t tensor_id, uint32_t round, uint32_t part, OpKind kind);
-  // Sends Bye and closes; pending partitions are failed by the caller.
-  void Close(int rank);
-  void Join();
-  // Fails every partition still waiting for its sum here.
-  void FailPending(const Status& reason);
-  void FailExpired(std::chrono::steady_clock::time_point now);
-  std::string description() const;
-
- private:
-  struct Pending {
-    std::shared_ptr<Task> task;
-    uint32_t part;
-    size_t offset;
-    size_t reply_length;
-    uint64_t priority;
-    size_t push_length;
-    bool credited = false;  // pushed: its credit returns with the answer or the failure
-    int64_t pushed_at = 0;  // when its push ended, if the timeline traces it
-  };
-  // The timeline if it traces `task`'s step, else null.
-  Timeline* TracerFor(const Task& task) const;
-
-  // The push stage's admission: whether the scheduling credit lets `partition` go.
-  bool Admit(const PartitionTask& partition);
-  // Gives back the credit of partitions that left pending_.
-  void ReturnCredit(const Pending& pending);
-  void SendAbandons(uint64_t tensor_id, uint32_t round, OpKind kind,
-                    const std::vector<uint32_t>& parts);
-  // The push stage's work: one partition to the server. False once the link broke.
-  bool Push(PartitionTask& partition);
-  Status SendPartition(const PartitionTask& task, FrameHeader* header);
-  void ReceiveLoop();
-  Status HandleReply(const FrameHeader& header, DataReader* payload);
-  Status HandleJoined(const FrameHeader& header, DataReader* payload);
-  // The pending partition this frame answers; false for a stale or unknown round.
-  bool TakePending(const FrameHeader& header, Pending* pending);
-  // Average and postscale on one received partition.
-  void FinishPartition(const Task& task, void* data, size_t bytes);
-
-  Worker* const worker_;
-  const int index_;
-  const ServerAddress address_;
-  std::unique_ptr<Channel> channel_;
-
-  Stage<PartitionTask, PartitionTaskOrder> push_stage_{"push"};
-  PushCredits credits_;
-  // The declaration hash this server last heard per tensor; push stage only.
-  std::unordered_map<uint64_t, uint64_t> declared_;
-
-  std::mutex pending_mutex_;
-  std::unordered_map<PartitionKey, Pending, PartitionKeyHash> pending_;
-
-  std::thread receiver_;
-  std::mutex receiver_mutex_;
-  std::condition_variable receiver_cv_;
-  bool receiver_done_ = false;
-};
-
-class Worker {
+// The worker engine. Its server links and its local merge report to it through
+// their Owner interfaces (server_link.h, local_merge.h), never holding it.
+class Worker : public ServerLink::Owner, public LocalMerge::Owner {
  public:
   explicit Worker(WorkerOptions options);
   ~Worker();
@@ -162,7 +84,7 @@ class Worker {
   // BYTEPS_TRACE_ON: records steps `first` to `last` into the file `path`. Called
   // once, before the first operation.
   void StartTimeline(const std::string& path, uint32_t first, uint32_t last);
-  Timeline* timeline() const { return timeline_.get(); }
+  Timeline* timeline() const override { return timeline_.get(); }
   // Registers process set `id` (ranks of this job) here and at every server; every
   // worker registers the same sets. No ranks: removes it.
   Status SetProcessSet(uint32_t id, std::vector<int32_t> ranks);
@@ -170,8 +92,6 @@ class Worker {
   // others' rounds go on without it; then it returns the last rank to join. Nothing
   // of this worker may be in flight meanwhile.
   Status Join(int* last_rank);
-  // A server answered a join: the last rank to join and each tensor's last round.
-  void OnJoined(int server, int last_rank, const std::unordered_map<uint64_t, uint32_t>& rounds);
   // Fails every in-flight and future operation with `reason` (a peer died, say).
   void Abort(const std::string& reason);
   void Stop();
@@ -186,27 +106,25 @@ class Worker {
   // Measured (network_bound.py, 400 Mbit/s, 4 worker hosts with a server each and 2
   // server-only hosts, 64 MB): 2.13 and 2.21 s without, 1.90 and 1.91 s with it.
   uint32_t push_window() const { return push_window_; }
-  // A partition was answered: links waiting on the push window may go on.
-  void OnAnswer();
-  bool stopping() const { return stopping_.load(); }
-  // Called by a link whose server (or a local peer) vanished.
-  void OnLinkFailure(const std::string& reason);
-  // Logs `bytes` of the tensor's values at `stage` when it is BYTEPS_DEBUG_SAMPLE_TENSOR's.
+  bool stopping() const override { return stopping_.load(); }
+
+  // What the links and the merge report and ask (ServerLink::Owner, LocalMerge::Owner).
+  void OnLinkFailure(const std::string& reason) override;
+  void OnAnswer() override;
+  Status StartGatherData(const std::shared_ptr<Task>& task,
+                         const std::vector<char>& sizes) override;
+  void OnJoined(int server, int last_rank,
+                const std::unordered_map<uint64_t, uint32_t>& rounds) override;
   void Sample(const std::string& name, uint64_t tensor_id, uint32_t round, DataType dtype,
-              const char* stage, const void* data, size_t bytes) const;
-  // Tells every server this worker gave up `round` of the tensor.
-  void AbandonAtServers(uint64_t tensor_id, uint32_t round, OpKind kind);
-  // A gather's sizes arrived (`sizes`: every worker's rows, then an alltoall's split
-  // matrix): allocates the output and sends this worker's rows.
-  Status StartGatherData(const std::shared_ptr<Task>& task, const std::vector<char>& sizes);
+              const char* stage, const void* data, size_t bytes) const override;
+  Group GlobalGroup() const override;
+  void SendToServer(PartitionTask partition) override;
+  void AbandonAtServers(uint64_t tensor_id, uint32_t round, OpKind kind) override;
+
+ private:
   // Partitions of a tensor are spread over the servers in their cycle, starting at
   // its id's place.
   ServerLink& LinkFor(uint64_t tensor_id, uint32_t part);
-  // A partition of `task` bound for a server (or a local merge).
-  PartitionTask Partition(const std::shared_ptr<Task>& task, uint32_t part, size_t offset,
-                          const char* data, size_t push_length, size_t reply_length) const;
-  // The group of an operation in the global set: every worker.
-  Group GlobalGroup() const;
   // PERSEUS_ALLREDUCE_NANCHECK: a reduction whose input holds NaN or Inf is refused,
   // naming the tensor, this rank and the step.
   Status CheckFinite(const Task& task) const;
@@ -214,7 +132,6 @@ class Worker {
   // would have received one hears that this worker gave up the round.
   void AbandonUnsent(const Task& task, const std::vector<PartitionTask>& plan);
 
- private:
   struct TensorEntry {
     uint64_t id;
     uint64_t order;

@@ -1,0 +1,132 @@
+// The worker's connection to one server (see worker.h for the stages around it).
+#ifndef TF_BPS_WORKER_SERVER_LINK_H_
+#define TF_BPS_WORKER_SERVER_LINK_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "../common/common.h"
+#include "../wire/transport.h"
+#include "credits.h"
+#include "stage.h"
+#include "task.h"
+#include "timeline.h"
+
+namespace bps {
+
+// A worker's connection to one server, with its push stage (a thread that sends
+// partitions in priority order, within the scheduling credit and the push window) and
+// its pull stage (a thread that receives each answer straight into the output).
+class ServerLink {
+ public:
+  // What a link reports to, and asks of, the worker that owns it: its only way up.
+  class Owner {
+   public:
+    virtual ~Owner() = default;
+    virtual bool stopping() const = 0;
+    // The timeline, if the job records one; null otherwise.
+    virtual Timeline* timeline() const = 0;
+    // The link broke, or its server said why it stops: the worker fails with `reason`.
+    virtual void OnLinkFailure(const std::string& reason) = 0;
+    // A partition was answered: links waiting on the push window may go on.
+    virtual void OnAnswer() = 0;
+    // A gather's sizes arrived (`sizes`: every worker's rows, then an alltoall's split
+    // matrix): allocate the output and send this worker's rows.
+    virtual Status StartGatherData(const std::shared_ptr<Task>& task,
+                                   const std::vector<char>& sizes) = 0;
+    // The server answered a join: the last rank to join and each tensor's last round.
+    virtual void OnJoined(int server, int last_rank,
+                          const std::unordered_map<uint64_t, uint32_t>& rounds) = 0;
+  };
+
+  // Link `index` of worker `rank`. `credit_bytes`: BYTEPS_SCHEDULING_CREDIT for this
+  // server (credits.h); `push_window`: see Worker::push_window.
+  ServerLink(Owner* owner, int rank, int index, ServerAddress address,
+             std::unique_ptr<Channel> channel, size_t credit_bytes, uint32_t push_window);
+  ~ServerLink();
+
+  void Start();
+  void Enqueue(PartitionTask task);
+  // Looks at the waiting partitions again: the push window moved.
+  void Recheck() { push_stage_.Recheck(); }
+  // Registers (or, with no ranks, removes) a process set at this server.
+  void SendProcessSet(uint32_t id, const std::vector<int32_t>& ranks);
+  // Tells the server this worker has joined (bps.join).
+  void SendJoin();
+  // Forgets `task`'s partitions still waiting here and tells the server this worker
+  // gave up their round, so no other worker's contribution waits for it in vain.
+  // The tensor's next pushes get fresh shared memory: a peer may still be reading.
+  void Abandon(uint64_t tensor_id, uint32_t round, OpKind kind);
+  // Tells the server this worker gives up `part` of the round without having pushed
+  // it, so that the other workers' contributions do not wait for it.
+  void AbandonUnsent(uint64_t tensor_id, uint32_t round, uint32_t part, OpKind kind);
+  // Sends Bye and closes; pending partitions are failed by the caller.
+  void Close(int rank);
+  void Join();
+  // Fails every partition still waiting for its sum here.
+  void FailPending(const Status& reason);
+  void FailExpired(std::chrono::steady_clock::time_point now);
+  std::string description() const;
+
+ private:
+  struct Pending {
+    std::shared_ptr<Task> task;
+    uint32_t part;
+    size_t offset;
+    size_t reply_length;
+    uint64_t priority;
+    size_t push_length;
+    bool credited = false;  // pushed: its credit returns with the answer or the failure
+    int64_t pushed_at = 0;  // when its push ended, if the timeline traces it
+  };
+  // The timeline if it traces `task`'s step, else null.
+  Timeline* TracerFor(const Task& task) const;
+
+  // The push stage's admission: whether the scheduling credit lets `partition` go.
+  bool Admit(const PartitionTask& partition);
+  // Gives back the credit of partitions that left pending_.
+  void ReturnCredit(const Pending& pending);
+  void SendAbandons(uint64_t tensor_id, uint32_t round, OpKind kind,
+                    const std::vector<uint32_t>& parts);
+  // The push stage's work: one partition to the server. False once the link broke.
+  bool Push(PartitionTask& partition);
+  Status SendPartition(const PartitionTask& task, FrameHeader* header);
+  void ReceiveLoop();
+  Status HandleReply(const FrameHeader& header, DataReader* payload);
+  Status HandleJoined(const FrameHeader& header, DataReader* payload);
+  // The pending partition this frame answers; false for a stale or unknown round.
+  bool TakePending(const FrameHeader& header, Pending* pending);
+  // Average and postscale on one received partition.
+  void FinishPartition(const Task& task, void* data, size_t bytes);
+
+  Owner* const owner_;
+  const int rank_;
+  const int index_;
+  const uint32_t push_window_;
+  const ServerAddress address_;
+  std::unique_ptr<Channel> channel_;
+
+  Stage<PartitionTask, PartitionTaskOrder> push_stage_{"push"};
+  PushCredits credits_;
+  // The declaration hash this server last heard per tensor; push stage only.
+  std::unordered_map<uint64_t, uint64_t> declared_;
+
+  std::mutex pending_mutex_;
+  std::unordered_map<PartitionKey, Pending, PartitionKeyHash> pending_;
+
+  std::thread receiver_;
+  std::mutex receiver_mutex_;
+  std::condition_variable receiver_cv_;
+  bool receiver_done_ = false;
+};
+
+}  // namespace bps
+
+#endif  // TF_BPS_WORKER_SERVER_LINK_H_
