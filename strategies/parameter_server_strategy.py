@@ -259,6 +259,9 @@ class ParameterServerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
 
     # Private: MirroredExtended reads this class attribute of its container.
     _collective_key_base = 0
+    # bps.DistributedOptimizer refuses to run under a strategy that says this: the
+    # gradients would be averaged twice.
+    synchronises_gradients_with_tf_bps = True
 
     def __init__(self, devices=None):
         # Deliberately not MultiWorkerMirroredStrategy.__init__ (TF_CONFIG, collectives):
@@ -266,7 +269,7 @@ class ParameterServerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         # only for instances of that class (backend/tensorflow/trainer.py).
         if not bps.is_initialized():
             bps.init()
-        config = Config.from_env()
+        config = basics.config()
         settings = config.gradient_step_options()
         if settings:
             raise ValueError(f"{', '.join(settings)} works through bps.DistributedOptimizer "

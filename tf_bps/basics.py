@@ -96,7 +96,7 @@ def _join() -> None:
                                            config.trace_start_step, config.trace_end_step)
             log.info("worker rank %d of %d joined; servers %s", _job.rank, _job.size,
                      book["servers"])
-        process_sets_module._reset(_job.size)
+        process_sets_module._reset(_job.rank, _job.size)
         if _job.local_size > 1:
             _pin_gpu(_job.local_rank)
     atexit.register(shutdown)
@@ -129,6 +129,7 @@ def shutdown() -> None:
         job, _job = _job, None
     if job is None:
         return
+    process_sets_module._reset(None, 0)
     failure = core.worker_failure()
     core.worker_shutdown()
     if job.link is not None:
@@ -153,13 +154,15 @@ def _current() -> _Job:
     return job
 
 
-def config() -> Config:
-    """The configuration this worker joined with."""
-    return _current().config
-
-
 def is_initialized() -> bool:
     return _job is not None
+
+
+def config() -> Config:
+    """The process's configuration: the one init() parsed, once; before init(), what
+    the environment says now."""
+    job = _job
+    return job.config if job is not None else Config.from_env()
 
 
 def is_distributed() -> bool:

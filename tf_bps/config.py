@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tf_bps.launch.cluster import ClusterError, Placement, placement
+from tf_bps.cluster_env import ClusterError, Placement, placement
 
 
 class ConfigError(ValueError):
@@ -287,7 +287,7 @@ class Config:
     max_tensor_bytes: int  # the largest tensor a server accepts a declaration of
     listen_any: bool  # servers and the scheduler listen on every interface
     # Set when a cluster manager (mpirun, Slurm, TF_CONFIG) placed this process and
-    # implied the DMLC_* variables the user did not set (launch/cluster.py).
+    # implied the DMLC_* variables the user did not set (cluster_env.py).
     cluster: Placement | None = None
 
     @classmethod

@@ -31,16 +31,12 @@ class ProcessSet:
         """This worker's index in the set (operations still take global ranks)."""
         if self.process_set_id is None:
             return None
-        from tf_bps import basics
-
-        if basics.rank() not in self.ranks:
+        if _worker_rank() not in self.ranks:
             raise ValueError("this worker is not part of the process set")
-        return self.ranks.index(basics.rank())
+        return self.ranks.index(_worker_rank())
 
     def included(self) -> bool:
-        from tf_bps import basics
-
-        return basics.rank() in self.ranks
+        return _worker_rank() in self.ranks
 
     def __repr__(self) -> str:
         return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
@@ -51,10 +47,14 @@ global_process_set.process_set_id = 0
 
 _registered: dict[int, ProcessSet] = {}
 _free_ids: collections.deque[int] = collections.deque()
+_rank: int | None = None  # this worker's, from init (basics.py tells, via _reset)
 
 
-def _reset(size: int) -> None:
-    """At init: the global set is every worker; no other set is registered."""
+def _reset(rank: int | None, size: int) -> None:
+    """At init: the global set is every worker; no other set is registered. At
+    shutdown (no rank): none is."""
+    global _rank
+    _rank = rank
     global_process_set.ranks = list(range(size))
     for process_set in _registered.values():
         process_set.process_set_id = None
@@ -65,13 +65,12 @@ def _reset(size: int) -> None:
 def add_process_set(process_set) -> ProcessSet:
     """Registers `process_set` (a ProcessSet or a list of ranks); every worker must add
     the same sets in the same order. Returns the set, with its id."""
-    from tf_bps import basics
-
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
     if process_set.process_set_id is not None:
         raise ValueError(f"{process_set!r} is already registered")
-    size = basics.size()
+    _worker_rank()  # initialised
+    size = len(global_process_set.ranks)
     ranks = process_set.ranks
     if not ranks or any(not 0 <= r < size for r in ranks) or len(set(ranks)) != len(ranks):
         raise ValueError(f"process set ranks must be distinct ranks of this job (size "
@@ -85,6 +84,12 @@ def add_process_set(process_set) -> ProcessSet:
     process_set.process_set_id = set_id
     _registered[set_id] = process_set
     return process_set
+
+
+def _worker_rank() -> int:
+    if _rank is None:
+        raise ValueError("tf_bps is not initialised: call bps.init() first")
+    return _rank
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:

@@ -3,7 +3,7 @@
 
 The server is a native program (custom_ops/server/main.cc, built as tf_bps/bps_server):
 this entry point only replaces itself with it, adding the variables a cluster manager's
-placement implies (launch/cluster.py), so the server process holds no Python at all.
+placement implies (cluster_env.py), so the server process holds no Python at all.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import sys
 
+from tf_bps.cluster_env import ClusterError, placement
 from tf_bps.core import NotBuiltError, server_executable
-from tf_bps.launch.cluster import ClusterError, placement
 
 
 def main() -> int:

@@ -17,7 +17,6 @@ from tf_bps import basics, fusion
 from tf_bps.asynchronous import AsyncExchange
 from tf_bps.compression import Compression
 from tf_bps.compression import from_config as compression_from_config
-from tf_bps.config import Config
 from tf_bps.downsample import DownSampler
 from tf_bps.ops import (
     Average,
@@ -30,7 +29,6 @@ from tf_bps.ops import (
 )
 from tf_bps.perf_check import StepTimeCheck
 from tf_bps.process_sets import global_process_set, process_set_id, ranks_of
-from tf_bps.strategies import ParameterServerStrategy
 
 
 def _variable_name(variable) -> str:
@@ -82,7 +80,7 @@ class SyncOptions:
             raise ValueError(f"groups={groups!r} must be a positive integer or a list of "
                              "lists of variables")
         set_id = process_set_id(process_set)
-        config = Config.from_env()
+        config = basics.config()
         if compression is Compression.none:  # AIACC's wire type, unless the code chose one
             compression = compression_from_config(config) or compression
         for argument, device in (("device_dense", device_dense),
@@ -281,7 +279,8 @@ class _DistributedKerasOptimizer(_GradientSync):
         self._bps_register_local(var)
 
     def apply(self, grads, trainable_variables=None):
-        if isinstance(tf.distribute.get_strategy(), ParameterServerStrategy):
+        # The strategy says so itself, so that training need not know the strategy.
+        if getattr(tf.distribute.get_strategy(), "synchronises_gradients_with_tf_bps", False):
             raise ValueError(
                 "bps.DistributedOptimizer inside ParameterServerStrategy would average the "
                 "gradients twice: the strategy already synchronises them. Use the plain "
@@ -402,7 +401,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                                          gradient_predivide_factor, device_dense,
                                          device_sparse, num_groups, groups, process_set)
     if backward_passes_per_step is None:  # 1, or AIACC's PERSEUS_ACCUMULATE_N_STEPS
-        backward_passes_per_step = Config.from_env().accumulate_steps
+        backward_passes_per_step = basics.config().accumulate_steps
     if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be an integer >= 1, got "
                          f"{backward_passes_per_step!r}")
@@ -417,7 +416,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
             raise ValueError(f"backward_passes_per_step={backward_passes_per_step} needs a "
                              "Keras optimizer, not a tf.compat.v1 one")
         options.refuse_asynchronous("a tf.compat.v1 optimizer")
-        settings = Config.from_env().gradient_step_options()
+        settings = basics.config().gradient_step_options()
         if settings:
             raise ValueError(f"{', '.join(settings)} needs a Keras optimizer or "
                              "DistributedGradientTape, not a tf.compat.v1 optimizer")
