@@ -4,12 +4,16 @@ changing row counts, broadcasts and alltoalls of changing sizes, failed rounds
 retried) through a real job of two workers and two servers on one host, where every
 push and result lies in shared memory. After a warm-up, neither a worker's nor a
 server's private memory, mapped shared memory or own arenas grows by 32 MB, and every
-value is right (soak.py exits non-zero otherwise)."""
+value is right (soak.py exits non-zero otherwise). A worker that leaves takes its
+shared memory along: the server no longer maps it."""
 
+import queue
+import re
+import threading
 import time
 
 from conftest import LAUNCH, base_env, worker_command
-from memory import watch_soak
+from memory import servers_of, watch_soak
 
 MB = 1 << 20
 WARM_UP = 300  # steps: every name soak.py uses has been used
@@ -40,3 +44,43 @@ def test_memory_stays_flat_under_every_call_pattern(procs):
     print(f"{last} steps; growth after step {WARM_UP} in MB:",
           ", ".join(f"{what} {grew / MB:.1f}" for what, grew in growth))
     assert all(grew < ALLOWED_GROWTH for _, grew in growth), growth
+
+
+def _maps(pid: int, marker: str) -> bool:
+    with open(f"/proc/{pid}/maps") as maps:
+        return marker in maps.read()
+
+
+def test_a_worker_that_leaves_takes_its_shared_memory_along(procs, tmp_path):
+    job = procs.start([*LAUNCH, "-np", "2", "--num-servers", "1",
+                       *worker_command("leaving.py")], base_env(TEST_OUT=tmp_path))
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in job.stdout],
+                     daemon=True).start()
+    output, pids, left = [], {}, False
+    deadline = time.monotonic() + 120
+    while not (left and len(pids) == 2) and time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=1)
+        except queue.Empty:
+            continue
+        output.append(line)
+        left = left or "LEFT" in line
+        if found := re.search(r"PID (\d) (\d+)", line):
+            pids[int(found[1])] = int(found[2])
+    assert left and len(pids) == 2, "".join(output)
+    (server,) = servers_of(job.pid)
+    # The server mapped both workers' arenas while they pushed; once worker 1 has
+    # said Bye, the server lets go of its memory, and worker 1's is gone for good.
+    leaver, stayer = f"memfd:tf_bps.{pids[1]} ", f"memfd:tf_bps.{pids[0]} "
+    until = time.monotonic() + 20
+    while _maps(server, leaver) and time.monotonic() < until:
+        time.sleep(0.1)
+    assert not _maps(server, leaver), "the server still maps the memory of the worker that left"
+    assert _maps(server, stayer), "the server no longer maps the memory of a worker in the job"
+    (tmp_path / "release").touch()
+    status = job.wait(timeout=60)
+    time.sleep(0.5)  # the last lines
+    while not lines.empty():
+        output.append(lines.get())
+    assert status == 0 and "DONE 0" in "".join(output), "".join(output)

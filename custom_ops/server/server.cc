@@ -34,6 +34,8 @@ struct Server::WorkerConn {
   std::mutex mutex;
   std::condition_variable cv;
   int outstanding = 0;
+  // After its Bye: the engines that have yet to let go of what it pushed (Forget).
+  std::atomic<int> forgetting{0};
 };
 
 // ---------------------------------------------------------------------------
@@ -164,10 +166,15 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
     if (!status.ok()) break;
     const auto type = static_cast<FrameType>(header.type);
     if (type == FrameType::kBye) {
-      std::lock_guard<std::mutex> lock(conns_mutex_);
-      finished_[rank] = true;
-      ++finished_count_;
+      {
+        std::lock_guard<std::mutex> lock(conns_mutex_);
+        finished_[rank] = true;
+        ++finished_count_;
+      }
       BPS_LOG(kDebug) << "worker rank " << rank << " finished";
+      // Its memory goes once every engine has passed what it pushed before.
+      worker->forgetting = static_cast<int>(engines_.size());
+      EnqueueEverywhere(PushItem::Kind::kForget, rank);
       return;
     }
     if (type == FrameType::kDeclare) {
@@ -351,6 +358,9 @@ void Server::EngineLoop(Engine* engine) {
         continue;
       case PushItem::Kind::kJoinReport:
         ReportRounds(engine);
+        continue;
+      case PushItem::Kind::kForget:
+        Forget(engine, item.rank);
         continue;
       case PushItem::Kind::kPush:
         break;
@@ -580,10 +590,11 @@ void Server::ReportRounds(Engine* engine) {
     SendToWorker(static_cast<uint32_t>(r), header, payload.data());
 }
 
-void Server::EnqueueEverywhere(PushItem::Kind kind) {
+void Server::EnqueueEverywhere(PushItem::Kind kind, uint32_t rank) {
   for (auto& engine : engines_) {
     PushItem item;
     item.kind_of_item = kind;
+    item.rank = rank;
     {
       std::lock_guard<std::mutex> lock(engine->mutex);
       engine->queue.push_back(std::move(item));
@@ -668,6 +679,21 @@ void Server::ProcessAsync(const PartitionKey& id, KeyState* key, PushItem* item)
   pool_.Release(std::move(item->block));
   SendReply(rank, id, item->round, key->parameters.data.get(), key->length);
   key->bytes_out += key->length;
+}
+
+void Server::Forget(Engine* engine, uint32_t rank) {
+  // A round it pushed to and that is still open may read its memory: it ends here.
+  // (A worker that shuts down cleanly has none: its pushes were all answered.)
+  for (auto& [id, key] : engine->keys) {
+    if (!key.active ||
+        std::find(key.contributors.begin(), key.contributors.end(), rank) == key.contributors.end())
+      continue;
+    FailRound(id, &key, ErrorKind::kPeerGone,
+              "worker rank " + std::to_string(rank) + " has shut down, so tensor " +
+                  Describe(id.tensor_id, rank) + " cannot complete");
+  }
+  std::shared_ptr<WorkerConn> worker = ConnOf(rank);
+  if (worker && --worker->forgetting == 0) worker->channel->ForgetPeerMemory();
 }
 
 void Server::Abandon(const PartitionKey& id, KeyState* key, const PushItem& item) {
@@ -1010,9 +1036,7 @@ void Server::Stop(const std::string& reason) {
     readers.swap(readers_);
   }
   for (auto& engine : engines_) {
-    {
-      std::lock_guard<std::mutex> lock(engine->mutex);
-    }
+    { std::lock_guard<std::mutex> lock(engine->mutex); }
     engine->cv.notify_all();
     if (engine->thread.joinable()) engine->thread.join();
   }

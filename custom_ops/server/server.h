@@ -82,6 +82,7 @@ class Server {
       kAbandon,     // the worker gave up `round`
       kJoined,      // a worker joined: rounds waiting only for joined workers can end
       kJoinReport,  // every worker joined: report each key's last round, then release them
+      kForget,      // worker `rank` said Bye: let go of its memory (Forget)
     };
     Kind kind_of_item = Kind::kPush;
     uint64_t tensor_id = 0;
@@ -157,8 +158,8 @@ class Server {
   void ReadLoop(std::shared_ptr<WorkerConn> conn);
   void EngineLoop(Engine* engine);
   void Enqueue(PushItem item);
-  // Queues a control item (no data) on every engine.
-  void EnqueueEverywhere(PushItem::Kind kind);
+  // Queues a control item (no data; about worker `rank`, for kForget) on every engine.
+  void EnqueueEverywhere(PushItem::Kind kind, uint32_t rank = 0);
   void OnJoin(uint32_t rank);
   // Ends the round if every member has contributed or joined; true if it ended.
   bool MaybeComplete(const PartitionKey& id, KeyState* key);
@@ -168,6 +169,9 @@ class Server {
   bool MembersOf(uint32_t process_set, std::vector<uint32_t>* members);
   void Process(Engine* engine, PushItem item);
   void Abandon(const PartitionKey& id, KeyState* key, const PushItem& item);
+  // Worker `rank` said Bye: ends the rounds on this engine that still hold its push;
+  // the last engine to pass this point unmaps the memory it shared with us.
+  void Forget(Engine* engine, uint32_t rank);
   // An asynchronous push (OpKind::kAsyncPushPull): stores or adds it and answers its
   // sender with the parameters; nothing waits for other workers but the first round.
   void ProcessAsync(const PartitionKey& id, KeyState* key, PushItem* item);

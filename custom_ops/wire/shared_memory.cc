@@ -269,6 +269,11 @@ void PeerArenas::Add(uint32_t index, std::shared_ptr<SharedArena> arena) {
   arenas_[index] = std::move(arena);
 }
 
+void PeerArenas::Clear() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  arenas_.clear();
+}
+
 const char* PeerArenas::Resolve(const ShmLocation& location) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = arenas_.find(location.arena);

@@ -161,6 +161,8 @@ class PeerArenas {
   void Add(uint32_t index, std::shared_ptr<SharedArena> arena);
   // Null when the location is not inside an arena the peer announced.
   const char* Resolve(const ShmLocation& location);
+  // Unmaps them all: what the peer made is no longer read here.
+  void Clear();
 
  private:
   std::mutex mutex_;

@@ -66,6 +66,8 @@ class Channel {
   virtual Status SendData(FrameHeader header, const void* data, const SlotKey& slot) = 0;
   // See SharedSlots::Retire.
   virtual void RetireSlots(uint64_t /*tensor_id*/) {}
+  // The peer left and nothing it sent is read any more: its memory is let go.
+  virtual void ForgetPeerMemory() {}
   // The next frame for the caller and its payload. One thread receives.
   virtual Status Receive(FrameHeader* header, DataReader* payload, bool* eof) = 0;
   // True when data in shared memory (Listener::shared_results()) reaches this peer
@@ -112,6 +114,7 @@ class SharedMemoryChannel : public Channel {
   Status SendData(FrameHeader header, const void* data, const SlotKey& slot) override;
   Status Receive(FrameHeader* header, DataReader* payload, bool* eof) override;
   void RetireSlots(uint64_t tensor_id) override { slots_->Retire(tensor_id); }
+  void ForgetPeerMemory() override { peer_arenas_.Clear(); }
   bool shares_memory() const override { return true; }
 
  protected:
