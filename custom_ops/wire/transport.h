@@ -186,8 +186,8 @@ class Listener {
   Status Accept(std::unique_ptr<Channel>* out);
   // Wakes Accept() for good.
   void Close();
-  // Where a server computes results that same-host workers read without a copy;
-  // shared by every channel this listener accepts, with every worker's arenas.
+  // Where a server computes results that same-host workers read without a copy
+  // over a socket; shared by every channel this listener accepts.
   SharedSlots& shared_results() { return *shared_results_; }
 
  private:
