@@ -7,13 +7,11 @@ server's private memory, mapped shared memory or own arenas grows by 32 MB, and 
 value is right (soak.py exits non-zero otherwise). A worker that leaves takes its
 shared memory along: the server no longer maps it."""
 
-import queue
 import re
-import threading
 import time
 
 from conftest import LAUNCH, base_env, worker_command
-from memory import servers_of, watch_soak
+from memory import follow, servers_of, watch_soak
 
 MB = 1 << 20
 WARM_UP = 300  # steps: every name soak.py uses has been used
@@ -54,20 +52,15 @@ def _maps(pid: int, marker: str) -> bool:
 def test_a_worker_that_leaves_takes_its_shared_memory_along(procs, tmp_path):
     job = procs.start([*LAUNCH, "-np", "2", "--num-servers", "1",
                        *worker_command("leaving.py")], base_env(TEST_OUT=tmp_path))
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in job.stdout],
-                     daemon=True).start()
+    lines = follow(job, time.monotonic() + 180)
     output, pids, left = [], {}, False
-    deadline = time.monotonic() + 120
-    while not (left and len(pids) == 2) and time.monotonic() < deadline:
-        try:
-            line = lines.get(timeout=1)
-        except queue.Empty:
-            continue
+    for line in lines:
         output.append(line)
         left = left or "LEFT" in line
         if found := re.search(r"PID (\d) (\d+)", line):
             pids[int(found[1])] = int(found[2])
+        if left and len(pids) == 2:
+            break
     assert left and len(pids) == 2, "".join(output)
     (server,) = servers_of(job.pid)
     # The server mapped both workers' arenas while they pushed; once worker 1 has
@@ -79,8 +72,6 @@ def test_a_worker_that_leaves_takes_its_shared_memory_along(procs, tmp_path):
     assert not _maps(server, leaver), "the server still maps the memory of the worker that left"
     assert _maps(server, stayer), "the server no longer maps the memory of a worker in the job"
     (tmp_path / "release").touch()
+    output += list(lines)  # until the job's output ends
     status = job.wait(timeout=60)
-    time.sleep(0.5)  # the last lines
-    while not lines.empty():
-        output.append(lines.get())
     assert status == 0 and "DONE 0" in "".join(output), "".join(output)

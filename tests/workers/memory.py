@@ -8,8 +8,12 @@
 
 anon + owned, summed over a job's processes, is what the job takes from the machine."""
 
+import json
 import os
+import queue
 import re
+import threading
+import time
 
 
 def _status_kib(pid: int, field: str) -> int:
@@ -77,16 +81,9 @@ def servers_of(pid: int) -> list[int]:
     return sorted(servers)
 
 
-def watch_soak(process, marks: list[int], deadline: float) -> tuple[dict, dict, list[str]]:
-    """Follows a `bpslaunch ... soak.py` job's output until it ends or `deadline`
-    (time.monotonic()) passes. Returns the workers' reports, by (rank, step), the
-    servers' memory when rank 0 reported each step in `marks` and its last report, by
-    (server index, step), and the output lines."""
-    import json
-    import queue
-    import threading
-    import time
-
+def follow(process, deadline: float):
+    """The lines `process` prints, as they come, until its output ends or `deadline`
+    (time.monotonic()) passes; a generator, which may be left and taken up again."""
     lines: queue.Queue = queue.Queue()
 
     def pump():
@@ -95,14 +92,23 @@ def watch_soak(process, marks: list[int], deadline: float) -> tuple[dict, dict, 
         lines.put(None)
 
     threading.Thread(target=pump, daemon=True).start()
-    workers, servers, output = {}, {}, []
     while time.monotonic() < deadline:
         try:
             line = lines.get(timeout=1)
         except queue.Empty:
             continue
         if line is None:
-            break
+            return
+        yield line
+
+
+def watch_soak(process, marks: list[int], deadline: float) -> tuple[dict, dict, list[str]]:
+    """Follows a `bpslaunch ... soak.py` job's output until it ends or `deadline`
+    (time.monotonic()) passes. Returns the workers' reports, by (rank, step), the
+    servers' memory when rank 0 reported each step in `marks` and its last report, by
+    (server index, step), and the output lines."""
+    workers, servers, output = {}, {}, []
+    for line in follow(process, deadline):
         output.append(line)
         if "MEMORY " not in line:
             continue
