@@ -7,7 +7,10 @@
 #   wire     the frame format, job-token proofs, the transports (socket, shared memory)
 #   worker   the worker engine behind its C API (c_api.h): planning, the partition
 #            pipeline, the local merge, the timeline
-#   server   the summation engine
+#   rounds   one partition key's rounds (who is in, whether it may end, why it
+#            ended) and what each operation kind does with the data: shared by the
+#            server's engines and the workers' local merge
+#   server   accepting workers and the engine threads that run their keys' rounds
 #   control  the scheduler link in C++ (the server's), settings, JSON
 COMMON_SOURCES = [
     "custom_ops/common/common.cc",
@@ -22,6 +25,16 @@ WIRE_SOURCES = [
     "custom_ops/wire/shared_memory_channel.cc",
     "custom_ops/wire/transport.cc",
 ]
+ROUNDS_SOURCES = [
+    "custom_ops/rounds/round.cc",
+    "custom_ops/rounds/declarations.cc",
+    "custom_ops/rounds/round_data.cc",
+    "custom_ops/rounds/policy.cc",
+    "custom_ops/rounds/reduce_policy.cc",
+    "custom_ops/rounds/broadcast_policy.cc",
+    "custom_ops/rounds/gather_policy.cc",
+    "custom_ops/rounds/async_store.cc",
+]
 WORKER_SOURCES = [
     "custom_ops/worker/task.cc",
     "custom_ops/worker/credits.cc",
@@ -31,7 +44,10 @@ WORKER_SOURCES = [
     "custom_ops/worker/worker.cc",
     "custom_ops/worker/c_api.cc",
 ]
-SERVER_ENGINE_SOURCES = ["custom_ops/server/server.cc"]
+SERVER_ENGINE_SOURCES = [
+    "custom_ops/server/round_engine.cc",
+    "custom_ops/server/server.cc",
+]
 CONTROL_SOURCES = [
     "custom_ops/control/settings.cc",
     "custom_ops/control/json.cc",
@@ -41,11 +57,11 @@ CONTROL_SOURCES = [
 
 # pip's programs and libraries, each whole.
 # The worker engine behind its C API: tf_bps/_bps_core.
-CORE_SOURCES = COMMON_SOURCES + WIRE_SOURCES + WORKER_SOURCES
+CORE_SOURCES = COMMON_SOURCES + WIRE_SOURCES + ROUNDS_SOURCES + WORKER_SOURCES
 
 # bps-server, the native executable every server runs (tf_bps/bps_server).
-SERVER_SOURCES = (COMMON_SOURCES + WIRE_SOURCES + SERVER_ENGINE_SOURCES + CONTROL_SOURCES +
-                  ["custom_ops/server/main.cc"])
+SERVER_SOURCES = (COMMON_SOURCES + WIRE_SOURCES + ROUNDS_SOURCES + SERVER_ENGINE_SOURCES +
+                  CONTROL_SOURCES + ["custom_ops/server/main.cc"])
 
 # The Python binding (pybind11) and the TensorFlow kernels.
 WORKER_MODULE_SOURCES = ["custom_ops/python/worker_module.cc"]
@@ -74,7 +90,7 @@ NVCC_FLAGS = [
 # The C++ unit tests (tests/cpp): the pieces they exercise, without the worker engine
 # and its C API. pip's test (tests/test_core_units.py) compiles these with them.
 UNIT_TEST_SOURCES = ["tests/cpp/core_unit_test.cc", "tests/cpp/shared_slots_test.cc"]
-UNIT_TEST_PIECES = (COMMON_SOURCES + WIRE_SOURCES + SERVER_ENGINE_SOURCES + [
+UNIT_TEST_PIECES = (COMMON_SOURCES + WIRE_SOURCES + ROUNDS_SOURCES + SERVER_ENGINE_SOURCES + [
     "custom_ops/worker/task.cc",
     "custom_ops/worker/credits.cc",
     "custom_ops/worker/timeline.cc",

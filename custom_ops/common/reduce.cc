@@ -188,6 +188,17 @@ void ReduceOf(ReduceOp op, DataType dtype, void* dst, const void* a, const void*
   });
 }
 
+void ReduceAll(ReduceOp op, DataType dtype, void* dst, const std::vector<const char*>& inputs,
+               size_t count) {
+  if (inputs.empty()) return;
+  if (inputs.size() == 1) {
+    std::memcpy(dst, inputs[0], count * DataTypeSize(dtype));
+    return;
+  }
+  ReduceOf(op, dtype, dst, inputs[0], inputs[1], count);
+  for (size_t i = 2; i < inputs.size(); ++i) ReduceInto(op, dtype, dst, inputs[i], count);
+}
+
 void DivideInPlace(DataType dtype, void* buf, size_t count, int divisor) {
   if (divisor == 1) return;
   Dispatch(dtype, [&](auto tag) {

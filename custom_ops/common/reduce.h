@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "common.h"
 
@@ -18,6 +19,11 @@ void ReduceInto(ReduceOp op, DataType dtype, void* dst, const void* src, size_t 
 
 // dst[i] = op(a[i], b[i]): combining two shared-memory inputs reads each once.
 void ReduceOf(ReduceOp op, DataType dtype, void* dst, const void* a, const void* b, size_t count);
+
+// dst[i] = op over inputs[*][i] (one input: a copy), reading each input once; `dst`
+// is none of them. A server's shared-memory pushes and a host's merge end here.
+void ReduceAll(ReduceOp op, DataType dtype, void* dst, const std::vector<const char*>& inputs,
+               size_t count);
 
 // buf[i] /= divisor; floats multiply by the reciprocal, integer types use floor
 // division as numpy and TensorFlow do.

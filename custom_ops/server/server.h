@@ -1,11 +1,10 @@
-// The server engine: receives partition pushes from every worker and ends each
-// round by its operation kind: a reduction (sum, min, max, product) into one buffer
-// per partition key, the root's data for a broadcast, every worker's rows for an
-// allgather. Rounds of one key never mix: a push for another round is refused.
+// The server: accepts workers' connections, proves they belong to the job, reads
+// their frames and hands each push to the engine thread that owns its partition key
+// (round_engine.h), which ends the key's rounds by their operation kind.
 //
 // Threads: one acceptor, one reader per worker connection, and
-// BYTEPS_SERVER_ENGINE_THREAD engine threads. A key always maps to the same engine
-// thread, so a key's state is only ever touched by one thread and needs no lock.
+// BYTEPS_SERVER_ENGINE_THREAD engine threads. The server keeps what the engines
+// share: who is connected, joined or gone, the declarations, the process sets.
 #ifndef TF_BPS_SERVER_SERVER_H_
 #define TF_BPS_SERVER_SERVER_H_
 
@@ -22,8 +21,12 @@
 #include <vector>
 
 #include "../common/common.h"
+#include "../rounds/declarations.h"
+#include "../rounds/round.h"
+#include "../rounds/round_data.h"
 #include "../wire/protocol.h"
 #include "../wire/transport.h"
+#include "round_engine.h"
 
 namespace bps {
 
@@ -40,22 +43,7 @@ struct ServerOptions {
   bool enable_async = false;
 };
 
-// Receive buffers, recycled so that steady-state training allocates nothing.
-class BlockPool {
- public:
-  struct Block {
-    std::unique_ptr<char[]> data;
-    size_t capacity = 0;
-  };
-  Block Acquire(size_t bytes);
-  void Release(Block block);
-
- private:
-  std::mutex mutex_;
-  std::vector<Block> free_;
-};
-
-class Server {
+class Server : private RoundEngine::Host, private Roster {
  public:
   explicit Server(ServerOptions options);
   ~Server();
@@ -69,143 +57,51 @@ class Server {
   // A descriptor that turns readable when the server hits a fatal failure (a worker
   // vanished), so a control loop can wait on it alongside its other sockets.
   int failure_fd() const { return failure_pipe_[0]; }
-  std::string failure();
+  std::string failure() override;
   // Stops serving; with a `reason`, each worker hears it before its connection closes.
   void Stop(const std::string& reason = "");
 
  private:
   struct WorkerConn;
-  struct PushItem {
-    enum class Kind {
-      kPush,
-      kFailRounds,  // fail every unfinished round (a worker died)
-      kAbandon,     // the worker gave up `round`
-      kJoined,      // a worker joined: rounds waiting only for joined workers can end
-      kJoinReport,  // every worker joined: report each key's last round, then release them
-      kForget,      // worker `rank` said Bye: let go of its memory (Forget)
-    };
-    Kind kind_of_item = Kind::kPush;
-    uint64_t tensor_id = 0;
-    uint32_t part = 0;
-    uint32_t rank = 0;
-    uint32_t round = 0;
-    OpKind kind = OpKind::kPushPull;
-    uint8_t dtype = 0;
-    ReduceOp reduce_op = ReduceOp::kSum;
-    uint64_t signature = 0;
-    int64_t rows = 0;          // gathers: the sender's first dimension
-    int32_t owner = -1;        // the one rank the result goes to; -1: every worker
-    uint32_t process_set = 0;  // the workers taking part; 0: all
-    bool host_merged = false;  // counts for every worker of the sender's host
-    size_t length = 0;
-    BlockPool::Block block;        // data received over the socket, or
-    const char* shared = nullptr;  // data in the worker's shared slot (same host).
-    const char* data() const { return shared ? shared : block.data.get(); }
-  };
-  // One worker's data in a round whose result is not a reduction (broadcast, allgather).
-  struct Contribution {
-    BlockPool::Block block;
-    const char* shared = nullptr;
-    size_t length = 0;
-    int64_t rows = 0;
-    const char* data() const { return shared ? shared : block.data.get(); }
-  };
-  // One partition key: the round in progress, and the last one that ended.
-  struct KeyState {
-    bool active = false;
-    uint32_t round = 0;        // in progress, while active
-    uint32_t last_closed = 0;  // rounds up to this one are over: their pushes are stale
-    std::string closed_error;  // why `last_closed` failed; empty if it completed
-    ErrorKind closed_kind = ErrorKind::kOk;
-    OpKind kind = OpKind::kPushPull;
-    uint8_t dtype = 0;
-    ReduceOp reduce_op = ReduceOp::kSum;
-    uint64_t signature = 0;
-    int32_t owner = -1;
-    uint32_t process_set = 0;
-    std::vector<uint32_t> members;       // the ranks taking part, ascending
-    size_t length = 0;                   // reductions: every push's length
-    BlockPool::Block sum;                // push_pull: running result of socket pushes
-    std::vector<const char*> shared;     // push_pull: shared-slot pushes, reduced at the end
-    std::vector<Contribution> by_rank;   // broadcast and allgather
-    std::vector<uint32_t> contributors;  // who pushed: they receive the result
-    std::vector<uint32_t> covered;       // whose data is in: contributors and their hosts'
-    ShmLocation result_slot;             // the round's result, if in shared memory
-    bool holds_result_slot = false;
-    // Tensor data pushed here and sent back, over all rounds (logged at the end).
-    uint64_t bytes_in = 0;
-    uint64_t bytes_out = 0;
-    // Asynchronous training: the key holds parameters instead of rounds. They exist
-    // once rank 0's first push arrived; until then other workers' first pushes wait
-    // in `awaiting_parameters` (rank, round). Each rank's rounds only ever grow.
-    bool asynchronous = false;
-    BlockPool::Block parameters;
-    std::vector<std::pair<uint32_t, uint32_t>> awaiting_parameters;
-    std::vector<uint32_t> async_rounds;  // by rank: the last round it pushed
-  };
-  struct Engine {
-    std::mutex mutex;
-    std::condition_variable cv;
-    std::deque<PushItem> queue;
-    std::unordered_map<PartitionKey, KeyState, PartitionKeyHash> keys;
-    std::thread thread;
-  };
 
   void AcceptLoop();
   // Joins the readers that ended and forgets connections no worker holds; true if
   // another connection may wait for its introduction. Needs conns_mutex_.
   bool ReapReaders();
   void ReadLoop(std::shared_ptr<WorkerConn> conn);
-  void EngineLoop(Engine* engine);
-  void Enqueue(PushItem item);
-  // Queues a control item (no data; about worker `rank`, for kForget) on every engine.
-  void EnqueueEverywhere(PushItem::Kind kind, uint32_t rank = 0);
-  void OnJoin(uint32_t rank);
-  // Ends the round if every member has contributed or joined; true if it ended.
-  bool MaybeComplete(const PartitionKey& id, KeyState* key);
-  void ReportRounds(Engine* engine);
+  // Reads one frame of worker `rank` that is not a Bye: a declaration, a join, a
+  // process set, a push or an abandon.
+  Status HandleFrame(WorkerConn* worker, uint32_t rank, const FrameHeader& header,
+                     DataReader* payload);
+  Status ReceiveDeclaration(uint32_t rank, const FrameHeader& header, DataReader* payload);
   Status ReceiveProcessSet(const FrameHeader& header, DataReader* payload);
-  // The ranks of a process set (0: every worker); false if it is not registered.
-  bool MembersOf(uint32_t process_set, std::vector<uint32_t>* members);
-  void Process(Engine* engine, PushItem item);
-  void Abandon(const PartitionKey& id, KeyState* key, const PushItem& item);
-  // Worker `rank` said Bye: ends the rounds on this engine that still hold its push;
-  // the last engine to pass this point unmaps the memory it shared with us.
-  void Forget(Engine* engine, uint32_t rank);
-  // An asynchronous push (OpKind::kAsyncPushPull): stores or adds it and answers its
-  // sender with the parameters; nothing waits for other workers but the first round.
-  void ProcessAsync(const PartitionKey& id, KeyState* key, PushItem* item);
-  // Adds the item to its round (a reduction, or kept by rank).
-  void Accumulate(KeyState* key, PushItem* item);
-  // The round's result, in one buffer; in the listener's shared slots when a
-  // same-host worker receives it, so that it reads it without a copy over a socket.
-  const char* Complete(const PartitionKey& id, KeyState* key, size_t* length);
-  // Sends the result to every contributor; broadcast receivers get the root's data.
-  // Returns how many received the result (the others an acknowledgement).
-  size_t Reply(const PartitionKey& id, const KeyState& key, const char* result, size_t length);
-  // Logs, per tensor, the data that came in and went out (DEBUG).
-  void LogTraffic();
-  // Ends the round in progress with an error for each contributor (and for the
-  // `refused` push's worker, when its push is refused with the round).
-  void FailRound(const PartitionKey& id, KeyState* key, ErrorKind kind, const std::string& message,
-                 const PushItem* refused = nullptr);
-  void CloseRound(KeyState* key);
-  // Null, with the job failing, when shared memory runs out.
-  // The slot is held for the round (KeyState::result_slot).
-  char* ResultSlot(const PartitionKey& id, KeyState* key, size_t length);
-  Status ReceivePush(const FrameHeader& header, DataReader* payload, PushItem* item);
+  Status ReceivePush(const FrameHeader& header, DataReader* payload, EngineItem* item);
   // A push may not exceed what its sender declared the tensor to hold.
   Status CheckPushLength(const FrameHeader& header, uint32_t rank);
+  RoundEngine& EngineOf(uint64_t tensor_id, uint32_t part);
+  // Queues a control item (about worker `rank`, for kForget) on every engine.
+  void EnqueueEverywhere(EngineItem::Kind kind, uint32_t rank = 0);
+  void OnJoin(uint32_t rank);
   std::shared_ptr<WorkerConn> ConnOf(uint32_t rank);
-  void SendToWorker(uint32_t rank, const FrameHeader& header, const void* payload);
-  void SendError(uint32_t rank, const PartitionKey& id, uint32_t round, ErrorKind kind,
-                 const std::string& message);
-  void SendReply(uint32_t rank, const PartitionKey& id, uint32_t round, const void* data,
-                 size_t length);
-  std::string Describe(uint64_t tensor_id, uint32_t rank);
-  std::string MismatchMessage(uint64_t tensor_id, uint32_t rank_a, uint32_t rank_b);
+  // Logs, per tensor, the data that came in and went out (DEBUG).
+  void LogTraffic();
   void SetFailure(const std::string& reason);
-  void FailRounds(Engine* engine, const std::string& reason);
+
+  // RoundEngine::Host
+  void Send(uint32_t rank, const FrameHeader& header, const void* payload) override;
+  void SendResult(uint32_t rank, const FrameHeader& header, const void* data) override;
+  bool SharesMemory(uint32_t rank) override;
+  bool MembersOf(uint32_t process_set, std::vector<uint32_t>* members) override;
+  const Roster& roster() override { return *this; }
+  bool failing() override { return failed_.load(); }
+  void Fail(const std::string& reason) override { SetFailure(reason); }
+  void PushDone(uint32_t rank) override;
+  void Forgotten(uint32_t rank) override;
+  void ReportRounds(const std::vector<std::pair<uint64_t, uint32_t>>& rounds) override;
+
+  // Roster
+  bool Joined(uint32_t rank, uint16_t epoch) const override;
+  bool Gone(uint32_t rank) const override;
 
   const ServerOptions options_;
   int num_workers_ = 0;
@@ -216,9 +112,10 @@ class Server {
   std::atomic<bool> stopping_{false};
   std::thread acceptor_;
   BlockPool pool_;
-  std::vector<std::unique_ptr<Engine>> engines_;
+  DeclarationBook declarations_;
+  std::vector<std::unique_ptr<RoundEngine>> engines_;
 
-  std::mutex conns_mutex_;
+  mutable std::mutex conns_mutex_;
   std::vector<std::shared_ptr<WorkerConn>> conns_;  // by rank
   // Every open connection with its reading thread; a connection dropped before it
   // became a worker's is reaped at the next accept, releasing its descriptor.
@@ -244,9 +141,6 @@ class Server {
 
   std::mutex process_sets_mutex_;
   std::unordered_map<uint32_t, std::vector<uint32_t>> process_sets_;
-
-  std::mutex declarations_mutex_;
-  std::map<std::pair<uint64_t, uint32_t>, Declaration> declarations_;
 
   std::mutex failure_mutex_;
   std::string failure_;
