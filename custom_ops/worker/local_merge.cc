@@ -44,6 +44,48 @@ struct LocalMerge::Peer {
   std::unordered_map<uint64_t, uint64_t> declared;
 };
 
+// What a merged partition's round reports to: its contributors' answers (frames to
+// the peers, or this worker's own task), the tensor's name in messages, and the
+// merge's data, let go of when the round ends.
+class LocalMerge::MergePort : public RoundAnswers {
+ public:
+  MergePort(LocalMerge* merge, const PartitionKey& key, MergeState* state, Effects* effects,
+            const PartitionTask* arriving = nullptr)
+      : merge_(merge), key_(key), state_(state), effects_(effects), arriving_(arriving) {}
+
+  void Error(uint32_t rank, uint32_t round, ErrorKind kind, const std::string& message) override {
+    if (rank != merge_->own_rank()) {
+      merge_->QueueError(effects_, merge_->IndexOf(rank), key_, round, kind, message);
+      return;
+    }
+    // This worker's own contribution: the one in the round, or the one arriving.
+    std::shared_ptr<Task> task;
+    if (arriving_ && arriving_->task->round() == round) task = arriving_->task;
+    if (!task && state_->own && state_->own->round() == round) task = state_->own;
+    if (task) effects_->failures.emplace_back(task, Status::Error(kind, message));
+  }
+  std::string Tensor(uint32_t rank) override {
+    return merge_->declarations_.Describe(key_.tensor_id, rank);
+  }
+  std::string Mismatch(uint32_t a, uint32_t b) override {
+    return merge_->declarations_.Mismatch(key_.tensor_id, a, b);
+  }
+  void Release() override {
+    // A merged push already at the servers: its round ends there too, for every host.
+    if (state_->upstream) effects_->abandoned.emplace_back(key_.tensor_id, state_->round.round());
+    state_->inputs.clear();
+    state_->own.reset();
+    state_->upstream.reset();
+  }
+
+ private:
+  LocalMerge* const merge_;
+  const PartitionKey key_;
+  MergeState* const state_;
+  Effects* const effects_;
+  const PartitionTask* const arriving_;
+};
+
 LocalMerge::LocalMerge(Owner* owner, LocalMergeOptions options, std::shared_ptr<SharedSlots> slots)
     : owner_(owner), options_(std::move(options)), slots_(std::move(slots)) {}
 
@@ -59,6 +101,7 @@ Status LocalMerge::Start(Cancellation* cancel) {
     return Status::Error(
         ErrorKind::kInvalidArgument,
         "worker rank " + std::to_string(options_.rank) + " is not among the workers of its host");
+  members_.assign(ranks.begin(), ranks.end());
   peers_.resize(ranks.size());
   joined_epoch_.assign(ranks.size(), -1);
   finished_.assign(ranks.size(), false);
@@ -160,7 +203,7 @@ void LocalMerge::Announce(const std::shared_ptr<Task>& task) {
   Effects effects;
   {
     std::lock_guard<std::mutex> lock(merge_mutex_);
-    declarations_[{task->tensor_id(), index_}] = Declared{task->op(), task->round()};
+    declarations_.Put(task->tensor_id(), own_rank(), task->op(), task->round());
     announced_[task->tensor_id()] = task;
     CheckAgreement(task->tensor_id(), index_, &effects);
     for (size_t i = 0; i < peers_.size(); ++i) {
@@ -181,24 +224,41 @@ void LocalMerge::CheckAgreement(uint64_t tensor_id, int index, Effects* effects)
 
 void LocalMerge::CheckAgreement(const PartitionKey& key, MergeState* state, int index,
                                 Effects* effects) {
-  if (!state->active || state->inputs[index]) return;
-  auto declared = declarations_.find({key.tensor_id, index});
-  if (declared == declarations_.end()) return;
-  const Declared& theirs = declared->second;
-  if (state->round != theirs.round ||
-      (MergesOp(theirs.op) && Signature(theirs.op) == state->signature))
-    return;
-  const std::string message = MismatchMessage(key.tensor_id, state->first, index);
-  const uint32_t round = state->round;
-  FailRound(key, state, ErrorKind::kMismatch, message, effects);
+  if (!state->round.active() || state->inputs[index]) return;
+  const uint32_t rank = RankOf(index);
+  Declaration theirs;
+  uint32_t their_round = 0;
+  if (!declarations_.Find(key.tensor_id, rank, &theirs, &their_round)) return;
+  const uint32_t round = state->round.round();
+  if (round != their_round || (MergesOp(theirs) && Signature(theirs) == state->signature)) return;
+  const std::string message =
+      declarations_.Mismatch(key.tensor_id, state->round.contributors().front(), rank);
+  MergePort port(this, key, state, effects);
+  state->round.Fail(ErrorKind::kMismatch, message, &port);
   if (index == index_) {
     std::shared_ptr<Task> task = Announced(key.tensor_id, round);
     if (task) effects->failures.emplace_back(task, Status::Error(ErrorKind::kMismatch, message));
   } else {
     // Its operation waits at the servers; the error ends it (HandleResult).
-    Refuse(Arrival{index, key.tensor_id, key.part, round, 0, 0, 0, nullptr}, nullptr,
-           ErrorKind::kMismatch, message, effects);
+    QueueError(effects, index, key, round, ErrorKind::kMismatch, message);
   }
+}
+
+void LocalMerge::GiveUp(const PartitionKey& key, const Arrival& arrival, Effects* effects) {
+  MergeState& state = merges_[key];
+  MergePort port(this, key, &state, effects);
+  state.round.GiveUp(arrival, &port);
+}
+
+bool LocalMerge::Joined(uint32_t rank, uint16_t epoch) const {
+  return joined_epoch_[IndexOf(rank)] == epoch;
+}
+
+bool LocalMerge::Gone(uint32_t rank) const { return finished_[IndexOf(rank)]; }
+
+int LocalMerge::IndexOf(uint32_t rank) const {
+  return static_cast<int>(std::lower_bound(members_.begin(), members_.end(), rank) -
+                          members_.begin());
 }
 
 // ---------------------------------------------------------------------------
@@ -222,9 +282,14 @@ void LocalMerge::Contribute(PartitionTask partition) {
           Pending{partition.task, partition.part, partition.offset, partition.reply_length, leader};
     } else {
       const Task& task = *partition.task;
-      Arrive(Arrival{index_, key.tensor_id, key.part, task.round(), epoch_, task.signature(),
-                     partition.push_length, partition.data},
-             &partition, &effects);
+      FrameHeader push;
+      push.tensor_id = key.tensor_id;
+      push.part = key.part;
+      push.round = task.round();
+      push.join_epoch = epoch_;
+      push.signature = task.signature();
+      push.length = partition.push_length;
+      Arrive(index_, push, partition.data, &partition, &effects);
     }
   }
   if (leader != index_) {
@@ -281,77 +346,46 @@ bool LocalMerge::SendToLeader(PartitionTask& partition) {
   return true;  // The other peers' partitions still go.
 }
 
-void LocalMerge::Arrive(const Arrival& arrival, const PartitionTask* own, Effects* effects) {
-  const PartitionKey key{arrival.tensor_id, arrival.part};
+void LocalMerge::Arrive(int index, const FrameHeader& push, const char* data,
+                        const PartitionTask* own, Effects* effects) {
+  const PartitionKey key{push.tensor_id, push.part};
+  const uint32_t rank = RankOf(index);
   MergeState& state = merges_[key];
-  if (own) declarations_[{key.tensor_id, index_}] = Declared{own->task->op(), arrival.round};
-  const std::string sender = "worker rank " + std::to_string(options_.ranks[arrival.index]);
-  const std::string round_text = "round " + std::to_string(arrival.round);
-  if (arrival.round <= state.last_closed) {
-    if (arrival.round == state.last_closed && !state.closed_error.empty()) {
-      Refuse(arrival, own, state.closed_kind, state.closed_error, effects);
-    } else {
-      Refuse(arrival, own, ErrorKind::kAborted,
-             sender + " sent " + round_text + " of tensor " +
-                 Describe(key.tensor_id, arrival.index) + " after round " +
-                 std::to_string(state.last_closed) +
-                 " had ended; it is refused so that no stale value reaches another round",
-             effects);
-    }
-    return;
-  }
-  if (state.active && (arrival.round != state.round || arrival.epoch != state.epoch)) {
-    const std::string message =
-        "workers are out of step on tensor " + Describe(key.tensor_id, arrival.index) +
-        ": worker rank " + std::to_string(options_.ranks[state.first]) + " sent round " +
-        std::to_string(state.round) + ", " + sender + " sent " + round_text +
-        (arrival.epoch != state.epoch ? " on the other side of a join" : "") +
-        " (an earlier operation on it failed on some worker)";
-    const uint32_t newest = std::max(arrival.round, state.round);
-    FailRound(key, &state, ErrorKind::kAborted, message, effects);
-    Refuse(arrival, own, ErrorKind::kAborted, message, effects);
-    state.last_closed = newest;
-    return;
-  }
-  if (!state.active) {
-    Declaration op;
-    if (own) {
-      op = own->task->op();
-    } else {
-      auto declared = declarations_.find({key.tensor_id, arrival.index});
-      if (declared == declarations_.end()) {
-        Refuse(
-            arrival, own, ErrorKind::kInternal,
-            sender + " pushed tensor id " + std::to_string(key.tensor_id) + " without declaring it",
-            effects);
+  if (own) declarations_.Put(key.tensor_id, rank, own->task->op(), push.round);
+  MergePort port(this, key, &state, effects, own);
+  const Arrival arrival{rank, push.round, push.join_epoch};
+  switch (state.round.Admit(arrival, &port)) {
+    case Round::Admission::kRefused:
+      return;
+    case Round::Admission::kOpens: {
+      Declaration op;
+      if (own) {
+        op = own->task->op();
+      } else if (!declarations_.Find(key.tensor_id, rank, &op)) {
+        port.Error(rank, push.round, ErrorKind::kInternal,
+                   "worker rank " + std::to_string(rank) + " pushed tensor id " +
+                       std::to_string(key.tensor_id) + " without declaring it");
         return;
       }
-      op = declared->second.op;
+      state.round.Open(arrival, members_);
+      state.signature = push.signature;
+      state.length = push.length;
+      state.inputs.assign(members_.size(), nullptr);
+      state.op = std::move(op);
+      break;
     }
-    state.active = true;
-    state.round = arrival.round;
-    state.epoch = arrival.epoch;
-    state.signature = arrival.signature;
-    state.length = arrival.length;
-    state.first = arrival.index;
-    state.inputs.assign(options_.ranks.size(), nullptr);
-    state.op = std::move(op);
+    case Round::Admission::kJoins:
+      break;
   }
-  if (state.inputs[arrival.index]) {
-    FailRound(key, &state, ErrorKind::kInternal,
-              "partition " + std::to_string(key.part) + " of tensor " +
-                  Describe(key.tensor_id, arrival.index) + " arrived twice from " + sender +
-                  " in " + round_text,
-              effects);
+  if (push.signature != state.signature || push.length != state.length) {
+    state.round.Fail(
+        ErrorKind::kMismatch,
+        declarations_.Mismatch(key.tensor_id, state.round.contributors().front(), rank), &port,
+        &arrival);
     return;
   }
-  if (arrival.signature != state.signature || arrival.length != state.length) {
-    const std::string message = MismatchMessage(key.tensor_id, state.first, arrival.index);
-    FailRound(key, &state, ErrorKind::kMismatch, message, effects);
-    Refuse(arrival, own, ErrorKind::kMismatch, message, effects);
-    return;
-  }
-  state.inputs[arrival.index] = arrival.data;
+  if (!state.round.Add(arrival, {rank}, key.part, &port)) return;
+  state.inputs[index] = data;
   if (own) {
     state.own = own->task;
     state.own_offset = own->offset;
@@ -359,52 +393,35 @@ void LocalMerge::Arrive(const Arrival& arrival, const PartitionTask* own, Effect
     state.own_arrived_at = own->queued_at;
   }
   // A worker of the host that declared something else for this round never comes.
-  for (size_t i = 0; i < state.inputs.size() && state.active; ++i)
+  for (size_t i = 0; i < state.inputs.size() && state.round.active(); ++i)
     CheckAgreement(key, &state, static_cast<int>(i), effects);
-  if (state.active) MaybeMerge(key, &state, effects);
+  MaybeMerge(key, &state, effects);
 }
 
 void LocalMerge::MaybeMerge(const PartitionKey& key, MergeState* state, Effects* effects) {
-  if (!state->active || state->upstream) return;
-  std::vector<const char*> inputs;
-  for (size_t i = 0; i < state->inputs.size(); ++i) {
-    if (state->inputs[i]) {
-      inputs.push_back(state->inputs[i]);
-      continue;
-    }
-    if (joined_epoch_[i] == state->epoch) continue;  // Joined: takes part with nothing.
-    if (finished_[i])
-      FailRound(key, state, ErrorKind::kPeerGone,
-                "worker rank " + std::to_string(options_.ranks[i]) +
-                    " has already shut down, so tensor " + Describe(key.tensor_id, state->first) +
-                    " cannot complete",
-                effects);
-    return;  // Still waiting for it.
-  }
+  if (!state->round.active() || state->upstream) return;
+  MergePort port(this, key, state, effects);
+  if (state->round.Check(*this, &port) != Round::Progress::kComplete) return;
+  const uint32_t round = state->round.round();
+  std::vector<const char*> inputs;  // Joined workers take part with nothing.
+  for (const char* input : state->inputs)
+    if (input) inputs.push_back(input);
   ShmLocation location;
   char* sum = nullptr;
   Status status = slots_->Slot(SlotKey{key, kMergedCopy}, state->length, &sum, &location);
   if (!status.ok()) {
-    FailRound(key, state, ErrorKind::kInternal, status.message(), effects);
+    state->round.Fail(ErrorKind::kInternal, status.message(), &port);
     return;
   }
   const Declaration& op = state->op;
-  const size_t count = state->length / DataTypeSize(op.dtype);
-  if (inputs.size() == 1) {
-    std::memcpy(sum, inputs[0], state->length);
-  } else {
-    ReduceOf(op.reduce_op, op.dtype, sum, inputs[0], inputs[1], count);
-    for (size_t i = 2; i < inputs.size(); ++i)
-      ReduceInto(op.reduce_op, op.dtype, sum, inputs[i], count);
-  }
+  ReduceAll(op.reduce_op, op.dtype, sum, inputs, state->length / DataTypeSize(op.dtype));
   state->sum = sum;
   if (state->own_arrived_at && state->own) {
     // The leader's REDUCE: from its own copy until the host's sum is ready.
     if (Timeline* tracer = TracerFor(*state->own))
-      tracer->Stage(op.name, state->round, key.part, "REDUCE", state->own_arrived_at,
-                    Timeline::Now());
+      tracer->Stage(op.name, round, key.part, "REDUCE", state->own_arrived_at, Timeline::Now());
   }
-  owner_->Sample(op.name, key.tensor_id, state->round, op.dtype,
+  owner_->Sample(op.name, key.tensor_id, round, op.dtype,
                  ("host sum of partition " + std::to_string(key.part)).c_str(), sum, state->length);
   // The host's sum goes up as a task of its own: the server links time it, abandon it
   // and finish it (average, postscale) like any other partition.
@@ -413,7 +430,6 @@ void LocalMerge::MaybeMerge(const PartitionKey& key, MergeState* state, Effects*
   spec.input = sum;
   spec.output = sum;
   spec.bytes = state->length;
-  const uint32_t round = state->round;
   // The sum's slot is held while the merged task lives: its push reads it, its reply
   // lands in it, and its completion hands it to the peers (who then hold it).
   auto hold = std::make_shared<SlotHold>(slots_, location);
@@ -435,10 +451,11 @@ void LocalMerge::OnUpstreamDone(const PartitionKey& key, uint32_t round, const S
     auto found = merges_.find(key);
     if (found == merges_.end()) return;
     MergeState& state = found->second;
-    if (!state.active || state.round != round || !state.upstream) return;
+    if (!state.round.active() || state.round.round() != round || !state.upstream) return;
     state.upstream.reset();  // Over at the servers either way.
+    MergePort port(this, key, &state, &effects);
     if (!result.ok()) {
-      FailRound(key, &state, result.kind(), result.message(), &effects);
+      state.round.Fail(result.kind(), result.message(), &port);
     } else {
       for (size_t i = 0; i < state.inputs.size(); ++i) {
         if (!state.inputs[i] || static_cast<int>(i) == index_) continue;
@@ -449,45 +466,10 @@ void LocalMerge::OnUpstreamDone(const PartitionKey& key, uint32_t round, const S
       }
       if (state.own)
         effects.deliveries.push_back({state.own, state.own_offset, state.sum, state.length});
-      state.last_closed = round;
-      state.closed_error.clear();
-      state.active = false;
-      state.inputs.clear();
-      state.own.reset();
+      state.round.Succeed(&port);
     }
   }
   Run(effects);
-}
-
-void LocalMerge::FailRound(const PartitionKey& key, MergeState* state, ErrorKind kind,
-                           const std::string& message, Effects* effects) {
-  for (size_t i = 0; i < state->inputs.size(); ++i) {
-    if (!state->inputs[i]) continue;
-    if (static_cast<int>(i) == index_) {
-      if (state->own) effects->failures.emplace_back(state->own, Status::Error(kind, message));
-      continue;
-    }
-    QueueError(effects, static_cast<int>(i), key, state->round, kind, message);
-  }
-  // A merged push already at the servers: its round ends there too, for every host.
-  if (state->upstream) effects->abandoned.emplace_back(key.tensor_id, state->round);
-  state->closed_error = message;
-  state->closed_kind = kind;
-  state->last_closed = std::max(state->last_closed, state->round);
-  state->active = false;
-  state->inputs.clear();
-  state->own.reset();
-  state->upstream.reset();
-}
-
-void LocalMerge::Refuse(const Arrival& arrival, const PartitionTask* own, ErrorKind kind,
-                        const std::string& message, Effects* effects) {
-  if (own) {
-    effects->failures.emplace_back(own->task, Status::Error(kind, message));
-    return;
-  }
-  QueueError(effects, arrival.index, PartitionKey{arrival.tensor_id, arrival.part}, arrival.round,
-             kind, message);
 }
 
 LocalMerge::Effects::Message& LocalMerge::Queue(Effects* effects, int peer, FrameType type,
@@ -519,21 +501,6 @@ std::shared_ptr<Task> LocalMerge::Announced(uint64_t tensor_id, uint32_t round) 
 
 void LocalMerge::RecheckAll(Effects* effects) {
   for (auto& [key, state] : merges_) MaybeMerge(key, &state, effects);
-}
-
-std::string LocalMerge::Describe(uint64_t tensor_id, int index) {
-  auto declared = declarations_.find({tensor_id, index});
-  if (declared == declarations_.end()) return "with id " + std::to_string(tensor_id);
-  return "'" + declared->second.op.name + "'";
-}
-
-std::string LocalMerge::MismatchMessage(uint64_t tensor_id, int index_a, int index_b) {
-  auto a = declarations_.find({tensor_id, index_a});
-  auto b = declarations_.find({tensor_id, index_b});
-  if (a == declarations_.end() || b == declarations_.end())
-    return "workers sent tensor id " + std::to_string(tensor_id) + " with different sizes";
-  return MismatchText(a->second.op, static_cast<uint32_t>(options_.ranks[index_a]), b->second.op,
-                      static_cast<uint32_t>(options_.ranks[index_b]));
 }
 
 void LocalMerge::Run(Effects& effects) {
@@ -607,7 +574,7 @@ Status LocalMerge::HandleFrame(int index, const FrameHeader& header, DataReader*
         status = Status::Error(peer.name + " sent a malformed declaration");
       if (!status.ok()) return status;
       std::lock_guard<std::mutex> lock(merge_mutex_);
-      declarations_[{header.tensor_id, index}] = Declared{std::move(declaration), header.round};
+      declarations_.Put(header.tensor_id, RankOf(index), std::move(declaration), header.round);
       CheckAgreement(header.tensor_id, index, &effects);
       break;
     }
@@ -622,9 +589,7 @@ Status LocalMerge::HandleFrame(int index, const FrameHeader& header, DataReader*
                              " of tensor id " + std::to_string(header.tensor_id) +
                              ", which this worker does not merge");
       std::lock_guard<std::mutex> lock(merge_mutex_);
-      Arrive(Arrival{index, header.tensor_id, header.part, header.round, header.join_epoch,
-                     header.signature, static_cast<size_t>(header.length), data},
-             nullptr, &effects);
+      Arrive(index, header, data, nullptr, &effects);
       break;
     }
     case FrameType::kReply:
@@ -632,8 +597,8 @@ Status LocalMerge::HandleFrame(int index, const FrameHeader& header, DataReader*
       return HandleResult(index, header, payload);
     case FrameType::kAbandon: {
       std::lock_guard<std::mutex> lock(merge_mutex_);
-      GiveUpLocked(PartitionKey{header.tensor_id, header.part}, header.round, peer.rank,
-                   Describe(header.tensor_id, index), &effects);
+      GiveUp(PartitionKey{header.tensor_id, header.part},
+             Arrival{static_cast<uint32_t>(peer.rank), header.round, 0}, &effects);
       break;
     }
     case FrameType::kJoin: {
@@ -731,23 +696,6 @@ void LocalMerge::OnPeerGone(int index, bool said_bye) {
 // ---------------------------------------------------------------------------
 // Failures, joins and the end
 
-void LocalMerge::GiveUpLocked(const PartitionKey& key, uint32_t round, int rank,
-                              const std::string& tensor, Effects* effects) {
-  MergeState& state = merges_[key];
-  const std::string why = "worker rank " + std::to_string(rank) + " gave up round " +
-                          std::to_string(round) + " of tensor " + tensor +
-                          " (its operation failed or timed out there)";
-  if (state.active && round >= state.round) {
-    FailRound(key, &state, ErrorKind::kAborted, why, effects);
-    state.last_closed = round;
-  } else if (!state.active && round > state.last_closed) {
-    // The round has not begun here: whoever contributes to it later hears why it ended.
-    state.last_closed = round;
-    state.closed_error = why;
-    state.closed_kind = ErrorKind::kAborted;
-  }
-}
-
 void LocalMerge::AbandonUnsent(const Task& task, uint32_t part) {
   const PartitionKey key{task.tensor_id(), part};
   const int leader = LeaderOf(key.tensor_id, part);
@@ -758,7 +706,8 @@ void LocalMerge::AbandonUnsent(const Task& task, uint32_t part) {
       Queue(&effects, leader, FrameType::kAbandon, key, task.round()).header.op_kind =
           static_cast<uint8_t>(OpKind::kPushPull);
     } else {
-      GiveUpLocked(key, task.round(), options_.rank, "'" + task.name() + "'", &effects);
+      declarations_.Put(key.tensor_id, own_rank(), task.op(), task.round());
+      GiveUp(key, Arrival{own_rank(), task.round(), 0}, &effects);
     }
   }
   Run(effects);
@@ -778,13 +727,10 @@ void LocalMerge::Abandon(uint64_t tensor_id, uint32_t round) {
       it = pending_.erase(it);
     }
     for (auto& [key, state] : merges_) {
-      if (key.tensor_id != tensor_id || !state.active || state.round != round || !state.own)
+      if (key.tensor_id != tensor_id || !state.round.active() || state.round.round() != round ||
+          !state.own)
         continue;
-      FailRound(key, &state, ErrorKind::kAborted,
-                "worker rank " + std::to_string(options_.rank) + " gave up round " +
-                    std::to_string(round) + " of tensor '" + state.own->name() +
-                    "' (its operation failed or timed out there)",
-                &effects);
+      GiveUp(key, Arrival{own_rank(), round, 0}, &effects);
     }
   }
   // A peer may still read what was staged for the failed round: the next goes elsewhere.
@@ -829,7 +775,7 @@ void LocalMerge::FailExpired(std::chrono::steady_clock::time_point now) {
                             "BYTEPS_OP_TIMEOUT)"));
     }
     for (const auto& [key, state] : merges_) {
-      if (!state.active || !state.own || !state.own->expired(now)) continue;
+      if (!state.round.active() || !state.own || !state.own->expired(now)) continue;
       std::string missing;
       for (size_t i = 0; i < state.inputs.size(); ++i)
         if (!state.inputs[i])
@@ -838,7 +784,7 @@ void LocalMerge::FailExpired(std::chrono::steady_clock::time_point now) {
           state.own,
           Status::Error(ErrorKind::kTimeout,
                         "push_pull of tensor '" + state.own->name() + "' (round " +
-                            std::to_string(state.round) + ") timed out after " +
+                            std::to_string(state.round.round()) + ") timed out after " +
                             std::to_string(state.own->timeout_seconds()) + " s waiting for " +
                             (missing.empty() ? "the servers"
                                              : "worker rank(s) " + missing + " of this host") +
@@ -858,7 +804,7 @@ void LocalMerge::FailPending(const Status& reason) {
                                     reason.WithSuffix(" (tensor '" + pending.task->name() + "')"));
     pending_.clear();
     for (const auto& [key, state] : merges_)
-      if (state.active && state.own)
+      if (state.round.active() && state.own)
         effects.failures.emplace_back(state.own,
                                       reason.WithSuffix(" (tensor '" + state.own->name() + "')"));
   }

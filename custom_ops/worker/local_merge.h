@@ -40,6 +40,8 @@
 #include <vector>
 
 #include "../common/common.h"
+#include "../rounds/declarations.h"
+#include "../rounds/round.h"
 #include "../wire/protocol.h"
 #include "../wire/transport.h"
 #include "stage.h"
@@ -57,7 +59,7 @@ struct LocalMergeOptions {
   int timeout_ms = 300000;
 };
 
-class LocalMerge {
+class LocalMerge : private Roster {
  public:
   // What the merge reports to, and asks of, the worker that owns it: its only way up.
   class Owner {
@@ -111,17 +113,12 @@ class LocalMerge {
 
  private:
   struct Peer;
-  // One partition at its leader: the round being merged, and the last that ended.
+  class MergePort;
+  // One partition at its leader: its rounds, and the merge of the one in progress.
   struct MergeState {
-    bool active = false;
-    uint32_t round = 0;
-    uint16_t epoch = 0;
-    uint32_t last_closed = 0;
-    std::string closed_error;  // why `last_closed` failed; empty if it completed
-    ErrorKind closed_kind = ErrorKind::kOk;
-    uint64_t signature = 0;
+    Round round;
+    uint64_t signature = 0;  // of the round's first contribution
     size_t length = 0;
-    int first = -1;                   // local index of the first contributor
     std::vector<const char*> inputs;  // by local index; null until it arrived
     std::shared_ptr<Task> own;        // this worker's task, if it contributed
     size_t own_offset = 0;            // of the partition in its output
@@ -130,17 +127,6 @@ class LocalMerge {
     Declaration op;                  // of the first contributor
     std::shared_ptr<Task> upstream;  // the merged push, once on its way to the server
     char* sum = nullptr;             // where the merge and then the result lie
-  };
-  // One contribution as it reaches the leader.
-  struct Arrival {
-    int index;  // local
-    uint64_t tensor_id;
-    uint32_t part;
-    uint32_t round;
-    uint16_t epoch;
-    uint64_t signature;
-    size_t length;
-    const char* data;
   };
   // What a locked step decided and runs once the lock is released: peers' frames,
   // task completions, merged pushes to start. Sending or completing a task under the
@@ -182,18 +168,16 @@ class LocalMerge {
   void ReceiveLoop(int index);
   Status HandleFrame(int index, const FrameHeader& header, DataReader* payload);
   Status HandleResult(int index, const FrameHeader& header, DataReader* payload);
-  // Ends `key`'s round `round` because worker `rank` gave it up (needs merge_mutex_).
-  void GiveUpLocked(const PartitionKey& key, uint32_t round, int rank, const std::string& tensor,
-                    Effects* effects);
+  // Ends `key`'s round that worker `arrival.rank` gave up (needs merge_mutex_).
+  void GiveUp(const PartitionKey& key, const Arrival& arrival, Effects* effects);
   void OnPeerGone(int index, bool said_bye);
 
   // Locked steps (merge_mutex_).
-  void Arrive(const Arrival& arrival, const PartitionTask* own, Effects* effects);
+  // Local worker `index`'s contribution (`push` as its frame describes it), or this
+  // worker's own (`own`).
+  void Arrive(int index, const FrameHeader& push, const char* data, const PartitionTask* own,
+              Effects* effects);
   void MaybeMerge(const PartitionKey& key, MergeState* state, Effects* effects);
-  void FailRound(const PartitionKey& key, MergeState* state, ErrorKind kind,
-                 const std::string& message, Effects* effects);
-  void Refuse(const Arrival& arrival, const PartitionTask* own, ErrorKind kind,
-              const std::string& message, Effects* effects);
   // A frame to local peer `peer` about one partition's round, queued in `effects`.
   Effects::Message& Queue(Effects* effects, int peer, FrameType type, const PartitionKey& key,
                           uint32_t round) const;
@@ -206,28 +190,28 @@ class LocalMerge {
   void CheckAgreement(const PartitionKey& key, MergeState* state, int index, Effects* effects);
   // This worker's announced task of the tensor, if it is in `round` and alive.
   std::shared_ptr<Task> Announced(uint64_t tensor_id, uint32_t round);
-  std::string Describe(uint64_t tensor_id, int index);
-  std::string MismatchMessage(uint64_t tensor_id, int index_a, int index_b);
+  // Roster: who of the host joined or shut down.
+  bool Joined(uint32_t rank, uint16_t epoch) const override;
+  bool Gone(uint32_t rank) const override;
+  uint32_t own_rank() const { return static_cast<uint32_t>(options_.rank); }
+  uint32_t RankOf(int index) const { return members_[index]; }
+  int IndexOf(uint32_t rank) const;
   // The merged push came back (or failed).
   void OnUpstreamDone(const PartitionKey& key, uint32_t round, const Status& status);
   void Run(Effects& effects);
 
   Owner* const owner_;
   const LocalMergeOptions options_;
-  int index_ = 0;  // of this worker among options_.ranks
+  int index_ = 0;                  // of this worker among options_.ranks
+  std::vector<uint32_t> members_;  // options_.ranks: the host's workers, ascending
   const std::shared_ptr<SharedSlots> slots_;
   std::vector<std::unique_ptr<Peer>> peers_;  // by local index; null for this worker
   Stage<PartitionTask, PartitionTaskOrder> push_stage_{"local push"};
 
   std::mutex merge_mutex_;
   std::unordered_map<PartitionKey, MergeState, PartitionKeyHash> merges_;
-  // What each worker of the host (this one too) last declared, by (tensor, local
-  // index), and the round it declared it for.
-  struct Declared {
-    Declaration op;
-    uint32_t round = 0;
-  };
-  std::map<std::pair<uint64_t, int>, Declared> declarations_;
+  // What each worker of the host (this one too) last declared, and for which round.
+  DeclarationBook declarations_;
   uint16_t epoch_ = 0;
   std::vector<int> joined_epoch_;  // by local index: the epoch it joined in; -1: not joined
   std::vector<bool> finished_;     // by local index: said Bye
