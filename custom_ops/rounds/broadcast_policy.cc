@@ -14,17 +14,8 @@ const Contribution* RootOf(const RoundData& data) {
   return root;
 }
 
-class Broadcast : public RoundPolicy {
+class Broadcast : public ByRankPolicy {
  public:
-  void Open(RoundData* data, int num_workers) const override {
-    data->by_rank.clear();
-    data->by_rank.resize(num_workers);
-  }
-
-  void Add(RoundData* data, uint32_t rank, Contribution push, BlockPool*) const override {
-    data->by_rank[rank] = std::move(push);
-  }
-
   std::string Unfinishable(const RoundData& data, const std::string& tensor) const override {
     if (RootOf(data)) return "";
     return "the root of broadcast " + tensor + " has joined (bps.join) and sends nothing";
@@ -34,7 +25,7 @@ class Broadcast : public RoundPolicy {
                      size_t* length) const override {
     const Contribution* root = RootOf(*data);
     *length = root ? root->length : 0;
-    if (!root) return "";  // An empty tensor: nothing to send but the acknowledgements.
+    if (!root) return "";  // Unfinishable() ends such a round first.
     // Same-host receivers read a copy in the server's memory: a worker's own memory
     // is read only by its server, so that it knows when nobody reads it any more.
     if (!context.local_reader) return root->data();

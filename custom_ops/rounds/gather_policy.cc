@@ -8,17 +8,8 @@
 namespace bps {
 namespace {
 
-class Gather : public RoundPolicy {
+class Gather : public ByRankPolicy {
  public:
-  void Open(RoundData* data, int num_workers) const override {
-    data->by_rank.clear();
-    data->by_rank.resize(num_workers);
-  }
-
-  void Add(RoundData* data, uint32_t rank, Contribution push, BlockPool*) const override {
-    data->by_rank[rank] = std::move(push);
-  }
-
   const char* Result(RoundData* data, const ResultContext& context, ResultMemory* memory,
                      size_t* length) const override {
     const std::vector<uint32_t>& members = *context.members;

@@ -50,6 +50,13 @@ class RoundPolicy {
   virtual bool Receives(const RoundData& data, uint32_t rank) const = 0;
 };
 
+// The policies that keep each worker's push apart, by rank (broadcast, gathers).
+class ByRankPolicy : public RoundPolicy {
+ public:
+  void Open(RoundData* data, int num_workers) const override;
+  void Add(RoundData* data, uint32_t rank, Contribution push, BlockPool* pool) const override;
+};
+
 // Push_pull and reducescatter: an element-wise reduction of every push.
 const RoundPolicy& ReducePolicy();
 // The root's push is the result, for every other worker.

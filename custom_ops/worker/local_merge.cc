@@ -22,7 +22,6 @@ namespace {
 constexpr uint32_t kStagedCopy = 2;
 constexpr uint32_t kMergedCopy = 3;
 
-constexpr size_t kMaxErrorBytes = 1u << 20;
 constexpr size_t kMaxDeclarationBytes = 1u << 20;
 
 bool MergesOp(const Declaration& op) {
@@ -278,8 +277,13 @@ void LocalMerge::Contribute(PartitionTask partition) {
     std::lock_guard<std::mutex> lock(merge_mutex_);
     partition.join_epoch = epoch_;
     if (leader != index_) {
-      pending_[key] =
-          Pending{partition.task, partition.part, partition.offset, partition.reply_length, leader};
+      PendingPartition pending;
+      pending.task = partition.task;
+      pending.part = partition.part;
+      pending.offset = partition.offset;
+      pending.reply_length = partition.reply_length;
+      pending.peer = leader;
+      pending_.Add(std::move(pending));
     } else {
       const Task& task = *partition.task;
       FrameHeader push;
@@ -333,9 +337,8 @@ bool LocalMerge::SendToLeader(PartitionTask& partition) {
     const int64_t sent_at = Timeline::Now();
     tracer->Stage(task.name(), task.round(), partition.part, "REDUCE", partition.queued_at,
                   sent_at);
-    std::lock_guard<std::mutex> lock(merge_mutex_);
-    auto it = pending_.find(PartitionKey{task.tensor_id(), partition.part});
-    if (it != pending_.end() && it->second.task == partition.task) it->second.sent_at = sent_at;
+    pending_.Update(partition.task, partition.part,
+                    [&](PendingPartition& pending) { pending.sent_at = sent_at; });
   }
   task.EndIo();
   if (!status.ok())
@@ -616,58 +619,37 @@ Status LocalMerge::HandleFrame(int index, const FrameHeader& header, DataReader*
 }
 
 Status LocalMerge::HandleResult(int index, const FrameHeader& header, DataReader* payload) {
-  const bool error = header.type == static_cast<uint8_t>(FrameType::kError);
-  std::string message;
-  if (error) {
-    if (header.length > kMaxErrorBytes)
-      return Status::Error(peers_[index]->name + " sent an oversized error");
-    message.resize(header.length);
-    Status status = payload->Read(message.data(), message.size());
+  const std::string& from = peers_[index]->name;
+  Status error = Status::OK();
+  if (header.type == static_cast<uint8_t>(FrameType::kError)) {
+    Status status = ReadAnswerError(header, payload, from, &error);
     if (!status.ok()) return status;
   }
-  const ErrorKind kind = header.error_kind <= static_cast<uint8_t>(ErrorKind::kShutdown)
-                             ? static_cast<ErrorKind>(header.error_kind)
-                             : ErrorKind::kInternal;
-  Pending pending;
-  std::shared_ptr<Task> announced;
-  {
-    std::lock_guard<std::mutex> lock(merge_mutex_);
-    auto it = pending_.find(PartitionKey{header.tensor_id, header.part});
-    // A result for another round answers a task that already failed: never use it.
-    if (it != pending_.end() && it->second.task->round() == header.round &&
-        it->second.leader == index) {
-      pending = it->second;
-      pending_.erase(it);
-    } else if (error) {
+  PendingPartition pending;
+  if (!pending_.Take(header, index, &pending)) {
+    if (!error.ok()) {
       // An operation of this worker that does not merge, refused by a leader whose
       // round it left waiting.
-      announced = Announced(header.tensor_id, header.round);
+      std::shared_ptr<Task> announced;
+      {
+        std::lock_guard<std::mutex> lock(merge_mutex_);
+        announced = Announced(header.tensor_id, header.round);
+      }
+      if (announced) announced->Fail(error);
     }
-  }
-  if (announced) announced->Fail(Status::Error(kind, message));
-  if (!pending.task) return payload->Skip();
-  Task& task = *pending.task;
-  if (error) {
-    task.Fail(Status::Error(kind, message));
-    return Status::OK();
-  }
-  if (header.length != pending.length) {
-    task.Fail(Status::Error(ErrorKind::kInternal,
-                            peers_[index]->name + " returned " + std::to_string(header.length) +
-                                " bytes where " + std::to_string(pending.length) +
-                                " were due for partition " + std::to_string(header.part) +
-                                " of tensor '" + task.name() + "'"));
     return payload->Skip();
   }
-  if (!task.BeginIo()) return payload->Skip();
-  Status status = payload->Read(static_cast<char*>(task.output()) + pending.offset, pending.length);
-  if (Timeline* tracer = TracerFor(task); tracer && status.ok() && pending.sent_at)
-    tracer->Stage(task.name(), task.round(), header.part, "BROADCAST", pending.sent_at,
-                  Timeline::Now());
-  task.EndIo();
-  if (!status.ok()) return status;
-  task.PartitionDone();
-  return Status::OK();
+  Task& task = *pending.task;
+  if (!error.ok()) {
+    task.Fail(error);
+    return Status::OK();
+  }
+  Timeline* const tracer = TracerFor(task);
+  return ReadAnswer(header, payload, pending, from, [&](void*, size_t) {
+    if (tracer && pending.sent_at)
+      tracer->Stage(task.name(), task.round(), header.part, "BROADCAST", pending.sent_at,
+                    Timeline::Now());
+  });
 }
 
 void LocalMerge::OnPeerGone(int index, bool said_bye) {
@@ -677,17 +659,12 @@ void LocalMerge::OnPeerGone(int index, bool said_bye) {
     finished_[index] = true;
     const std::string why =
         peers_[index]->name + (said_bye ? " has shut down" : " vanished") + " before returning ";
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      if (it->second.leader != index) {
-        ++it;
-        continue;
-      }
+    for (const PendingPartition& pending :
+         pending_.TakeIf([&](const PendingPartition& p) { return p.peer == index; }))
       effects.failures.emplace_back(
-          it->second.task,
-          Status::Error(ErrorKind::kPeerGone, why + "partition " + std::to_string(it->second.part) +
-                                                  " of tensor '" + it->second.task->name() + "'"));
-      it = pending_.erase(it);
-    }
+          pending.task,
+          Status::Error(ErrorKind::kPeerGone, why + "partition " + std::to_string(pending.part) +
+                                                  " of tensor '" + pending.task->name() + "'"));
     RecheckAll(&effects);
   }
   Run(effects);
@@ -717,15 +694,12 @@ void LocalMerge::Abandon(uint64_t tensor_id, uint32_t round) {
   Effects effects;
   {
     std::lock_guard<std::mutex> lock(merge_mutex_);
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      if (it->first.tensor_id != tensor_id || it->second.task->round() != round) {
-        ++it;
-        continue;
-      }
-      Queue(&effects, it->second.leader, FrameType::kAbandon, it->first, round).header.op_kind =
-          static_cast<uint8_t>(OpKind::kPushPull);
-      it = pending_.erase(it);
-    }
+    for (const PendingPartition& pending : pending_.TakeIf([&](const PendingPartition& p) {
+           return p.task->tensor_id() == tensor_id && p.task->round() == round;
+         }))
+      Queue(&effects, pending.peer, FrameType::kAbandon, PartitionKey{tensor_id, pending.part},
+            round)
+          .header.op_kind = static_cast<uint8_t>(OpKind::kPushPull);
     for (auto& [key, state] : merges_) {
       if (key.tensor_id != tensor_id || !state.round.active() || state.round.round() != round ||
           !state.own)
@@ -761,15 +735,14 @@ void LocalMerge::FailExpired(std::chrono::steady_clock::time_point now) {
   Effects effects;
   {
     std::lock_guard<std::mutex> lock(merge_mutex_);
-    for (const auto& [key, pending] : pending_) {
-      if (!pending.task->expired(now)) continue;
+    for (const PendingPartition& pending : pending_.Expired(now)) {
       effects.failures.emplace_back(
           pending.task,
           Status::Error(ErrorKind::kTimeout,
                         "push_pull of tensor '" + pending.task->name() + "' (round " +
                             std::to_string(pending.task->round()) + ") timed out after " +
                             std::to_string(pending.task->timeout_seconds()) + " s waiting for " +
-                            peers_[pending.leader]->name + ", which merges partition " +
+                            peers_[pending.peer]->name + ", which merges partition " +
                             std::to_string(pending.part) +
                             ", to return it (a worker may not have sent it; see "
                             "BYTEPS_OP_TIMEOUT)"));
@@ -799,10 +772,9 @@ void LocalMerge::FailPending(const Status& reason) {
   Effects effects;
   {
     std::lock_guard<std::mutex> lock(merge_mutex_);
-    for (const auto& [key, pending] : pending_)
+    for (const PendingPartition& pending : pending_.TakeIf())
       effects.failures.emplace_back(pending.task,
                                     reason.WithSuffix(" (tensor '" + pending.task->name() + "')"));
-    pending_.clear();
     for (const auto& [key, state] : merges_)
       if (state.round.active() && state.own)
         effects.failures.emplace_back(state.own,

@@ -44,6 +44,7 @@
 #include "../rounds/round.h"
 #include "../wire/protocol.h"
 #include "../wire/transport.h"
+#include "pending.h"
 #include "stage.h"
 #include "task.h"
 #include "timeline.h"
@@ -150,15 +151,6 @@ class LocalMerge : private Roster {
     std::vector<std::pair<std::shared_ptr<Task>, PartitionTask>> upstream;
     std::vector<std::pair<uint64_t, uint32_t>> abandoned;  // (tensor, round) at the servers
   };
-  // A partition this worker pushed to a peer, waiting for the peer's result.
-  struct Pending {
-    std::shared_ptr<Task> task;
-    uint32_t part;
-    size_t offset;
-    size_t length;
-    int leader;
-    int64_t sent_at = 0;  // when it reached its leader, if the timeline traces it
-  };
   // The timeline if it traces `task`'s step, else null.
   Timeline* TracerFor(const Task& task) const;
 
@@ -215,7 +207,7 @@ class LocalMerge : private Roster {
   uint16_t epoch_ = 0;
   std::vector<int> joined_epoch_;  // by local index: the epoch it joined in; -1: not joined
   std::vector<bool> finished_;     // by local index: said Bye
-  std::unordered_map<PartitionKey, Pending, PartitionKeyHash> pending_;
+  PendingTable pending_;           // what this worker pushed to its leaders
   // This worker's latest operation per tensor that does not merge (see Announce).
   std::unordered_map<uint64_t, std::weak_ptr<Task>> announced_;
   bool closing_ = false;

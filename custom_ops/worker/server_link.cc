@@ -47,11 +47,14 @@ Timeline* ServerLink::TracerFor(const Task& task) const {
 
 void ServerLink::Enqueue(PartitionTask task) {
   if (TracerFor(*task.task)) task.queued_at = Timeline::Now();
-  {
-    std::lock_guard<std::mutex> lock(pending_mutex_);
-    pending_[PartitionKey{task.task->tensor_id(), task.part}] = Pending{
-        task.task, task.part, task.offset, task.reply_length, task.priority, task.push_length};
-  }
+  PendingPartition pending;
+  pending.task = task.task;
+  pending.part = task.part;
+  pending.offset = task.offset;
+  pending.reply_length = task.reply_length;
+  pending.priority = task.priority;
+  pending.push_length = task.push_length;
+  pending_.Add(std::move(pending));
   push_stage_.Push(std::move(task));
 }
 
@@ -68,17 +71,11 @@ void ServerLink::SendProcessSet(uint32_t id, const std::vector<int32_t>& ranks) 
 void ServerLink::Abandon(uint64_t tensor_id, uint32_t round, OpKind kind) {
   channel_->RetireSlots(tensor_id);
   std::vector<uint32_t> parts;
-  {
-    std::lock_guard<std::mutex> lock(pending_mutex_);
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      if (it->first.tensor_id == tensor_id && it->second.task->round() == round) {
-        parts.push_back(it->second.part);
-        ReturnCredit(it->second);
-        it = pending_.erase(it);
-      } else {
-        ++it;
-      }
-    }
+  for (const PendingPartition& pending : pending_.TakeIf([&](const PendingPartition& p) {
+         return p.task->tensor_id() == tensor_id && p.task->round() == round;
+       })) {
+    parts.push_back(pending.part);
+    ReturnCredit(pending);
   }
   SendAbandons(tensor_id, round, kind, parts);
 }
@@ -110,7 +107,7 @@ bool ServerLink::Admit(const PartitionTask& partition) {
   return credits_.TryTake(partition.priority, partition.push_length);
 }
 
-void ServerLink::ReturnCredit(const Pending& pending) {
+void ServerLink::ReturnCredit(const PendingPartition& pending) {
   if (!pending.credited) return;
   credits_.Return(pending.priority, pending.push_length);
   push_stage_.Recheck();
@@ -118,16 +115,10 @@ void ServerLink::ReturnCredit(const Pending& pending) {
 
 bool ServerLink::Push(PartitionTask& partition) {
   Task& task = *partition.task;
-  {
-    // The credit Admit took stays with the pending partition until its answer.
-    std::lock_guard<std::mutex> lock(pending_mutex_);
-    auto it = pending_.find(PartitionKey{task.tensor_id(), partition.part});
-    if (it != pending_.end() && it->second.task == partition.task) {
-      it->second.credited = true;
-    } else {
-      credits_.Return(partition.priority, partition.push_length);  // abandoned meanwhile
-    }
-  }
+  // The credit Admit took stays with the pending partition until its answer.
+  if (!pending_.Update(partition.task, partition.part,
+                       [](PendingPartition& pending) { pending.credited = true; }))
+    credits_.Return(partition.priority, partition.push_length);  // abandoned meanwhile
   if (!task.BeginIo()) return true;  // Failed meanwhile: nothing to send.
   Timeline* const tracer = TracerFor(task);
   const int64_t served_at = tracer ? Timeline::Now() : 0;
@@ -150,9 +141,8 @@ bool ServerLink::Push(PartitionTask& partition) {
     tracer->Stage(task.name(), task.round(), partition.part, "QUEUE", partition.queued_at,
                   served_at);
     tracer->Stage(task.name(), task.round(), partition.part, "PUSH", served_at, pushed_at);
-    std::lock_guard<std::mutex> lock(pending_mutex_);
-    auto it = pending_.find(PartitionKey{task.tensor_id(), partition.part});
-    if (it != pending_.end() && it->second.task == partition.task) it->second.pushed_at = pushed_at;
+    pending_.Update(partition.task, partition.part,
+                    [&](PendingPartition& pending) { pending.sent_at = pushed_at; });
   }
   task.EndIo();
   BPS_LOG(kTrace) << "pushed " << task.name() << " part " << partition.part << " round "
@@ -192,16 +182,9 @@ Status ServerLink::SendPartition(const PartitionTask& partition, FrameHeader* he
                             SlotKey{{task.tensor_id(), partition.part}, copy});
 }
 
-bool ServerLink::TakePending(const FrameHeader& header, Pending* pending) {
-  {
-    std::lock_guard<std::mutex> lock(pending_mutex_);
-    auto it = pending_.find(PartitionKey{header.tensor_id, header.part});
-    // A reply for another round answers a task that already failed: never use it.
-    if (it == pending_.end() || it->second.task->round() != header.round) return false;
-    *pending = it->second;
-    ReturnCredit(it->second);
-    pending_.erase(it);
-  }
+bool ServerLink::TakePending(const FrameHeader& header, PendingPartition* pending) {
+  if (!pending_.Take(header, 0, pending)) return false;
+  ReturnCredit(*pending);
   pending->task->CountAnswer();
   owner_->OnAnswer();
   return true;
@@ -216,61 +199,46 @@ void ServerLink::FinishPartition(const Task& task, void* data, size_t bytes) {
 }
 
 Status ServerLink::HandleReply(const FrameHeader& header, DataReader* payload) {
-  const bool error = header.type == static_cast<uint8_t>(FrameType::kError);
   // Read an error's message first: the stream must stay in step whatever the task's fate.
-  std::string message;
-  if (error) {
-    if (header.length > (1u << 20))
-      return Status::Error(description() + " sent an oversized error");
-    message.resize(header.length);
-    Status status = payload->Read(message.data(), message.size());
+  Status error = Status::OK();
+  if (header.type == static_cast<uint8_t>(FrameType::kError)) {
+    Status status = ReadAnswerError(header, payload, description(), &error);
     if (!status.ok()) return status;
   }
-  Pending pending;
+  PendingPartition pending;
   if (!TakePending(header, &pending)) return payload->Skip();
   Task& task = *pending.task;
-  if (error) {
-    const uint8_t kind = header.error_kind;
-    task.Fail(Status::Error(kind <= static_cast<uint8_t>(ErrorKind::kShutdown)
-                                ? static_cast<ErrorKind>(kind)
-                                : ErrorKind::kInternal,
-                            message));
+  if (!error.ok()) {
+    task.Fail(error);
     return Status::OK();
   }
-  const uint64_t length = header.length;
-  if (length != pending.reply_length) {
-    task.Fail(Status::Error(ErrorKind::kInternal,
-                            description() + " returned a malformed result (" +
-                                std::to_string(length) + " bytes where " +
-                                std::to_string(pending.reply_length) + " were due) for partition " +
-                                std::to_string(header.part) + " of tensor '" + task.name() + "'"));
-    return payload->Skip();
-  }
+  if (IsGather(task.kind()) && header.part == kSizesPart && header.length == pending.reply_length)
+    return StartGather(header, payload, pending);
+  Timeline* const tracer = TracerFor(task);
+  return ReadAnswer(header, payload, pending, description(), [&](void* data, size_t bytes) {
+    FinishPartition(task, data, bytes);
+    if (tracer && pending.sent_at)
+      tracer->Stage(task.name(), task.round(), header.part, "PULL", pending.sent_at,
+                    Timeline::Now());
+  });
+}
+
+Status ServerLink::StartGather(const FrameHeader& header, DataReader* payload,
+                               const PendingPartition& pending) {
+  // The first step of a gather: now the output's size and this worker's place in it
+  // are known, and the rows can move.
+  Task& task = *pending.task;
   if (!task.BeginIo()) return payload->Skip();
-  if (IsGather(task.kind()) && header.part == kSizesPart) {
-    // The first step of a gather: now the output's size and this worker's place in
-    // it are known, and the rows can move.
-    std::vector<char> sizes(length);
-    Status status = payload->Read(sizes.data(), length);
-    Status started = status.ok() ? owner_->StartGatherData(pending.task, sizes) : status;
-    task.EndIo();
-    if (!status.ok()) return status;  // The stream is broken.
-    if (!started.ok()) {
-      task.Fail(started);
-    } else {
-      task.PartitionDone();
-    }
-    return Status::OK();
-  }
-  void* dst = static_cast<char*>(task.output()) + pending.offset;
-  Status status = payload->Read(dst, length);
-  if (status.ok()) FinishPartition(task, dst, length);
-  if (Timeline* tracer = TracerFor(task); tracer && status.ok() && pending.pushed_at)
-    tracer->Stage(task.name(), task.round(), header.part, "PULL", pending.pushed_at,
-                  Timeline::Now());
+  std::vector<char> sizes(header.length);
+  Status status = payload->Read(sizes.data(), sizes.size());
+  Status started = status.ok() ? owner_->StartGatherData(pending.task, sizes) : status;
   task.EndIo();
-  if (!status.ok()) return status;
-  task.PartitionDone();
+  if (!status.ok()) return status;  // The stream is broken.
+  if (!started.ok()) {
+    task.Fail(started);
+  } else {
+    task.PartitionDone();
+  }
   return Status::OK();
 }
 
@@ -340,31 +308,21 @@ void ServerLink::ReceiveLoop() {
 }
 
 void ServerLink::FailPending(const Status& reason) {
-  std::unordered_map<PartitionKey, Pending, PartitionKeyHash> pending;
-  {
-    std::lock_guard<std::mutex> lock(pending_mutex_);
-    pending.swap(pending_);
-    for (auto& entry : pending) ReturnCredit(entry.second);
+  for (const PendingPartition& pending : pending_.TakeIf()) {
+    ReturnCredit(pending);
+    pending.task->Fail(reason.WithSuffix(" (tensor '" + pending.task->name() + "')"));
   }
-  for (auto& entry : pending)
-    entry.second.task->Fail(reason.WithSuffix(" (tensor '" + entry.second.task->name() + "')"));
 }
 
 void ServerLink::FailExpired(std::chrono::steady_clock::time_point now) {
-  std::vector<std::pair<std::shared_ptr<Task>, uint32_t>> expired;
-  {
-    std::lock_guard<std::mutex> lock(pending_mutex_);
-    for (const auto& entry : pending_)
-      if (entry.second.task->expired(now))
-        expired.emplace_back(entry.second.task, entry.second.part);
-  }
-  for (auto& [task, part] : expired) {
-    task->Fail(Status::Error(ErrorKind::kTimeout,
-                             std::string(OpKindName(task->kind())) + " of tensor '" + task->name() +
-                                 "' (round " + std::to_string(task->round()) +
-                                 ") timed out after " + std::to_string(task->timeout_seconds()) +
-                                 " s waiting for " + description() + " to return partition " +
-                                 std::to_string(part) +
+  for (const PendingPartition& pending : pending_.Expired(now)) {
+    const Task& task = *pending.task;
+    pending.task->Fail(Status::Error(
+        ErrorKind::kTimeout, std::string(OpKindName(task.kind())) + " of tensor '" + task.name() +
+                                 "' (round " + std::to_string(task.round()) + ") timed out after " +
+                                 std::to_string(task.timeout_seconds()) + " s waiting for " +
+                                 description() + " to return partition " +
+                                 std::to_string(pending.part) +
                                  " (a worker may not have sent it; see BYTEPS_OP_TIMEOUT)"));
   }
 }

@@ -15,6 +15,7 @@
 #include "../common/common.h"
 #include "../wire/transport.h"
 #include "credits.h"
+#include "pending.h"
 #include "stage.h"
 #include "task.h"
 #include "timeline.h"
@@ -76,23 +77,13 @@ class ServerLink {
   std::string description() const;
 
  private:
-  struct Pending {
-    std::shared_ptr<Task> task;
-    uint32_t part;
-    size_t offset;
-    size_t reply_length;
-    uint64_t priority;
-    size_t push_length;
-    bool credited = false;  // pushed: its credit returns with the answer or the failure
-    int64_t pushed_at = 0;  // when its push ended, if the timeline traces it
-  };
   // The timeline if it traces `task`'s step, else null.
   Timeline* TracerFor(const Task& task) const;
 
   // The push stage's admission: whether the scheduling credit lets `partition` go.
   bool Admit(const PartitionTask& partition);
   // Gives back the credit of partitions that left pending_.
-  void ReturnCredit(const Pending& pending);
+  void ReturnCredit(const PendingPartition& pending);
   void SendAbandons(uint64_t tensor_id, uint32_t round, OpKind kind,
                     const std::vector<uint32_t>& parts);
   // The push stage's work: one partition to the server. False once the link broke.
@@ -102,7 +93,10 @@ class ServerLink {
   Status HandleReply(const FrameHeader& header, DataReader* payload);
   Status HandleJoined(const FrameHeader& header, DataReader* payload);
   // The pending partition this frame answers; false for a stale or unknown round.
-  bool TakePending(const FrameHeader& header, Pending* pending);
+  bool TakePending(const FrameHeader& header, PendingPartition* pending);
+  // A gather's sizes arrived: its rows can move.
+  Status StartGather(const FrameHeader& header, DataReader* payload,
+                     const PendingPartition& pending);
   // Average and postscale on one received partition.
   void FinishPartition(const Task& task, void* data, size_t bytes);
 
@@ -118,8 +112,7 @@ class ServerLink {
   // The declaration hash this server last heard per tensor; push stage only.
   std::unordered_map<uint64_t, uint64_t> declared_;
 
-  std::mutex pending_mutex_;
-  std::unordered_map<PartitionKey, Pending, PartitionKeyHash> pending_;
+  PendingTable pending_;
 
   std::thread receiver_;
   std::mutex receiver_mutex_;

@@ -57,9 +57,7 @@ class Stage {
   // What the admission rule depends on changed (credit came back, say).
   void Recheck() {
     // Taking the lock orders this wake-up after Run's check, so it cannot be lost.
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-    }
+    { std::lock_guard<std::mutex> lock(mutex_); }
     cv_.notify_all();
   }
 

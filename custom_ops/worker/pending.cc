@@ -1,0 +1,91 @@
+#include "pending.h"
+
+namespace bps {
+namespace {
+
+constexpr size_t kMaxErrorBytes = 1u << 20;
+
+}  // namespace
+
+void PendingTable::Add(PendingPartition partition) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const PartitionKey key{partition.task->tensor_id(), partition.part};
+  pending_[key] = std::move(partition);
+}
+
+bool PendingTable::Take(const FrameHeader& header, int peer, PendingPartition* partition) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = pending_.find(PartitionKey{header.tensor_id, header.part});
+  if (it == pending_.end() || it->second.task->round() != header.round || it->second.peer != peer)
+    return false;
+  *partition = std::move(it->second);
+  pending_.erase(it);
+  return true;
+}
+
+bool PendingTable::Update(const std::shared_ptr<Task>& task, uint32_t part,
+                          const std::function<void(PendingPartition&)>& change) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = pending_.find(PartitionKey{task->tensor_id(), part});
+  if (it == pending_.end() || it->second.task != task) return false;
+  change(it->second);
+  return true;
+}
+
+std::vector<PendingPartition> PendingTable::TakeIf(
+    const std::function<bool(const PendingPartition&)>& which) {
+  std::vector<PendingPartition> taken;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (which && !which(it->second)) {
+      ++it;
+      continue;
+    }
+    taken.push_back(std::move(it->second));
+    it = pending_.erase(it);
+  }
+  return taken;
+}
+
+std::vector<PendingPartition> PendingTable::Expired(std::chrono::steady_clock::time_point now) {
+  std::vector<PendingPartition> expired;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [key, partition] : pending_)
+    if (partition.task->expired(now)) expired.push_back(partition);
+  return expired;
+}
+
+Status ReadAnswerError(const FrameHeader& header, DataReader* payload, const std::string& from,
+                       Status* error) {
+  if (header.length > kMaxErrorBytes) return Status::Error(from + " sent an oversized error");
+  std::string message(header.length, '\0');
+  Status status = payload->Read(message.data(), message.size());
+  if (!status.ok()) return status;
+  const ErrorKind kind = header.error_kind <= static_cast<uint8_t>(ErrorKind::kShutdown)
+                             ? static_cast<ErrorKind>(header.error_kind)
+                             : ErrorKind::kInternal;
+  *error = Status::Error(kind, std::move(message));
+  return Status::OK();
+}
+
+Status ReadAnswer(const FrameHeader& header, DataReader* payload, const PendingPartition& pending,
+                  const std::string& from, const std::function<void(void*, size_t)>& finish) {
+  Task& task = *pending.task;
+  if (header.length != pending.reply_length) {
+    task.Fail(Status::Error(ErrorKind::kInternal,
+                            from + " returned a malformed result (" +
+                                std::to_string(header.length) + " bytes where " +
+                                std::to_string(pending.reply_length) + " were due) for partition " +
+                                std::to_string(header.part) + " of tensor '" + task.name() + "'"));
+    return payload->Skip();
+  }
+  if (!task.BeginIo()) return payload->Skip();
+  void* dst = static_cast<char*>(task.output()) + pending.offset;
+  Status status = payload->Read(dst, pending.reply_length);
+  if (status.ok() && finish) finish(dst, pending.reply_length);
+  task.EndIo();
+  if (status.ok()) task.PartitionDone();
+  return status;
+}
+
+}  // namespace bps

@@ -1,0 +1,67 @@
+// The partitions a worker sent and whose answers it awaits, from a server (one table
+// per ServerLink) or from the host's workers that merge them (LocalMerge): what an
+// answer is matched against, and what fails when the peer or the time runs out.
+// Both read an answer the same way (ReadAnswer).
+#ifndef TF_BPS_WORKER_PENDING_H_
+#define TF_BPS_WORKER_PENDING_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "../common/common.h"
+#include "../wire/transport.h"
+#include "task.h"
+
+namespace bps {
+
+struct PendingPartition {
+  std::shared_ptr<Task> task;
+  uint32_t part = 0;
+  size_t offset = 0;        // of the answer in the task's output
+  size_t reply_length = 0;  // the answer's bytes
+  uint64_t priority = 0;
+  size_t push_length = 0;
+  int peer = 0;           // who answers it (a local merge: the leader's local index)
+  bool credited = false;  // pushed: its credit returns with the answer or the failure
+  int64_t sent_at = 0;    // when its push ended, if the timeline traces it
+};
+
+class PendingTable {
+ public:
+  void Add(PendingPartition partition);
+  // Takes the partition that `header` answers, from `peer`; false for an unknown one
+  // or another round (an answer to a task that already failed: never used).
+  bool Take(const FrameHeader& header, int peer, PendingPartition* partition);
+  // Runs `change` on `task`'s partition `part` if it still waits; false if it does not.
+  bool Update(const std::shared_ptr<Task>& task, uint32_t part,
+              const std::function<void(PendingPartition&)>& change);
+  // Takes every partition for which `which` holds (all of them without it).
+  std::vector<PendingPartition> TakeIf(
+      const std::function<bool(const PendingPartition&)>& which = nullptr);
+  // The partitions whose task's time ran out by `now` (they stay).
+  std::vector<PendingPartition> Expired(std::chrono::steady_clock::time_point now);
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<PartitionKey, PendingPartition, PartitionKeyHash> pending_;
+};
+
+// An answer's error frame, read whole so that the stream stays in step; the error is
+// `*error`. A non-OK return means the stream itself broke (or `from` sent too much).
+Status ReadAnswerError(const FrameHeader& header, DataReader* payload, const std::string& from,
+                       Status* error);
+// Reads a reply's data into its task's output, after checking its length; `finish`
+// (may be empty) runs on the data before the partition counts as done. A reply for a
+// task that failed meanwhile is skipped. A non-OK return: the stream broke.
+Status ReadAnswer(const FrameHeader& header, DataReader* payload, const PendingPartition& pending,
+                  const std::string& from, const std::function<void(void*, size_t)>& finish);
+
+}  // namespace bps
+
+#endif  // TF_BPS_WORKER_PENDING_H_
