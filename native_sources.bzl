@@ -40,6 +40,7 @@ WORKER_SOURCES = [
     "custom_ops/worker/credits.cc",
     "custom_ops/worker/timeline.cc",
     "custom_ops/worker/pending.cc",
+    "custom_ops/worker/local_peers.cc",
     "custom_ops/worker/local_merge.cc",
     "custom_ops/worker/server_link.cc",
     "custom_ops/worker/worker.cc",

@@ -1,17 +1,10 @@
 #include "local_merge.h"
 
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
-#include <thread>
 
 #include "../common/logging.h"
 #include "../common/reduce.h"
-#include "../wire/auth.h"
-#include "worker.h"
 
 namespace bps {
 namespace {
@@ -29,19 +22,6 @@ bool MergesOp(const Declaration& op) {
 }
 
 }  // namespace
-
-struct LocalMerge::Peer {
-  Peer(int32_t rank, std::unique_ptr<Channel> channel)
-      : rank(rank),
-        name("worker rank " + std::to_string(rank) + " on this host"),
-        channel(std::move(channel)) {}
-  const int32_t rank;
-  const std::string name;
-  std::unique_ptr<Channel> channel;
-  std::thread receiver;
-  // The declaration hash this peer last heard per tensor; local push stage only.
-  std::unordered_map<uint64_t, uint64_t> declared;
-};
 
 // What a merged partition's round reports to: its contributors' answers (frames to
 // the peers, or this worker's own task), the tensor's name in messages, and the
@@ -86,7 +66,10 @@ class LocalMerge::MergePort : public RoundAnswers {
 };
 
 LocalMerge::LocalMerge(Owner* owner, LocalMergeOptions options, std::shared_ptr<SharedSlots> slots)
-    : owner_(owner), options_(std::move(options)), slots_(std::move(slots)) {}
+    : owner_(owner),
+      options_(std::move(options)),
+      slots_(std::move(slots)),
+      peers_(options_, slots_) {}
 
 LocalMerge::~LocalMerge() { Close(); }
 
@@ -101,93 +84,14 @@ Status LocalMerge::Start(Cancellation* cancel) {
         ErrorKind::kInvalidArgument,
         "worker rank " + std::to_string(options_.rank) + " is not among the workers of its host");
   members_.assign(ranks.begin(), ranks.end());
-  peers_.resize(ranks.size());
   joined_epoch_.assign(ranks.size(), -1);
   finished_.assign(ranks.size(), false);
-  Status status = ConnectPeers(cancel);
+  Status status = peers_.Connect(index_, cancel);
   if (!status.ok()) return status;
   push_stage_.Start([this](PartitionTask& partition) { return SendToLeader(partition); });
-  for (size_t i = 0; i < peers_.size(); ++i)
-    if (peers_[i])
-      peers_[i]->receiver = std::thread([this, i] { ReceiveLoop(static_cast<int>(i)); });
+  peers_.StartReceiving(this);
   BPS_LOG(kDebug) << "worker rank " << options_.rank << " merges with " << ranks.size() - 1
                   << " other worker(s) of its host";
-  return Status::OK();
-}
-
-Status LocalMerge::ConnectPeers(Cancellation* cancel) {
-  const auto& ranks = options_.ranks;
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.timeout_ms);
-  const int timeout_s = options_.timeout_ms / 1000;
-  std::string why;
-  auto give_up = [&](const std::string& waiting_for) {
-    if (cancel && cancel->cancelled(&why)) return Status::Error(ErrorKind::kAborted, why);
-    if (std::chrono::steady_clock::now() < deadline) return Status::OK();
-    return Status::Error(ErrorKind::kPeerGone, "worker rank " + std::to_string(options_.rank) +
-                                                   " waited " + std::to_string(timeout_s) +
-                                                   " s for " + waiting_for +
-                                                   " (see BYTEPS_OP_TIMEOUT)");
-  };
-  // Lower local indices accept, higher ones connect: every pair gets one channel.
-  const int higher = static_cast<int>(ranks.size()) - 1 - index_;
-  int listen_fd = -1;
-  if (higher > 0) {
-    Status status = ListenLocal(options_.socket_prefix + std::to_string(options_.rank), &listen_fd);
-    if (!status.ok()) return status.WithSuffix(" (for the other workers of this host)");
-  }
-  struct Closer {
-    int fd;
-    ~Closer() {
-      if (fd >= 0) ::close(fd);
-    }
-  } closer{listen_fd};
-  for (int j = 0; j < index_; ++j) {
-    const std::string name = options_.socket_prefix + std::to_string(ranks[j]);
-    const std::string peer = "worker rank " + std::to_string(ranks[j]) + " on this host";
-    int fd = -1;
-    while (!ConnectLocal(name, options_.timeout_ms, &fd).ok()) {
-      Status status = give_up(peer + " to listen on its local socket");
-      if (!status.ok()) return status;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    auto channel = std::make_unique<SharedMemoryChannel>(
-        std::make_unique<Connection>(fd, peer), slots_, SharedMemoryChannel::Side::kWorker);
-    // Whoever holds the name must prove the job token before it sees any data.
-    Status status =
-        AuthenticateServer(*channel, options_.token, options_.rank, options_.timeout_ms);
-    if (!status.ok())
-      return Status::Error(ErrorKind::kPeerGone, "the local socket of " + peer +
-                                                     " is not that worker's: " + status.message());
-    peers_[j] = std::make_unique<Peer>(ranks[j], std::move(channel));
-  }
-  for (int accepted = 0; accepted < higher;) {
-    pollfd waiting{listen_fd, POLLIN, 0};
-    if (::poll(&waiting, 1, 100) <= 0) {
-      Status status = give_up("the workers of its host with higher ranks to connect");
-      if (!status.ok()) return status;
-      continue;
-    }
-    const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    ConfigureSocket(fd, options_.timeout_ms);
-    auto channel = std::make_unique<SharedMemoryChannel>(
-        std::make_unique<Connection>(fd, "a process on this host"), slots_,
-        SharedMemoryChannel::Side::kWorker);
-    uint32_t rank = 0;
-    Status status =
-        AuthenticateWorker(*channel, options_.token, options_.size, options_.timeout_ms, &rank);
-    const auto at = std::find(ranks.begin(), ranks.end(), static_cast<int32_t>(rank));
-    const int j = static_cast<int>(at - ranks.begin());
-    if (status.ok() && (j <= index_ || j >= static_cast<int>(ranks.size()) || peers_[j]))
-      status = Status::Error("rank " + std::to_string(rank) + " is not expected to connect here");
-    if (!status.ok()) {
-      BPS_LOG(kWarning) << "refused a local connection: " << status.message();
-      continue;  // Closes it.
-    }
-    peers_[j] = std::make_unique<Peer>(static_cast<int32_t>(rank), std::move(channel));
-    ++accepted;
-  }
   return Status::OK();
 }
 
@@ -206,7 +110,7 @@ void LocalMerge::Announce(const std::shared_ptr<Task>& task) {
     announced_[task->tensor_id()] = task;
     CheckAgreement(task->tensor_id(), index_, &effects);
     for (size_t i = 0; i < peers_.size(); ++i) {
-      if (!peers_[i]) continue;
+      if (!peers_.peer(i)) continue;
       Effects::Message& declare = Queue(&effects, static_cast<int>(i), FrameType::kDeclare,
                                         PartitionKey{task->tensor_id(), 0}, task->round());
       declare.header.length = task->declaration_frame().size();
@@ -305,7 +209,7 @@ void LocalMerge::Contribute(PartitionTask partition) {
 
 bool LocalMerge::SendToLeader(PartitionTask& partition) {
   Task& task = *partition.task;
-  Peer& peer = *peers_[LeaderOf(task.tensor_id(), partition.part)];
+  LocalPeers::Peer& peer = *peers_.peer(LeaderOf(task.tensor_id(), partition.part));
   if (!task.BeginIo()) return true;  // Failed meanwhile: nothing to send.
   FrameHeader header;
   header.rank = static_cast<uint32_t>(options_.rank);
@@ -508,7 +412,7 @@ void LocalMerge::RecheckAll(Effects* effects) {
 
 void LocalMerge::Run(Effects& effects) {
   for (Effects::Message& message : effects.messages) {
-    Peer& peer = *peers_[message.peer];
+    LocalPeers::Peer& peer = *peers_.peer(message.peer);
     // A broken channel is reported by its receiver.
     Status status = message.data
                         ? peer.channel->SendData(
@@ -537,32 +441,8 @@ void LocalMerge::Run(Effects& effects) {
 // ---------------------------------------------------------------------------
 // Peers' frames
 
-void LocalMerge::ReceiveLoop(int index) {
-  Peer& peer = *peers_[index];
-  while (true) {
-    FrameHeader header;
-    DataReader payload;
-    bool eof = false;
-    Status status = peer.channel->Receive(&header, &payload, &eof);
-    if (status.ok() && header.type == static_cast<uint8_t>(FrameType::kBye)) {
-      OnPeerGone(index, true);
-      return;
-    }
-    if (status.ok()) status = HandleFrame(index, header, &payload);
-    if (!status.ok()) {
-      {
-        std::lock_guard<std::mutex> lock(merge_mutex_);
-        if (closing_) return;
-      }
-      OnPeerGone(index, false);
-      owner_->OnLinkFailure(status.message() + " (from " + peer.name + ")");
-      return;
-    }
-  }
-}
-
-Status LocalMerge::HandleFrame(int index, const FrameHeader& header, DataReader* payload) {
-  Peer& peer = *peers_[index];
+Status LocalMerge::OnFrame(int index, const FrameHeader& header, DataReader* payload) {
+  LocalPeers::Peer& peer = *peers_.peer(index);
   if (header.rank != static_cast<uint32_t>(peer.rank))
     return Status::Error(peer.name + " sent a frame as rank " + std::to_string(header.rank));
   Effects effects;
@@ -619,7 +499,7 @@ Status LocalMerge::HandleFrame(int index, const FrameHeader& header, DataReader*
 }
 
 Status LocalMerge::HandleResult(int index, const FrameHeader& header, DataReader* payload) {
-  const std::string& from = peers_[index]->name;
+  const std::string& from = peers_.peer(index)->name;
   Status error = Status::OK();
   if (header.type == static_cast<uint8_t>(FrameType::kError)) {
     Status status = ReadAnswerError(header, payload, from, &error);
@@ -652,13 +532,15 @@ Status LocalMerge::HandleResult(int index, const FrameHeader& header, DataReader
   });
 }
 
-void LocalMerge::OnPeerGone(int index, bool said_bye) {
+void LocalMerge::OnPeerGone(int index, const std::string& failure) {
   Effects effects;
   {
     std::lock_guard<std::mutex> lock(merge_mutex_);
+    if (closing_ && !failure.empty()) return;  // This worker's Close() broke the channel.
     finished_[index] = true;
-    const std::string why =
-        peers_[index]->name + (said_bye ? " has shut down" : " vanished") + " before returning ";
+    const std::string why = peers_.peer(index)->name +
+                            (failure.empty() ? " has shut down" : " vanished") +
+                            " before returning ";
     for (const PendingPartition& pending :
          pending_.TakeIf([&](const PendingPartition& p) { return p.peer == index; }))
       effects.failures.emplace_back(
@@ -668,6 +550,7 @@ void LocalMerge::OnPeerGone(int index, bool said_bye) {
     RecheckAll(&effects);
   }
   Run(effects);
+  if (!failure.empty()) owner_->OnLinkFailure(failure);
 }
 
 // ---------------------------------------------------------------------------
@@ -718,7 +601,7 @@ void LocalMerge::BeginJoin() {
     std::lock_guard<std::mutex> lock(merge_mutex_);
     joined_epoch_[index_] = epoch_;
     for (size_t i = 0; i < peers_.size(); ++i)
-      if (peers_[i])
+      if (peers_.peer(i))
         Queue(&effects, static_cast<int>(i), FrameType::kJoin, PartitionKey{}, 0)
             .header.join_epoch = epoch_;
     RecheckAll(&effects);
@@ -742,7 +625,7 @@ void LocalMerge::FailExpired(std::chrono::steady_clock::time_point now) {
                         "push_pull of tensor '" + pending.task->name() + "' (round " +
                             std::to_string(pending.task->round()) + ") timed out after " +
                             std::to_string(pending.task->timeout_seconds()) + " s waiting for " +
-                            peers_[pending.peer]->name + ", which merges partition " +
+                            peers_.peer(pending.peer)->name + ", which merges partition " +
                             std::to_string(pending.part) +
                             ", to return it (a worker may not have sent it; see "
                             "BYTEPS_OP_TIMEOUT)"));
@@ -791,16 +674,7 @@ void LocalMerge::Close() {
   }
   push_stage_.Close();
   push_stage_.Join();
-  for (auto& peer : peers_) {
-    if (!peer) continue;
-    FrameHeader bye;
-    bye.type = static_cast<uint8_t>(FrameType::kBye);
-    bye.rank = static_cast<uint32_t>(options_.rank);
-    peer->channel->Send(bye, nullptr);  // Best effort: the peer may be gone already.
-    peer->channel->Shutdown();          // Wakes this side's receiver.
-  }
-  for (auto& peer : peers_)
-    if (peer && peer->receiver.joinable()) peer->receiver.join();
+  peers_.Close();
 }
 
 }  // namespace bps

@@ -15,14 +15,13 @@
 // A leader's merged partition travels to the server as a task of its own, through
 // the worker's server links, and its completion sends the result to the peers.
 //
-// Peers talk over Unix sockets in the abstract namespace (per network namespace, so
-// each emulated host has its own), with the job token proven both ways as with
-// servers, and shared-memory channels: data crosses as locations.
+// Peers talk over LocalPeers (local_peers.h): data crosses as shared-memory locations.
 //
-// Rounds, joins and failures follow the server's rules: a leader never mixes rounds,
-// a contribution after its round ended is refused with the reason the round ended, a
-// worker that gave up a round (its operation failed) ends it for the others, and a
-// worker that joined (bps.join) is not waited for. Joins are told apart by epoch:
+// A leader keeps each partition's rounds in a Round (rounds/round.h), as a server
+// does: it never mixes rounds, refuses a contribution after its round ended with the
+// reason the round ended, ends a round for everyone when a worker gives it up (its
+// operation failed), and does not wait for a worker that joined (bps.join). Joins are
+// told apart by epoch:
 // each worker counts the joins it has seen complete, so a contribution made after a
 // join is never taken for one made before it.
 #ifndef TF_BPS_WORKER_LOCAL_MERGE_H_
@@ -30,7 +29,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -44,6 +42,7 @@
 #include "../rounds/round.h"
 #include "../wire/protocol.h"
 #include "../wire/transport.h"
+#include "local_peers.h"
 #include "pending.h"
 #include "stage.h"
 #include "task.h"
@@ -51,16 +50,7 @@
 
 namespace bps {
 
-struct LocalMergeOptions {
-  std::vector<int32_t> ranks;  // the workers of this host, ascending (this one included)
-  int rank = 0;                // this worker's
-  int size = 1;                // of the job
-  std::string socket_prefix;   // a worker's socket: prefix + its rank
-  std::string token;
-  int timeout_ms = 300000;
-};
-
-class LocalMerge : private Roster {
+class LocalMerge : private Roster, private LocalPeers::Receiver {
  public:
   // What the merge reports to, and asks of, the worker that owns it: its only way up.
   class Owner {
@@ -113,7 +103,6 @@ class LocalMerge : private Roster {
   void Close();
 
  private:
-  struct Peer;
   class MergePort;
   // One partition at its leader: its rounds, and the merge of the one in progress.
   struct MergeState {
@@ -155,14 +144,13 @@ class LocalMerge : private Roster {
   Timeline* TracerFor(const Task& task) const;
 
   int LeaderOf(uint64_t tensor_id, uint32_t part) const;
-  Status ConnectPeers(Cancellation* cancel);
   bool SendToLeader(PartitionTask& partition);
-  void ReceiveLoop(int index);
-  Status HandleFrame(int index, const FrameHeader& header, DataReader* payload);
+  // LocalPeers::Receiver
+  Status OnFrame(int index, const FrameHeader& header, DataReader* payload) override;
+  void OnPeerGone(int index, const std::string& failure) override;
   Status HandleResult(int index, const FrameHeader& header, DataReader* payload);
   // Ends `key`'s round that worker `arrival.rank` gave up (needs merge_mutex_).
   void GiveUp(const PartitionKey& key, const Arrival& arrival, Effects* effects);
-  void OnPeerGone(int index, bool said_bye);
 
   // Locked steps (merge_mutex_).
   // Local worker `index`'s contribution (`push` as its frame describes it), or this
@@ -197,7 +185,7 @@ class LocalMerge : private Roster {
   int index_ = 0;                  // of this worker among options_.ranks
   std::vector<uint32_t> members_;  // options_.ranks: the host's workers, ascending
   const std::shared_ptr<SharedSlots> slots_;
-  std::vector<std::unique_ptr<Peer>> peers_;  // by local index; null for this worker
+  LocalPeers peers_;
   Stage<PartitionTask, PartitionTaskOrder> push_stage_{"local push"};
 
   std::mutex merge_mutex_;
