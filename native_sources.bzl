@@ -42,6 +42,7 @@ WORKER_SOURCES = [
     "custom_ops/worker/pending.cc",
     "custom_ops/worker/local_peers.cc",
     "custom_ops/worker/local_merge.cc",
+    "custom_ops/worker/local_merge_leader.cc",
     "custom_ops/worker/server_link.cc",
     "custom_ops/worker/worker.cc",
     "custom_ops/worker/c_api.cc",

@@ -104,6 +104,13 @@ class LocalMerge : private Roster, private LocalPeers::Receiver {
 
  private:
   class MergePort;
+  // A worker's slots for the local merge (copies 0 and 1 of a partition are its
+  // server links'): what it staged for a leader, and a leader's merged partition
+  // (which its peers then read the result from).
+  static constexpr uint32_t kStagedCopy = 2;
+  static constexpr uint32_t kMergedCopy = 3;
+  // Whether an operation goes through the merge: push_pull of data in the global set.
+  static bool MergesOp(const Declaration& op);
   // One partition at its leader: its rounds, and the merge of the one in progress.
   struct MergeState {
     Round round;
