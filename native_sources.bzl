@@ -92,7 +92,11 @@ NVCC_FLAGS = [
 
 # The C++ unit tests (tests/cpp): the pieces they exercise, without the worker engine
 # and its C API. pip's test (tests/test_core_units.py) compiles these with them.
-UNIT_TEST_SOURCES = ["tests/cpp/core_unit_test.cc", "tests/cpp/shared_slots_test.cc"]
+UNIT_TEST_SOURCES = [
+    "tests/cpp/core_unit_test.cc",
+    "tests/cpp/round_test.cc",
+    "tests/cpp/shared_slots_test.cc",
+]
 UNIT_TEST_PIECES = (COMMON_SOURCES + WIRE_SOURCES + ROUNDS_SOURCES + SERVER_ENGINE_SOURCES + [
     "custom_ops/worker/task.cc",
     "custom_ops/worker/credits.cc",

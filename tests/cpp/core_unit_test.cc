@@ -865,6 +865,7 @@ int main() {
   bps::TestSharedSlots();
   bps::TestTokenProofs();
   bps::TestServerRounds();
+  bps::TestRounds();
   bps::TestSquattedLocalSocketIsNotTrusted();
   bps::TestServerRefusesOversizedPushes();
   bps::TestJsonParsing();
