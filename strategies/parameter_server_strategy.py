@@ -15,7 +15,7 @@ are in this file:
   - Keras 3's ModelCheckpoint and BackupAndRestore, which write on every worker: under
     this strategy only rank 0 writes (see _save_on_rank_0_only).
 
-With BYTEPS_ENABLE_ASYNC=1 training is asynchronous (tf_bps/asynchronous.py): reductions
+With BYTEPS_ENABLE_ASYNC=1 training is asynchronous (tf_bps/training/asynchronous.py): reductions
 stay inside the worker, and every update of a trainable variable is followed by an
 exchange of its weights with the servers. The strategy then describes one worker's
 replicas, as a local MirroredStrategy would, so that nothing waits for other workers.
@@ -34,9 +34,10 @@ from tensorflow.python.distribute import values as values_lib
 from tensorflow.python.util import nest
 
 import tf_bps as bps
-from tf_bps import basics, fusion, ops
-from tf_bps.asynchronous import AsyncExchange
-from tf_bps.config import Config
+from tf_bps.runtime import basics, ops
+from tf_bps.runtime.config import Config
+from tf_bps.training import fusion
+from tf_bps.training.asynchronous import AsyncExchange
 
 _WIRE_DTYPES = {tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64, tf.bool}
 
@@ -294,7 +295,7 @@ class ParameterServerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         """The job as MultiWorkerMirroredStrategy describes it: task_type "worker",
         task_id = rank, and a cluster spec listing each worker's host by rank."""
         if self._bps_cluster_resolver is None:
-            spec = tf.train.ClusterSpec({"worker": list(bps.basics.worker_hosts())})
+            spec = tf.train.ClusterSpec({"worker": list(basics.worker_hosts())})
             self._bps_cluster_resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
                 spec, task_type="worker", task_id=bps.rank())
         return self._bps_cluster_resolver

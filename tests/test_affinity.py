@@ -8,8 +8,8 @@ import sys
 import pytest
 from conftest import LAUNCH, base_env
 
-from tf_bps.config import Config, ConfigError
 from tf_bps.launch.affinity import Topology, plan_cores
+from tf_bps.runtime.config import Config, ConfigError
 
 # Two NUMA nodes of four physical cores, each with two hyperthreads (i and i + 8).
 TWO_NODES = Topology(cores=tuple((i, i + 8) for i in range(8)),

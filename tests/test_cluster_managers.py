@@ -1,5 +1,5 @@
 """Jobs started by cluster managers, with no bpslaunch: each process finds its place in
-the job from the variables its manager sets (tf_bps/cluster_env.py). A real mpirun
+the job from the variables its manager sets (tf_bps/runtime/cluster_env.py). A real mpirun
 (Debian's Open MPI) on this machine; Slurm's srun and Kubeflow's TF_CONFIG as they set
 their variables, on hosts made of network namespaces (tests/netbed.py)."""
 
@@ -11,8 +11,8 @@ import pytest
 from conftest import base_env, finish, worker_command
 from netbed import NetBed, NetBedUnavailable
 
-from tf_bps.cluster_env import expand_nodelist
-from tf_bps.config import Config, ConfigError
+from tf_bps.runtime.cluster_env import expand_nodelist
+from tf_bps.runtime.config import Config, ConfigError
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-import tf_bps.config
-from tf_bps.config import Config, ConfigError
+import tf_bps.runtime.config
+from tf_bps.runtime.config import Config, ConfigError
 
 JOB = {"DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1", "DMLC_PS_ROOT_URI": "127.0.0.1",
        "DMLC_PS_ROOT_PORT": "9000"}
@@ -66,8 +66,8 @@ def test_one_worker_per_visible_gpu_unless_local_size_says_otherwise(env, local_
 
 def test_the_readme_table_lists_exactly_the_variables_the_configuration_reads():
     variable = r"(?:DMLC|BYTEPS|PS|NVIDIA|CUDA|PERSEUS|GLOO)_[A-Z_]+"
-    config_py = Path(tf_bps.config.__file__).read_text()
-    read = set(re.findall(rf'"({variable})"', config_py)) | set(tf_bps.config.SETTINGS)
+    config_py = Path(tf_bps.runtime.config.__file__).read_text()
+    read = set(re.findall(rf'"({variable})"', config_py)) | set(tf_bps.runtime.config.SETTINGS)
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     table = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(rf"`({variable})`", table))

@@ -1,10 +1,10 @@
-"""The fusion plans (tf_bps/fusion.py): which tensors share a buffer, under which name,
+"""The fusion plans (tf_bps/training/fusion.py): which tensors share a buffer, under which name,
 and that unfusing gives every tensor back."""
 
 import numpy as np
 import tensorflow as tf
 
-from tf_bps import fusion
+from tf_bps.training import fusion
 
 
 def test_small_tensors_share_buffers_per_dtype_up_to_the_bucket_size():

@@ -13,7 +13,7 @@ import sys
 import pytest
 from gpu_api import declare
 
-from tf_bps.core import NotBuiltError, native_library
+from tf_bps.runtime.core import NotBuiltError, native_library
 
 INT8, BOOL = 8, 11  # common.h DataType wire values
 
@@ -59,7 +59,7 @@ OPS = ["BytepsPushPull", "BytepsBroadcast", "BytepsAsyncPushPull", "BytepsAllgat
 
 
 def test_every_op_has_gpu_kernels_exactly_when_cuda_was_found():
-    probe = ("import json, tf_bps.ops\n"
+    probe = ("import json, tf_bps.runtime.ops\n"
              "from tensorflow.python.framework import kernels\n"
              f"print(json.dumps({{op: sorted({{(k.device_type, tuple(k.host_memory_arg)) for k in "
              f"kernels.get_registered_kernels_for_op(op).kernel}}) for op in {OPS!r}}}))")

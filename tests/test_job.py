@@ -9,8 +9,8 @@ import pytest
 from conftest import LAUNCH, base_env, finish, free_port, worker_command
 from conftest import marked_json as reports
 
-from tf_bps.config import Config, ConfigError
-from tf_bps.core import server_executable
+from tf_bps.runtime.config import Config, ConfigError
+from tf_bps.runtime.core import server_executable
 
 
 def test_broadcast_and_gradients(procs):
@@ -47,7 +47,8 @@ def test_force_distributed_single_worker_uses_servers(procs):
 
 
 def test_scheduler_and_launcher_import_no_tensorflow(procs):
-    probe = ("import sys, tf_bps, tf_bps.server, tf_bps.scheduler, tf_bps.launch.bpslaunch; "
+    probe = ("import sys, tf_bps, tf_bps.control.server, tf_bps.control.scheduler, "
+             "tf_bps.launch.bpslaunch; "
              "print('tensorflow' in sys.modules, 'tf_bps._bps_worker' in sys.modules)")
     status, output = procs.run([sys.executable, "-c", probe], base_env())
     assert (status, output.strip()) == (0, "False False")
@@ -97,7 +98,7 @@ SERVER_CHECKS = [
 
 @pytest.mark.parametrize("env", SERVER_CHECKS, ids=lambda env: ",".join(env))
 def test_the_native_server_checks_variables_as_python_does(procs, env):
-    """One table (tf_bps/settings.def) for both sides: the native server refuses what
+    """One table (tf_bps/runtime/settings.def) for both sides: the native server refuses what
     config.py refuses, with the same message."""
     job = {"DMLC_ROLE": "server", "DMLC_NUM_SERVER": "1", "DMLC_PS_ROOT_URI": "127.0.0.1",
            "DMLC_PS_ROOT_PORT": "9", **env}
@@ -143,7 +144,7 @@ def test_bad_variables_are_named(procs):
     status, output = procs.run([*LAUNCH, "-np", "2", "true"],
                                base_env(BYTEPS_SERVER_ENGINE_THREAD="0"))
     assert status == 2 and "BYTEPS_SERVER_ENGINE_THREAD='0'" in output
-    status, output = procs.run([sys.executable, "-m", "tf_bps.server"],
+    status, output = procs.run([sys.executable, "-m", "tf_bps.control.server"],
                                base_env(DMLC_ROLE="server", DMLC_PS_ROOT_PORT="99999"))
     assert (status, output.strip()) == (
         2, "tf_bps server: DMLC_PS_ROOT_PORT='99999' is not valid: expected an integer from 1 "
@@ -264,8 +265,8 @@ def test_launcher_starts_one_process_per_local_rank(procs, placement):
 # gave, and sends no heartbeat.
 VANISHING_SERVER = """
 import os
-from tf_bps.config import Config
-from tf_bps.rendezvous import SchedulerLink
+from tf_bps.runtime.config import Config
+from tf_bps.runtime.rendezvous import SchedulerLink
 link = SchedulerLink(Config.from_env())
 link.register("server", port=int(os.environ["TEST_DEAD_PORT"]))
 os._exit(0)

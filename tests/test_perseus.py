@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from conftest import marked_json
 
-from tf_bps.config import WITHOUT_EFFECT, Config, ConfigError
+from tf_bps.runtime.config import WITHOUT_EFFECT, Config, ConfigError
 
 
 def test_perseus_options_in_a_job(procs):
@@ -81,7 +81,7 @@ def test_down_sampling_sends_a_share_of_each_gradient_and_a_slow_worker_is_repor
 
 
 def test_the_step_time_check_reports_only_clear_outliers():
-    from tf_bps.perf_check import outliers
+    from tf_bps.training.perf_check import outliers
 
     assert outliers([0.010, 0.300]) == [(1, 0.300, 0.010)]
     assert outliers([0.100, 0.110, 0.105, 0.400]) == [(3, 0.400, 0.105)]

@@ -12,7 +12,7 @@ Importing tf_bps does not import TensorFlow: servers and the scheduler never nee
 it. The TensorFlow operations load on first use.
 """
 
-from tf_bps.basics import (
+from tf_bps.runtime.basics import (
     ccl_built,
     cross_rank,
     cross_size,
@@ -36,9 +36,9 @@ from tf_bps.basics import (
     size,
     sycl_built,
 )
-from tf_bps.compression import Compression
-from tf_bps.config import ConfigError
-from tf_bps.process_sets import (
+from tf_bps.runtime.compression import Compression
+from tf_bps.runtime.config import ConfigError
+from tf_bps.runtime.process_sets import (
     ProcessSet,
     add_process_set,
     global_process_set,
@@ -49,13 +49,15 @@ __version__ = "0.1.0"
 
 # Names that need TensorFlow, imported on first use: module -> names.
 _LAZY = {
-    "tf_bps.ops": ("push_pull", "allreduce", "grouped_allreduce", "broadcast", "broadcast_",
-                   "broadcast_variables", "broadcast_global_variables", "broadcast_object",
-                   "allgather", "grouped_allgather", "allgather_object", "alltoall",
-                   "reducescatter", "grouped_reducescatter", "join", "barrier", "rank_op",
-                   "local_rank_op", "size_op", "local_size_op", "process_set_included_op",
-                   "Average", "Sum", "Adasum", "Min", "Max", "Product", "ReduceOp"),
-    "tf_bps.training": ("DistributedOptimizer", "DistributedGradientTape", "load_model"),
+    "tf_bps.runtime.ops": (
+        "push_pull", "allreduce", "grouped_allreduce", "broadcast", "broadcast_",
+        "broadcast_variables", "broadcast_global_variables", "broadcast_object", "allgather",
+        "grouped_allgather", "allgather_object", "alltoall", "reducescatter",
+        "grouped_reducescatter", "join", "barrier", "rank_op", "local_rank_op", "size_op",
+        "local_size_op", "process_set_included_op", "Average", "Sum", "Adasum", "Min", "Max",
+        "Product", "ReduceOp"),
+    "tf_bps.training.distributed": (
+        "DistributedOptimizer", "DistributedGradientTape", "load_model"),
     "tf_bps.strategies": ("ParameterServerStrategy",),
 }
 # tf_bps.distribute is BytePS's name for the strategies (bps.distribute.MirroredStrategy).

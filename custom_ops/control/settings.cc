@@ -34,7 +34,7 @@ struct Entry {
   {Kind::kChoice, name, def, 0, 0, options, (any_case) != 0, ""},
 #define BPS_TEXT(name, def) {Kind::kText, name, def, 0, 0, "", false, ""},
 constexpr Entry kTable[] = {
-#include "../../tf_bps/settings.def"
+#include "../../tf_bps/runtime/settings.def"
 };
 #undef BPS_INT
 #undef BPS_NUMBER
@@ -114,7 +114,7 @@ bool IsChoice(const char* choices, const std::string& value) {
 const Entry& TableEntry(const char* name) {
   for (const Entry& entry : kTable)
     if (strcmp(entry.name, name) == 0) return entry;
-  fprintf(stderr, "tf_bps: %s is not in tf_bps/settings.def\n", name);
+  fprintf(stderr, "tf_bps: %s is not in tf_bps/runtime/settings.def\n", name);
   abort();
 }
 
@@ -301,7 +301,7 @@ const Settings::Value& Settings::Get(const std::string& name) const {
   auto found = values_.find(name);
   if (found == values_.end()) {
     // A name missing from settings.def is a bug in the caller, not in the input.
-    fprintf(stderr, "tf_bps: %s is not in tf_bps/settings.def\n", name.c_str());
+    fprintf(stderr, "tf_bps: %s is not in tf_bps/runtime/settings.def\n", name.c_str());
     abort();
   }
   return found->second;

@@ -1,5 +1,5 @@
 // The variables of tf_bps as the native server reads them: every entry of
-// tf_bps/settings.def, the table tf_bps/config.py reads too, checked with the same
+// tf_bps/runtime/settings.def, the table tf_bps/runtime/config.py reads too, checked with the same
 // rules and the same messages, so an operator gets one answer whichever side
 // parses a job's environment.
 #ifndef TF_BPS_CONTROL_SETTINGS_H_

@@ -1,8 +1,8 @@
 // bps-server: the summation server as a native executable, with no Python and no
-// TensorFlow, for CPU-only server machines. `bps-server`, `python -m tf_bps.server`
+// TensorFlow, for CPU-only server machines. `bps-server`, `python -m tf_bps.control.server`
 // and `DMLC_ROLE=server bpslaunch` all run this program.
 //
-// It reads the job's variables (tf_bps/settings.def, checked as config.py checks
+// It reads the job's variables (tf_bps/runtime/settings.def, checked as config.py checks
 // them), listens, registers with the scheduler, serves the workers of its address
 // book, and heartbeats until the scheduler says the job is over (exit 0) or failing
 // (exit 1). A bad variable exits with status 2 and config.py's message.

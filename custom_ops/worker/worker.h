@@ -36,11 +36,13 @@
 
 namespace bps {
 
+// Set from the job's configuration (c_api.cc); the defaults of the settings are
+// settings.def's, and live only there.
 struct WorkerOptions {
   int rank = 0;
   int size = 1;
   std::vector<ServerAddress> servers;
-  size_t partition_bytes = 4096000;
+  size_t partition_bytes = 0;  // BYTEPS_PARTITION_BYTES
   // BYTEPS_SCHEDULING_CREDIT: bytes pushed to one server and not yet answered,
   // at most (credits.h); 0: no limit.
   size_t credit_bytes = 0;

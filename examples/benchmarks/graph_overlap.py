@@ -5,7 +5,7 @@
 A tf.function step push_pulls ResNet-50's 214 gradients (sizes times --scale), all
 ready at once, as `model.fit` does after the backward pass. Two variants in one run:
     parallel    what tf_bps builds: ops on different tensors run together, ranked in
-                the model's order (tf_bps/ops.py)
+                the model's order (tf_bps/runtime/ops.py)
     chained     each push_pull waits for the previous one to finish, which is what
                 TensorFlow's automatic control dependencies made of every stateful op
                 before tf_bps marked its ops order-insensitive

@@ -54,6 +54,7 @@ def worker(args) -> None:
     import tensorflow as tf
 
     import tf_bps as bps
+    from tf_bps.runtime import basics
 
     bps.init()
     sizes = [max(1, int(n * args.scale)) for n in resnet50_sizes()]
@@ -61,7 +62,7 @@ def worker(args) -> None:
     names = [f"layer{i:03d}" for i in range(layers)]
     grads = [tf.ones([n]) for n in sizes]
     # The ranking under test: the order tensors are declared in is their priority.
-    bps.basics.declare(names if args.order == "forward" else names[::-1])
+    basics.declare(names if args.order == "forward" else names[::-1])
     backward_s, forward_s = args.backward_ms / 1e3 / layers, args.forward_ms / 1e3 / layers
 
     def push_pull(i):

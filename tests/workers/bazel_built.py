@@ -8,7 +8,7 @@ import tensorflow as tf
 from tensorflow.python.framework import kernels
 
 import tf_bps as bps
-from tf_bps import core
+from tf_bps.runtime import core
 
 bps.init()
 summed = bps.push_pull(tf.fill([1000], float(bps.rank() + 1)), op=bps.Sum, name="bazel")

@@ -31,7 +31,7 @@ from tf_bps import (
     sycl_built,
 )
 from tf_bps.keras import callbacks
-from tf_bps.ops import (
+from tf_bps.runtime.ops import (
     Adasum,
     Average,
     Max,
@@ -52,7 +52,7 @@ from tf_bps.ops import (
     push_pull,
     reducescatter,
 )
-from tf_bps.training import DistributedGradientTape, DistributedOptimizer, load_model
+from tf_bps.training.distributed import DistributedGradientTape, DistributedOptimizer, load_model
 
 __all__ = ["Adasum", "Average", "Compression", "DistributedGradientTape", "DistributedOptimizer",
            "Max", "Min", "ProcessSet", "Product", "Sum", "add_process_set", "allgather",

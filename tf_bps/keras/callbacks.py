@@ -6,8 +6,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_bps import basics
-from tf_bps.ops import Average, _placed, broadcast_variables, push_pull
+from tf_bps.runtime import basics
+from tf_bps.runtime.ops import Average, _placed, broadcast_variables, push_pull
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):

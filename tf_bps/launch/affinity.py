@@ -17,7 +17,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from tf_bps.config import Config, ConfigError, read_cpu_list, visible_gpus
+from tf_bps.runtime.config import Config, ConfigError, read_cpu_list, visible_gpus
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,17 @@ import shutil
 import socket
 import sys
 
-from tf_bps.config import Config, ConfigError
 from tf_bps.launch import remote
 from tf_bps.launch.hosts import Host, HostError, Layout, parse_hosts, plan_layout, read_hostfile
 from tf_bps.launch.remote import SshOptions
-from tf_bps.launch.supervisor import JobSupervisor, LaunchError, ProcessPlan, supervise
+from tf_bps.launch.supervisor import (
+    JobSupervisor,
+    LaunchError,
+    ProcessPlan,
+    helper_plan,
+    supervise,
+)
+from tf_bps.runtime.config import Config, ConfigError, environment
 
 
 def _free_port() -> int:
@@ -101,12 +107,9 @@ def _plan_processes(layout: Layout, command: list[str], base: dict[str, str],
     for host in layout.hosts:
         processes = plans.setdefault(host.name, [])
         if host.scheduler and not single:
-            processes.append(ProcessPlan("scheduler", [python, "-m", "tf_bps.scheduler"],
-                                         {**job, "DMLC_ROLE": "scheduler"}, is_worker=False))
+            processes.append(helper_plan("scheduler", "scheduler", job, python))
         for _ in range(0 if single else host.servers):
-            processes.append(ProcessPlan(f"server {next(server_index)}",
-                                         [python, "-m", "tf_bps.server"],
-                                         {**job, "DMLC_ROLE": "server"}, is_worker=False))
+            processes.append(helper_plan("server", f"server {next(server_index)}", job, python))
         for local_rank in range(host.workers):
             rank = host.worker_id * layout.local_size + local_rank
             env = {**job, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(host.worker_id),
@@ -123,7 +126,7 @@ def _plan_processes(layout: Layout, command: list[str], base: dict[str, str],
 
 def _launch_job(layout: Layout, command: list[str], ssh: SshOptions,
                 interface: str | None) -> int:
-    base = dict(os.environ)
+    base = environment()
     try:
         local = {host.name: remote.is_this_machine(host.name) for host in layout.hosts}
     except ValueError as error:
@@ -154,7 +157,7 @@ def _launch_local_ranks(config: Config, command: list[str]) -> int:
         processes.append(ProcessPlan(f"worker {rank}", command, env, is_worker=True,
                                      prefix=f"[{rank}]: "))
     supervisor = JobSupervisor()
-    supervisor.start_host(processes, dict(os.environ))
+    supervisor.start_host(processes, environment())
     return supervise(supervisor)
 
 
@@ -224,11 +227,11 @@ def run(args: argparse.Namespace, whole_job: bool = False) -> int:
     whole_job = whole_job or any((args.num_workers, args.hosts, args.hostfile))
     role = None if whole_job else config.role
     if role == "scheduler":
-        from tf_bps import scheduler
+        from tf_bps.control import scheduler
 
         return scheduler.main()
     if role == "server":
-        from tf_bps import server
+        from tf_bps.control import server
 
         return server.main()
     if role is None:
@@ -251,7 +254,7 @@ def run(args: argparse.Namespace, whole_job: bool = False) -> int:
             print(f"bpslaunch: {error}", file=sys.stderr)
             return 127
     if role == "worker":
-        if config.local_size > 1 and "BYTEPS_LOCAL_RANK" not in os.environ:
+        if config.local_size > 1 and "BYTEPS_LOCAL_RANK" not in environment():
             return _run(_launch_local_ranks, config, args.command)
         os.execvp(args.command[0], args.command)
     ssh = SshOptions(args.ssh_command, args.ssh_port, args.ssh_identity_file)

@@ -17,8 +17,8 @@ import socket
 import sys
 from dataclasses import asdict, dataclass
 
-from tf_bps.config import is_local_address
 from tf_bps.launch.supervisor import ProcessPlan
+from tf_bps.runtime.config import is_local_address
 
 # The largest plan an agent reads (a plan is a few kB per process).
 MAX_PLAN_BYTES = 16 << 20

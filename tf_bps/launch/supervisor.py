@@ -18,8 +18,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from tf_bps.config import Config, ConfigError
 from tf_bps.launch import affinity
+from tf_bps.runtime.config import Config, ConfigError
 
 # How long servers and the scheduler get to exit by themselves once the workers are done,
 # and how long the workers get to report their own error once a server has failed.
@@ -39,6 +39,17 @@ class ProcessPlan:
     env: dict[str, str]  # set on top of the host's environment
     is_worker: bool
     prefix: str | None = None  # tag for each line of its output
+
+
+# The module each helper role runs (`python -m ...`).
+_HELPER_MODULES = {"scheduler": "tf_bps.control.scheduler", "server": "tf_bps.control.server"}
+
+
+def helper_plan(role: str, label: str, job: dict[str, str],
+                python: str = sys.executable) -> ProcessPlan:
+    """A scheduler or server of the job (`role`), with the job's variables `job`."""
+    return ProcessPlan(label, [python, "-m", _HELPER_MODULES[role]], {**job, "DMLC_ROLE": role},
+                       is_worker=False)
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """A summation server: `bps-server`, `DMLC_ROLE=server bpslaunch` or
-`DMLC_ROLE=server python -m tf_bps.server`.
+`DMLC_ROLE=server python -m tf_bps.control.server`.
 
 The server is a native program (custom_ops/server/main.cc, built as tf_bps/bps_server):
 this entry point only replaces itself with it, adding the variables a cluster manager's
@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import sys
 
-from tf_bps.cluster_env import ClusterError, placement
-from tf_bps.core import NotBuiltError, server_executable
+from tf_bps.runtime.cluster_env import ClusterError, placement
+from tf_bps.runtime.core import NotBuiltError, server_executable
 
 
 def main() -> int:

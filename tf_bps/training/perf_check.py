@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from tf_bps import basics, ops
+from tf_bps.runtime import basics, ops
 
 OUTLIER_RATIO = 1.5
 MIN_GAP_S = 0.002  # below this, differences are noise, whatever the ratio

@@ -13,12 +13,10 @@ import dataclasses
 
 import tensorflow as tf
 
-from tf_bps import basics, fusion
-from tf_bps.asynchronous import AsyncExchange
-from tf_bps.compression import Compression
-from tf_bps.compression import from_config as compression_from_config
-from tf_bps.downsample import DownSampler
-from tf_bps.ops import (
+from tf_bps.runtime import basics
+from tf_bps.runtime.compression import Compression
+from tf_bps.runtime.compression import from_config as compression_from_config
+from tf_bps.runtime.ops import (
     Average,
     ReduceOp,
     Sum,
@@ -27,8 +25,11 @@ from tf_bps.ops import (
     _push_pull,
     _scale,
 )
-from tf_bps.perf_check import StepTimeCheck
-from tf_bps.process_sets import global_process_set, process_set_id, ranks_of
+from tf_bps.runtime.process_sets import global_process_set, process_set_id, ranks_of
+from tf_bps.training import fusion
+from tf_bps.training.asynchronous import AsyncExchange
+from tf_bps.training.downsample import DownSampler
+from tf_bps.training.perf_check import StepTimeCheck
 
 
 def _variable_name(variable) -> str:

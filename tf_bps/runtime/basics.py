@@ -5,15 +5,16 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
 
-from tf_bps import core
-from tf_bps import process_sets as process_sets_module
-from tf_bps.config import Config, configure_logging
-from tf_bps.launch.cluster import start_helpers
-from tf_bps.rendezvous import SchedulerLink
+from tf_bps.runtime import core
+from tf_bps.runtime import process_sets as process_sets_module
+from tf_bps.runtime.cluster_env import Placement
+from tf_bps.runtime.config import Config, configure_logging
+from tf_bps.runtime.rendezvous import SchedulerLink
 
 log = logging.getLogger("tf_bps")
 
@@ -33,8 +34,26 @@ class _Job:
 _lock = threading.Lock()
 _job: _Job | None = None
 # The agent running the scheduler or server a cluster manager's placement asked this
-# process for (launch/cluster.py); it ends them once this process is gone.
+# process for (launch/agent.py --cluster-helpers); it ends them once this process is gone.
 _cluster_helpers = None
+
+
+def _become_server() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "tf_bps.control.server"])
+
+
+def _start_cluster_helpers(found: Placement) -> subprocess.Popen | None:
+    """Starts the scheduler and/or server a cluster manager's placement asks of this
+    process, under the launcher's agent (launch/agent.py): a process of its own, which
+    ends them once this one is gone (its standard input, ours, closes) and the other
+    workers had time to finish."""
+    if not (found.starts_scheduler or found.starts_server):
+        return None
+    return subprocess.Popen([sys.executable, "-m", "tf_bps.launch.agent", found.manager,
+                             "--cluster-helpers", "--linger", "30"], stdin=subprocess.PIPE,
+                            start_new_session=True)
 
 
 def init(comm=None, process_sets=None) -> None:
@@ -58,13 +77,12 @@ def _join() -> None:
             return
         config = Config.from_env()
         if config.cluster is not None and config.role == "server":
-            # A TF_CONFIG ps task running the training script: it serves until the job
-            # ends and exits, as TensorFlow's ps tasks do in server.join().
-            from tf_bps import server
-
-            sys.exit(server.main())
+            # A TF_CONFIG ps task running the training script: it becomes the server,
+            # serves until the job ends and exits, as TensorFlow's ps tasks do in
+            # server.join().
+            _become_server()
         if config.cluster is not None:
-            _cluster_helpers = start_helpers(config.cluster, os.environ)
+            _cluster_helpers = _start_cluster_helpers(config.cluster)
         if config.role not in (None, "worker"):
             raise RuntimeError(f"bps.init() runs in workers, but DMLC_ROLE={config.role!r}")
         configure_logging(config, "tf_bps")

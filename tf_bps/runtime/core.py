@@ -12,10 +12,11 @@ import hashlib
 import importlib
 from pathlib import Path
 
-from tf_bps import placement
-from tf_bps.config import Config, is_local_address
+from tf_bps.runtime import placement
+from tf_bps.runtime.config import Config, is_local_address
 
-_PACKAGE_DIR = Path(__file__).resolve().parent
+# The native libraries and the server program lie at the top of the package.
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
 
 
 class NotBuiltError(RuntimeError):

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from tf_bps import ops
+from tf_bps.runtime import ops
 
 
 class AsyncExchange:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 
-from tf_bps import core
+from tf_bps.runtime import core
 
 
 class ProcessSet:

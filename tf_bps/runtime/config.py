@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tf_bps.cluster_env import ClusterError, Placement, placement
+from tf_bps.runtime.cluster_env import ClusterError, Placement, placement
 
 
 class ConfigError(ValueError):
@@ -471,6 +471,12 @@ def _interface_address(name: str) -> str:
                 f"DMLC_INTERFACE={name!r} is not valid: no IPv4 address on that interface "
                 f"({error.strerror})") from None
     return socket.inet_ntoa(packed[20:24])
+
+
+def environment() -> dict[str, str]:
+    """A copy of this process's environment: the one place besides Config that reads it,
+    for the launcher to build its children's environments on."""
+    return dict(os.environ)
 
 
 def configure_logging(config: Config, prefix: str) -> logging.Logger:

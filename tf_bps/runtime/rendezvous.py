@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import zmq
 
-from tf_bps.config import Config
+from tf_bps.runtime.config import Config
 
 log = logging.getLogger("tf_bps")
 

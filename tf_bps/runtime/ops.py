@@ -17,9 +17,9 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import auto_control_deps
 
-from tf_bps import basics, core
-from tf_bps.compression import Compression
-from tf_bps.process_sets import global_process_set, process_set_id, ranks_of
+from tf_bps.runtime import basics, core
+from tf_bps.runtime.compression import Compression
+from tf_bps.runtime.process_sets import global_process_set, process_set_id, ranks_of
 
 _OP_TYPES = frozenset(("BytepsPushPull", "BytepsAsyncPushPull", "BytepsBroadcast",
                        "BytepsAllgather", "BytepsAlltoall", "BytepsReducescatter"))

@@ -1,6 +1,6 @@
 """The scheduler: rendezvous and lifetime of a job. It never sees tensor data.
 
-Start it with `DMLC_ROLE=scheduler bpslaunch` or `python -m tf_bps.scheduler`.
+Start it with `DMLC_ROLE=scheduler bpslaunch` or `python -m tf_bps.control.scheduler`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import zmq
 
-from tf_bps.config import Config, ConfigError, configure_logging, is_local_address
-from tf_bps.rendezvous import new_nonce, proof, proof_matches
+from tf_bps.runtime.config import Config, ConfigError, configure_logging, is_local_address
+from tf_bps.runtime.rendezvous import new_nonce, proof, proof_matches
 
 log = logging.getLogger("tf_bps.scheduler")
 

@@ -1,5 +1,5 @@
 """Where a process started by a cluster manager stands in a job, with no bpslaunch.
-Reads only the variables it is handed; starts nothing (launch/cluster.py starts the
+Reads only the variables it is handed; starts nothing (launch/agent.py starts the
 helpers a placement asks for).
 
 MPI launchers (Open MPI's OMPI_COMM_WORLD_*, MPICH and Intel MPI's PMI_*), Slurm's srun
