@@ -63,12 +63,37 @@ def test_the_hybrid_layout_splits_partitions_as_the_byteps_paper_does():
     assert server_shares(list("as"), list("a")) == []  # one worker host
 
 
-@pytest.mark.parametrize("shares", ["1,x", "1,-1", "0,0", "1", "1,1,1", "1,1001", "1,"])
+@pytest.mark.parametrize("shares", [[1, -1], [0, 0], [1, 1001], [-5, 2]])
 def test_the_core_refuses_shares_it_cannot_use(shares):
     engine = core.worker_engine()
-    with pytest.raises(Exception, match=f"bad server shares '{shares}': want 2 integers"):
-        engine.init(0, 1, "127.0.0.1:1,127.0.0.1:2", 4096000, 0, 1000, "token",
-                    server_shares=shares)
+    text = ",".join(map(str, shares))
+    with pytest.raises(Exception, match=f"bad server shares '{text}': want 2 integers"):
+        engine.init(0, 1, [("127.0.0.1", 1, False), ("127.0.0.1", 2, False)], 4096000, 0, 1000,
+                    "token", server_shares=shares)
+
+
+@pytest.mark.parametrize("shares", [[1], [1, 1, 1]])
+def test_the_binding_wants_one_share_per_server(shares):
+    with pytest.raises(ValueError, match="one per server"):
+        core.worker_engine().init(0, 1, [("127.0.0.1", 1, False), ("127.0.0.1", 2, False)],
+                                  4096000, 0, 1000, "token", server_shares=shares)
+
+
+@pytest.mark.parametrize("servers, problem", [
+    ([], "the server list is empty"),
+    ([("", 1, False)], "bad address of server 0"),
+    ([("127.0.0.1", 0, False)], "bad address of server 0"),
+    ([("127.0.0.1", 1, False), ("h", 70000, True)], "bad address of server 1"),
+])
+def test_the_core_refuses_bad_server_addresses(servers, problem):
+    with pytest.raises(Exception, match=problem):
+        core.worker_engine().init(0, 1, servers, 4096000, 0, 1000, "token")
+
+
+def test_the_core_refuses_local_ranks_out_of_order():
+    with pytest.raises(Exception, match="local ranks must ascend"):
+        core.worker_engine().init(0, 2, [("127.0.0.1", 1, False)], 4096000, 0, 1000, "token",
+                                  local_ranks=[1, 0])
 
 
 def test_layouts_that_cannot_work_are_refused():

@@ -1,13 +1,10 @@
 #include "c_api.h"
 
 #include <algorithm>
-#include <climits>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -60,61 +57,53 @@ int CopyOut(const std::string& text, char* buf, int capacity) {
   return static_cast<int>(text.size());
 }
 
-Status ParseServers(const char* text, std::vector<ServerAddress>* servers) {
-  std::stringstream list(text ? text : "");
-  std::string item;
-  // Entries are host:port, with "+local" appended for a server on this host.
-  while (std::getline(list, item, ',')) {
-    ServerAddress address;
-    const size_t suffix = item.find("+local");
-    address.same_host = suffix != std::string::npos;
-    if (address.same_host) item.resize(suffix);
-    const size_t colon = item.rfind(':');
-    if (colon == std::string::npos) return Status::Error("bad server address '" + item + "'");
-    address.host = item.substr(0, colon);
-    address.port = std::atoi(item.c_str() + colon + 1);
-    servers->push_back(address);
+Status CopyServers(const bps_worker_config& config, std::vector<ServerAddress>* servers) {
+  if (config.num_servers < 1 || !config.servers) return Status::Error("the server list is empty");
+  for (int i = 0; i < config.num_servers; ++i) {
+    const bps_server_address& given = config.servers[i];
+    if (!given.host || !*given.host || given.port <= 0 || given.port > 65535)
+      return Status::Error(ErrorKind::kInvalidArgument, "bad address of server " +
+                                                            std::to_string(i) + ": '" +
+                                                            (given.host ? given.host : "") + ":" +
+                                                            std::to_string(given.port) + "'");
+    servers->push_back(ServerAddress{given.host, given.port, given.same_host != 0});
   }
-  if (servers->empty()) return Status::Error("the server list is empty");
   return Status::OK();
 }
 
-// "1,1,3": one share per server, none over kMaxShare, not all zero.
-Status ParseShares(const std::string& text, size_t num_servers, std::vector<uint32_t>* shares) {
-  constexpr long kMaxShare = 1000;  // keeps the servers' cycle short
-  if (text.empty()) return Status::OK();
-  std::stringstream list(text);
-  std::string item;
+// One share per server, none over kMaxShare, not all zero.
+Status CopyShares(const int* given, size_t num_servers, std::vector<uint32_t>* shares) {
+  constexpr int kMaxShare = 1000;  // keeps the servers' cycle short
+  if (!given) return Status::OK();
   bool any = false, bad = false;
-  while (!bad && std::getline(list, item, ',')) {
-    char* end = nullptr;
-    const long share = std::strtol(item.c_str(), &end, 10);
-    bad = item.empty() || *end != '\0' || share < 0 || share > kMaxShare;
-    shares->push_back(static_cast<uint32_t>(share));
-    any = any || share > 0;
+  std::string text;
+  for (size_t i = 0; i < num_servers; ++i) {
+    bad = bad || given[i] < 0 || given[i] > kMaxShare;
+    any = any || given[i] > 0;
+    shares->push_back(static_cast<uint32_t>(std::max(0, given[i])));
+    text += (i ? "," : "") + std::to_string(given[i]);
   }
-  if (bad || shares->size() != num_servers || !any)
+  if (bad || !any)
     return Status::Error(ErrorKind::kInvalidArgument,
                          "bad server shares '" + text + "': want " + std::to_string(num_servers) +
                              " integers from 0 to " + std::to_string(kMaxShare) + ", not all 0");
   return Status::OK();
 }
 
-}  // namespace
-
-Status ParseRanks(const std::string& text, std::vector<int32_t>* ranks) {
-  std::stringstream stream(text);
-  std::string item;
-  while (std::getline(stream, item, ',')) {
-    char* end = nullptr;
-    const long rank = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || rank < 0 || rank > INT32_MAX ||
-        (!ranks->empty() && rank <= ranks->back()))
-      return Status::Error(ErrorKind::kInvalidArgument, "bad local rank list '" + text + "'");
-    ranks->push_back(static_cast<int32_t>(rank));
+Status CopyRanks(const int* given, int count, std::vector<int32_t>* ranks) {
+  if (count < 0 || (count > 0 && !given))
+    return Status::Error(ErrorKind::kInvalidArgument, "a malformed local rank list");
+  for (int i = 0; i < count; ++i) {
+    if (given[i] < 0 || (i > 0 && given[i] <= given[i - 1]))
+      return Status::Error(ErrorKind::kInvalidArgument,
+                           "local ranks must ascend from 0 or more (rank " +
+                               std::to_string(given[i]) + " at " + std::to_string(i) + ")");
+    ranks->push_back(given[i]);
   }
   return Status::OK();
 }
+
+}  // namespace
 
 // One worker and no servers: every collective is the tensor itself (scaled).
 void RunLocally(const TaskSpec& spec, const AllocateFn& allocate, const DoneFn& done) {
@@ -204,8 +193,9 @@ int bps_worker_init(const bps_worker_config* config) {
   options.debug_sample = text(config->debug_sample);
   options.token = text(config->token);
   options.local_socket_prefix = text(config->local_socket_prefix);
-  Status parsed = bps::ParseRanks(text(config->local_ranks), &options.local_ranks);
-  if (!parsed.ok()) return bps::Fail(parsed);
+  Status status =
+      bps::CopyRanks(config->local_ranks, config->num_local_ranks, &options.local_ranks);
+  if (!status.ok()) return bps::Fail(status);
   options.rank = config->rank;
   options.size = config->size;
   options.partition_bytes = static_cast<size_t>(std::max(1LL, config->partition_bytes));
@@ -213,10 +203,9 @@ int bps_worker_init(const bps_worker_config* config) {
   options.timeout_ms = config->timeout_ms;
   options.nan_check = config->nan_check != 0;
   options.across_hosts = config->across_hosts != 0;
-  Status status = bps::ParseServers(config->servers, &options.servers);
+  status = bps::CopyServers(*config, &options.servers);
   if (!status.ok()) return bps::Fail(status);
-  status =
-      bps::ParseShares(text(config->server_shares), options.servers.size(), &options.server_shares);
+  status = bps::CopyShares(config->server_shares, options.servers.size(), &options.server_shares);
   if (!status.ok()) return bps::Fail(status);
   auto& state = bps::State();
   auto worker = std::make_shared<bps::Worker>(options);

@@ -17,21 +17,30 @@ void bps_set_logging(int level, const char* prefix);
 
 /* Worker. Exactly one of the two init calls, then bps_worker_shutdown. */
 int bps_worker_init_local(void);
+/* One server of the job. */
+typedef struct bps_server_address {
+  const char* host;
+  int port;
+  int same_host; /* on this host: try its Unix socket and shared memory first */
+} bps_server_address;
+
 /* How a worker joins its servers (bps_worker_init). */
 typedef struct bps_worker_config {
   int rank;
   int size;
-  const char* servers; /* "host:port", comma-separated; "+local" marks same-host ones */
+  const bps_server_address* servers; /* in the scheduler's order */
+  int num_servers;
   long long partition_bytes;
   /* BYTEPS_SCHEDULING_CREDIT in bytes, pushed to one server and not yet answered
    * (0: no limit). */
   long long credit_bytes;
   int timeout_ms;
   const char* token; /* the job's (BYTEPS_JOB_TOKEN), proven to every server and by it */
-  /* The workers of this host, comma-separated and ascending; with more than one,
-   * push_pull merges among them first, over Unix sockets named `local_socket_prefix`
-   * + rank. Empty: every worker pushes its own copy. */
-  const char* local_ranks;
+  /* The workers of this host, ascending; with more than one, push_pull merges among
+   * them first, over Unix sockets named `local_socket_prefix` + rank. None: every
+   * worker pushes its own copy. */
+  const int* local_ranks;
+  int num_local_ranks;
   const char* local_socket_prefix;
   const char* debug_sample; /* BYTEPS_DEBUG_SAMPLE_TENSOR */
   /* PERSEUS_ALLREDUCE_NANCHECK: a floating-point push_pull holding NaN or Inf fails. */
@@ -39,9 +48,9 @@ typedef struct bps_worker_config {
   /* The job spans several hosts (the same on every worker): partitions are cut for a
    * network, smaller and more of them. */
   int across_hosts;
-  /* How many partitions each server gets relative to the others, comma-separated, one
-   * per server (the same on every worker); empty: the same number. */
-  const char* server_shares;
+  /* How many partitions each server gets relative to the others, one per server (the
+   * same on every worker); NULL: the same number. */
+  const int* server_shares;
 } bps_worker_config;
 int bps_worker_init(const bps_worker_config* config);
 void bps_worker_abort(const char* reason);

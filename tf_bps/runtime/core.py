@@ -71,23 +71,21 @@ def worker_init(rank: int, size: int, servers: list[str], merge_with: list[int],
     are cut for a network, and in the hybrid layout the servers get the BytePS paper's
     uneven shares (placement.py); every worker reads the same address book, so all
     agree."""
-    def entry(server: str) -> str:
-        host = server.rsplit(":", 1)[0]
-        return f"{server}+local" if config.enable_ipc and is_local_address(host) else server
-
-    local_ranks = ",".join(str(r) for r in sorted(merge_with))
-    server_hosts = [server.rsplit(":", 1)[0] for server in servers]
+    addresses = []
+    for server in servers:
+        host, port = server.rsplit(":", 1)
+        addresses.append((host, int(port), config.enable_ipc and is_local_address(host)))
+    server_hosts = [host for host, _, _ in addresses]
     shares = placement.server_shares(server_hosts, list(worker_hosts))
     # Abstract socket names are per network namespace; the scheduler's address makes
     # them per job as well (hashed: names are short, whatever the address).
     job = hashlib.sha256(f"{config.root_uri}:{config.root_port}".encode()).hexdigest()[:16]
     prefix = f"tf_bps-{job}-"
-    worker_engine().init(rank, size, ",".join(entry(server) for server in servers),
-                         config.partition_bytes, config.credit_bytes,
-                         int(config.op_timeout * 1000),
-                         config.job_token, local_ranks, prefix, config.debug_sample_tensor,
-                         config.nan_check, across_hosts=len({*worker_hosts, *server_hosts}) > 1,
-                         server_shares=",".join(map(str, shares)))
+    worker_engine().init(rank, size, addresses, config.partition_bytes, config.credit_bytes,
+                         int(config.op_timeout * 1000), config.job_token, sorted(merge_with),
+                         prefix, config.debug_sample_tensor, config.nan_check,
+                         across_hosts=len({*worker_hosts, *server_hosts}) > 1,
+                         server_shares=shares)
 
 
 def worker_abort(reason: str) -> None:
