@@ -354,29 +354,33 @@ class Config:
             listen_any=_flag(env, "BYTEPS_LISTEN_ANY"),
             cluster=cluster,
         )
-        if config.heartbeat_interval >= config.heartbeat_timeout:
-            raise ConfigError(
-                f"PS_HEARTBEAT_INTERVAL={config.heartbeat_interval:g} is not valid: it must be "
-                f"shorter than PS_HEARTBEAT_TIMEOUT={config.heartbeat_timeout:g}, or every "
-                "node would be declared dead between two heartbeats")
-        if config.trace_end_step < config.trace_start_step:
-            raise ConfigError(
-                f"BYTEPS_TRACE_END_STEP={config.trace_end_step} is not valid: it comes before "
-                f"BYTEPS_TRACE_START_STEP={config.trace_start_step}")
-        max_nodes = SETTINGS["DMLC_NUM_WORKER"].maximum
-        if config.size > max_nodes:
-            raise ConfigError(
-                f"DMLC_NUM_WORKER={config.num_worker} x BYTEPS_LOCAL_SIZE={config.local_size} "
-                f"is more than {max_nodes} worker processes")
-        if config.worker_id >= config.num_worker:
-            raise ConfigError(
-                f"DMLC_WORKER_ID={config.worker_id} is not valid: expected 0 to "
-                f"DMLC_NUM_WORKER-1 ({config.num_worker - 1})")
-        if config.local_rank >= config.local_size:
-            raise ConfigError(
-                f"BYTEPS_LOCAL_RANK={config.local_rank} is not valid: expected 0 to "
-                f"BYTEPS_LOCAL_SIZE-1 ({config.local_size - 1})")
+        config.check_rules()
         return config
+
+    def check_rules(self) -> None:
+        """The rules that tie variables together."""
+        if self.heartbeat_interval >= self.heartbeat_timeout:
+            raise ConfigError(
+                f"PS_HEARTBEAT_INTERVAL={self.heartbeat_interval:g} is not valid: it must be "
+                f"shorter than PS_HEARTBEAT_TIMEOUT={self.heartbeat_timeout:g}, or every "
+                "node would be declared dead between two heartbeats")
+        if self.trace_end_step < self.trace_start_step:
+            raise ConfigError(
+                f"BYTEPS_TRACE_END_STEP={self.trace_end_step} is not valid: it comes before "
+                f"BYTEPS_TRACE_START_STEP={self.trace_start_step}")
+        max_nodes = SETTINGS["DMLC_NUM_WORKER"].maximum
+        if self.size > max_nodes:
+            raise ConfigError(
+                f"DMLC_NUM_WORKER={self.num_worker} x BYTEPS_LOCAL_SIZE={self.local_size} "
+                f"is more than {max_nodes} worker processes")
+        if self.worker_id >= self.num_worker:
+            raise ConfigError(
+                f"DMLC_WORKER_ID={self.worker_id} is not valid: expected 0 to "
+                f"DMLC_NUM_WORKER-1 ({self.num_worker - 1})")
+        if self.local_rank >= self.local_size:
+            raise ConfigError(
+                f"BYTEPS_LOCAL_RANK={self.local_rank} is not valid: expected 0 to "
+                f"BYTEPS_LOCAL_SIZE-1 ({self.local_size - 1})")
 
     @property
     def credit_bytes(self) -> int:
