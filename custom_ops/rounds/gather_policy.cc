@@ -43,10 +43,6 @@ class Gather : public ByRankPolicy {
     }
     return out;
   }
-
-  bool Receives(const RoundData& data, uint32_t rank) const override {
-    return data.spec.owner < 0 || static_cast<int32_t>(rank) == data.spec.owner;
-  }
 };
 
 }  // namespace

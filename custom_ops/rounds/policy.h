@@ -47,7 +47,10 @@ class RoundPolicy {
   virtual const char* Result(RoundData* data, const ResultContext& context, ResultMemory* memory,
                              size_t* length) const = 0;
   // Whether worker `rank` receives the result; the others get an empty acknowledgement.
-  virtual bool Receives(const RoundData& data, uint32_t rank) const = 0;
+  // By default: the round's owner, or everyone without one.
+  virtual bool Receives(const RoundData& data, uint32_t rank) const {
+    return data.spec.owner < 0 || static_cast<int32_t>(rank) == data.spec.owner;
+  }
 };
 
 // The policies that keep each worker's push apart, by rank (broadcast, gathers).

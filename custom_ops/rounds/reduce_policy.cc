@@ -36,10 +36,6 @@ class Reduce : public RoundPolicy {
     ReduceAll(spec.reduce_op, dtype, out, inputs, spec.length / DataTypeSize(dtype));
     return out;
   }
-
-  bool Receives(const RoundData& data, uint32_t rank) const override {
-    return data.spec.owner < 0 || static_cast<int32_t>(rank) == data.spec.owner;
-  }
 };
 
 }  // namespace

@@ -93,13 +93,7 @@ void LocalMerge::Contribute(PartitionTask partition) {
     std::lock_guard<std::mutex> lock(merge_mutex_);
     partition.join_epoch = epoch_;
     if (leader != index_) {
-      PendingPartition pending;
-      pending.task = partition.task;
-      pending.part = partition.part;
-      pending.offset = partition.offset;
-      pending.reply_length = partition.reply_length;
-      pending.peer = leader;
-      pending_.Add(std::move(pending));
+      pending_.Add(PendingPartition::Of(partition, leader));
     } else {
       const Task& task = *partition.task;
       FrameHeader push;

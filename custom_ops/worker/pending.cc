@@ -7,6 +7,18 @@ constexpr size_t kMaxErrorBytes = 1u << 20;
 
 }  // namespace
 
+PendingPartition PendingPartition::Of(const PartitionTask& partition, int peer) {
+  PendingPartition pending;
+  pending.task = partition.task;
+  pending.part = partition.part;
+  pending.offset = partition.offset;
+  pending.reply_length = partition.reply_length;
+  pending.priority = partition.priority;
+  pending.push_length = partition.push_length;
+  pending.peer = peer;
+  return pending;
+}
+
 void PendingTable::Add(PendingPartition partition) {
   std::lock_guard<std::mutex> lock(mutex_);
   const PartitionKey key{partition.task->tensor_id(), partition.part};

@@ -21,6 +21,9 @@
 namespace bps {
 
 struct PendingPartition {
+  // `partition`, sent to `peer`.
+  static PendingPartition Of(const PartitionTask& partition, int peer = 0);
+
   std::shared_ptr<Task> task;
   uint32_t part = 0;
   size_t offset = 0;        // of the answer in the task's output

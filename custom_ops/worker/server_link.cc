@@ -47,14 +47,7 @@ Timeline* ServerLink::TracerFor(const Task& task) const {
 
 void ServerLink::Enqueue(PartitionTask task) {
   if (TracerFor(*task.task)) task.queued_at = Timeline::Now();
-  PendingPartition pending;
-  pending.task = task.task;
-  pending.part = task.part;
-  pending.offset = task.offset;
-  pending.reply_length = task.reply_length;
-  pending.priority = task.priority;
-  pending.push_length = task.push_length;
-  pending_.Add(std::move(pending));
+  pending_.Add(PendingPartition::Of(task));
   push_stage_.Push(std::move(task));
 }
 
