@@ -62,7 +62,7 @@ _LAZY = {
 }
 # tf_bps.distribute is BytePS's name for the strategies (bps.distribute.MirroredStrategy).
 _LAZY_MODULES = {"callbacks": "tf_bps.keras.callbacks", "keras": "tf_bps.keras",
-                 "distribute": "tf_bps.strategies"}
+                 "distribute": "tf_bps.strategies", "elastic": "tf_bps.elastic"}
 _TENSORFLOW_NAMES = {name for names in _LAZY.values() for name in names} | set(_LAZY_MODULES)
 
 

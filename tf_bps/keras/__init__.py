@@ -30,7 +30,7 @@ from tf_bps import (
     size,
     sycl_built,
 )
-from tf_bps.keras import callbacks
+from tf_bps.keras import callbacks, elastic
 from tf_bps.runtime.ops import (
     Adasum,
     Average,
@@ -58,7 +58,7 @@ __all__ = ["Adasum", "Average", "Compression", "DistributedGradientTape", "Distr
            "Max", "Min", "ProcessSet", "Product", "Sum", "add_process_set", "allgather",
            "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_object",
            "broadcast_variables", "callbacks", "ccl_built", "cross_rank", "cross_size",
-           "cuda_built", "ddl_built", "global_process_set", "gloo_built", "gloo_enabled",
+           "cuda_built", "ddl_built", "elastic", "global_process_set", "gloo_built", "gloo_enabled",
            "grouped_allreduce", "grouped_reducescatter", "init", "is_homogeneous", "is_initialized",
            "join", "load_model", "local_rank", "local_size", "mpi_built", "mpi_enabled",
            "mpi_threads_supported", "nccl_built", "push_pull", "rank", "reducescatter",
