@@ -2,7 +2,10 @@
 sync, restore and commit (Horovod's test_elastic_state, in our words), the agreement on
 host updates, and model.fit inside elastic.run with the elastic callbacks."""
 
+import time
+
 import pytest
+from conftest import finish
 from conftest import marked_json as reports
 
 
@@ -58,3 +61,23 @@ def test_fit_inside_elastic_run_keeps_the_state_and_commits(job):
         assert report["commits"] == [[0, 1], [0, 3], [1, 0], [1, 1], [1, 3], [2, 0],
                                      [2, 1], [2, 3], [3, 0]]
     assert job[0]["net_weights"] == job[1]["net_weights"]
+
+
+def test_a_lost_worker_ends_run_with_the_internal_error_after_restoring(procs):
+    job = procs.start_job_by_role(3, 1, "elastic_loop.py")
+    for rank in range(3):
+        for line in job[f"worker{rank}"].stdout:
+            if "READY" in line:
+                break
+    time.sleep(1.0)
+    procs.end(job["worker1"])
+    for rank in (0, 2):
+        status, output = finish(job[f"worker{rank}"], timeout=30)
+        assert status == 3, output
+        report = reports(output)[rank]
+        # The broken collective became the internal error, the state went back to the
+        # last commit, and the job, whose workers are fixed, ends naming the failure.
+        assert report["cause"] == "InternalError", report
+        assert "worker rank 1" in report["error"] and "cannot re-form" in report["error"]
+        assert report["step"] >= 5 and report["step"] % 5 == 0, report
+        assert report["counter"] == report["step"], report
