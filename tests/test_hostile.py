@@ -190,8 +190,10 @@ def test_a_server_out_of_descriptors_keeps_serving_without_spinning(procs):
         _wait_for(worker, "READY")
     flood = []
     try:
-        for _ in range(150):
-            flood.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        # From several addresses: one address may hold only a few waiting connections.
+        for i in range(150):
+            flood.append(socket.create_connection(("127.0.0.1", port), timeout=5,
+                                                  source_address=(f"127.0.0.{2 + i % 8}", 0)))
         before = _cpu_seconds(server.pid)
         time.sleep(3)
         spent = _cpu_seconds(server.pid) - before
@@ -202,6 +204,49 @@ def test_a_server_out_of_descriptors_keeps_serving_without_spinning(procs):
                                           "worker0": workers[0], "worker1": workers[1]})
     assert "cannot accept a connection: Too many open files" in outputs["server"]
     assert spent < 1.0, f"the server spent {spent:.2f} s of CPU in 3 s of flood"
+
+
+def test_idle_strangers_before_the_workers_arrive_do_not_stop_the_job(procs):
+    # 64 connections that say nothing, opened as soon as the server listens, from the
+    # address the workers use too (TCP: BYTEPS_ENABLE_IPC=0). Only a few may wait from
+    # one address; the workers are turned away, try again, and get in once the
+    # strangers are cut at their 10 s deadline. One more trickles a byte a second.
+    common = dict(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=free_port(), DMLC_NUM_WORKER=2,
+                  DMLC_NUM_SERVER=1, BYTEPS_JOB_TOKEN="token", BYTEPS_ENABLE_IPC=0,
+                  TEST_ROUNDS=100)
+    job = {"scheduler": procs.start(LAUNCH, base_env(DMLC_ROLE="scheduler", **common)),
+           "server": procs.start(LAUNCH, base_env(DMLC_ROLE="server", BYTEPS_LOG_LEVEL="INFO",
+                                                  **common))}
+    port = int(_wait_for(job["server"], r"listening on port (\d+)").group(1))
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(64)]
+    trickle = socket.create_connection(("127.0.0.1", port), timeout=5,
+                                       source_address=("127.0.0.2", 0))
+    opened = time.monotonic()
+    for rank in range(2):
+        job[f"worker{rank}"] = procs.start([*LAUNCH, *worker_command("steady_sums.py")],
+                                           base_env(DMLC_ROLE="worker", DMLC_WORKER_ID=rank,
+                                                    **common))
+    cut_after = None
+    try:
+        trickle.settimeout(1.0)
+        while cut_after is None and time.monotonic() - opened < 20:
+            try:
+                if trickle.recv(4096) == b"":  # The challenge first, then the end.
+                    cut_after = time.monotonic() - opened
+                    break
+            except TimeoutError:
+                pass
+            try:
+                trickle.sendall(b"\x00")
+            except OSError:
+                cut_after = time.monotonic() - opened
+        outputs = _completes_with_right_sums(job)
+    finally:
+        for sock in [*idle, trickle]:
+            sock.close()
+    assert cut_after is not None and cut_after < 13, cut_after
+    assert "others have not said who they are yet" in outputs["server"]
+    assert "did not introduce itself within 10 s" in outputs["server"]
 
 
 ZMTP_GREETING = b"\xff" + b"\x00" * 8 + b"\x7f\x03\x00NULL" + b"\x00" * 16 + b"\x00" + b"\x00" * 31

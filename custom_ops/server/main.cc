@@ -162,6 +162,7 @@ int Serve(const Settings& settings) {
   Server server(options);
   int port = 0;
   status = server.Listen(&port);
+  if (status.ok()) BPS_LOG(kInfo) << "listening on port " << port << "; registering";
 
   SchedulerLinkOptions link_options;
   link_options.host = settings.Text("DMLC_PS_ROOT_URI");

@@ -19,8 +19,15 @@ constexpr int kMaxOutstandingPerWorker = 16;
 constexpr uint64_t kMaxDeclarationBytes = 1 << 20;
 // A connection has this long to say which worker it is, and only so many may be
 // waiting to, so that strangers cannot hold threads and descriptors.
-constexpr int kHelloTimeoutMs = 10000;
 constexpr size_t kMaxUnintroduced = 64;
+constexpr size_t kMaxUnintroducedPerSource = 16;
+
+// "10.0.0.2" of "10.0.0.2:4000"; the Unix socket's peers are "local".
+std::string SourceOf(const Channel& channel) {
+  if (channel.shares_memory()) return "local";
+  const std::string& peer = channel.peer();
+  return peer.substr(0, peer.rfind(':'));
+}
 
 }  // namespace
 
@@ -78,12 +85,19 @@ Status Server::Serve(const std::vector<int32_t>& host_of_rank) {
 void Server::AcceptLoop() {
   while (!stopping_) {
     std::unique_ptr<Channel> channel;
-    if (!listener_.Accept(&channel).ok()) return;  // Stop() closed it.
-    auto conn = std::make_shared<WorkerConn>(std::move(channel));
+    // Wakes every second at least, to cut introductions past their deadline.
+    Status status = listener_.Accept(&channel, 1000);
     std::lock_guard<std::mutex> lock(conns_mutex_);
-    if (!ReapReaders()) {
-      BPS_LOG(kWarning) << "refusing a connection from " << conn->channel->peer() << ": "
-                        << kMaxUnintroduced << " others have not said who they are yet";
+    ReapReaders();
+    if (status.kind() == ErrorKind::kTimeout) continue;
+    if (!status.ok()) return;  // Stop() closed it.
+    auto conn = std::make_shared<WorkerConn>(std::move(channel));
+    const std::string source = SourceOf(*conn->channel);
+    if (!Admits(source)) {
+      BPS_LOG(kWarning) << "refusing a connection from " << conn->channel->peer()
+                        << ": others have not said who they are yet (at most "
+                        << kMaxUnintroducedPerSource << " may wait from " << source << ", "
+                        << kMaxUnintroduced << " in all)";
       continue;  // Closes it.
     }
     readers_.push_back(Reader{conn, std::thread([this, conn] {
@@ -93,28 +107,47 @@ void Server::AcceptLoop() {
                                 // in conns_ for the replies still being sent.
                                 if (conn->rank < 0) conn->channel.reset();
                                 conn->finished = true;
-                              })});
+                              }),
+                              source, std::chrono::steady_clock::now()});
   }
 }
 
-bool Server::ReapReaders() {
-  size_t unintroduced = 0;
+void Server::ReapReaders() {
+  const auto now = std::chrono::steady_clock::now();
+  const auto deadline = std::chrono::milliseconds(options_.hello_deadline_ms);
   for (auto it = readers_.begin(); it != readers_.end();) {
     if (it->conn->finished) {
       it->thread.join();
       it = readers_.erase(it);  // A worker's connection lives on in conns_.
-    } else {
-      unintroduced += it->conn->rank < 0;
-      ++it;
+      continue;
     }
+    if (it->conn->rank < 0 && !it->cut && now - it->accepted_at > deadline) {
+      // Its reader is blocked in the handshake: waking it ends the connection.
+      BPS_LOG(kWarning) << "dropping connection from " << it->conn->channel->peer()
+                        << ": it did not introduce itself within "
+                        << options_.hello_deadline_ms / 1000.0 << " s";
+      it->conn->channel->Shutdown();
+      it->cut = true;
+    }
+    ++it;
   }
-  return unintroduced < kMaxUnintroduced;
+}
+
+bool Server::Admits(const std::string& source) const {
+  size_t waiting = 0, from_source = 0;
+  for (const Reader& reader : readers_) {
+    if (reader.conn->rank >= 0 || reader.conn->finished) continue;
+    ++waiting;
+    from_source += reader.source == source;
+  }
+  return waiting < kMaxUnintroduced && from_source < kMaxUnintroducedPerSource;
 }
 
 void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
   Channel& conn = *worker->channel;
   uint32_t rank = 0;
-  Status status = AuthenticateWorker(conn, options_.token, num_workers_, kHelloTimeoutMs, &rank);
+  Status status =
+      AuthenticateWorker(conn, options_.token, num_workers_, options_.hello_deadline_ms, &rank);
   if (!status.ok()) {
     BPS_LOG(kWarning) << "dropping connection from " << conn.peer() << ": " << status.message();
     return;

@@ -9,6 +9,7 @@
 #define TF_BPS_SERVER_SERVER_H_
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -41,6 +42,9 @@ struct ServerOptions {
   // BYTEPS_ENABLE_ASYNC: workers may train asynchronously (OpKind::kAsyncPushPull);
   // without it their asynchronous pushes are refused, naming the variable.
   bool enable_async = false;
+  // How long a connection has to say which worker it is, from its accept, however
+  // slowly it trickles its bytes.
+  int hello_deadline_ms = 10000;
 };
 
 class Server : private RoundEngine::Host, private Roster {
@@ -65,9 +69,13 @@ class Server : private RoundEngine::Host, private Roster {
   struct WorkerConn;
 
   void AcceptLoop();
-  // Joins the readers that ended and forgets connections no worker holds; true if
-  // another connection may wait for its introduction. Needs conns_mutex_.
-  bool ReapReaders();
+  // Joins the readers that ended, forgets connections no worker holds, and cuts
+  // those past their introduction's deadline. Needs conns_mutex_.
+  void ReapReaders();
+  // Whether a connection from `source` may wait for its introduction: the waiting
+  // room is bounded in all and per source address, so that strangers at one address
+  // cannot keep the job's workers out. Needs conns_mutex_.
+  bool Admits(const std::string& source) const;
   void ReadLoop(std::shared_ptr<WorkerConn> conn);
   // Reads one frame of worker `rank` that is not a Bye: a declaration, a join, a
   // process set, a push or an abandon.
@@ -122,6 +130,9 @@ class Server : private RoundEngine::Host, private Roster {
   struct Reader {
     std::shared_ptr<WorkerConn> conn;
     std::thread thread;
+    std::string source;  // the peer's address; "local" for the Unix socket
+    std::chrono::steady_clock::time_point accepted_at;
+    bool cut = false;  // shut down at its deadline
   };
   std::vector<Reader> readers_;
   std::vector<bool> finished_;  // rank said Bye

@@ -75,7 +75,8 @@ Status Expect(Channel& channel, FrameType type, void* out, size_t bytes, FrameHe
   DataReader payload;
   bool eof = false;
   Status status = channel.Receive(header, &payload, &eof);
-  if (!status.ok()) return status;
+  // Closed before a frame: the peer refused us (a server turning connections away).
+  if (!status.ok()) return eof ? Status::Error(ErrorKind::kPeerGone, status.message()) : status;
   if (header->type != static_cast<uint8_t>(type) || header->length != bytes)
     return Status::Error("an unexpected frame in the handshake");
   return payload.Read(out, bytes);
@@ -163,6 +164,9 @@ Status AuthenticateServer(Channel& channel, const std::string& token, uint32_t r
   FrameHeader header;
   Nonce theirs;
   Status status = Expect(channel, FrameType::kChallenge, theirs.data(), theirs.size(), &header);
+  if (status.kind() == ErrorKind::kPeerGone)
+    return Status::Error(ErrorKind::kPeerGone,
+                         "it closed the connection before its challenge: " + status.message());
   HelloProof hello;
   if (status.ok()) status = RandomNonce(&hello.nonce);
   if (status.ok()) {

@@ -105,12 +105,11 @@ Status AuthenticateCancellably(Channel& channel, int fd, const std::string& toke
   return status;
 }
 
-}  // namespace
-
-Status ConnectToServer(const ServerAddress& address, const std::string& peer,
-                       const std::string& token, uint32_t rank, int timeout_ms,
-                       std::unique_ptr<Channel>* out, Cancellation* cancel,
-                       std::shared_ptr<SharedSlots> slots) {
+// One try at ConnectToServer. kPeerGone: the server closed the connection before its
+// challenge, as it does while too many strangers wait for theirs; worth another try.
+Status ConnectOnce(const ServerAddress& address, const std::string& peer, const std::string& token,
+                   uint32_t rank, int timeout_ms, std::unique_ptr<Channel>* out,
+                   Cancellation* cancel, std::shared_ptr<SharedSlots> slots) {
   int fd = -1;
   if (address.same_host && ConnectLocal(ServerSocketName(address.port), timeout_ms, &fd).ok()) {
     if (!slots) slots = std::make_shared<SharedSlots>(std::make_shared<ArenaTable>());
@@ -125,8 +124,13 @@ Status ConnectToServer(const ServerAddress& address, const std::string& peer,
       *out = std::move(channel);
       return Status::OK();
     }
-    BPS_LOG(kWarning) << "the local socket of " << peer << " is not the server's ("
-                      << status.message() << "); using TCP";
+    if (status.kind() == ErrorKind::kPeerGone) {
+      BPS_LOG(kDebug) << peer << " turned this worker away on its local socket ("
+                      << status.message() << "); trying TCP";
+    } else {
+      BPS_LOG(kWarning) << "the local socket of " << peer << " is not the server's ("
+                        << status.message() << "); using TCP";
+    }
   }
   Status status = ConnectTcp(address.host, address.port, timeout_ms, timeout_ms, &fd, cancel);
   if (!status.ok()) return status;
@@ -135,6 +139,34 @@ Status ConnectToServer(const ServerAddress& address, const std::string& peer,
   if (!status.ok()) return status;
   *out = std::move(channel);
   return Status::OK();
+}
+
+}  // namespace
+
+Status ConnectToServer(const ServerAddress& address, const std::string& peer,
+                       const std::string& token, uint32_t rank, int timeout_ms,
+                       std::unique_ptr<Channel>* out, Cancellation* cancel,
+                       std::shared_ptr<SharedSlots> slots) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  auto backoff = std::chrono::milliseconds(50);
+  for (int tries = 1;; ++tries) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    Status status =
+        ConnectOnce(address, peer, token, rank,
+                    static_cast<int>(std::max<int64_t>(left.count(), 1)), out, cancel, slots);
+    if (status.ok() || status.kind() != ErrorKind::kPeerGone) return status;
+    // Turned away: strangers may hold the server's waiting room. They are cut at
+    // its deadline, so try again until ours.
+    if (Clock::now() + backoff >= deadline)
+      return status.WithSuffix(" (" + peer + " turned this worker away " + std::to_string(tries) +
+                               " time(s) until BYTEPS_OP_TIMEOUT ran out)");
+    std::string why;
+    if (cancel && cancel->cancelled(&why)) return Status::Error(ErrorKind::kAborted, why);
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+  }
 }
 
 Listener::Listener()
@@ -155,15 +187,17 @@ Status Listener::Listen(const std::string& host, int port, int send_timeout_ms, 
   return Status::OK();
 }
 
-Status Listener::Accept(std::unique_ptr<Channel>* out) {
+Status Listener::Accept(std::unique_ptr<Channel>* out, int timeout_ms) {
   pollfd listeners[2] = {{tcp_fd_, POLLIN, 0}, {local_fd_, POLLIN, 0}};
   const nfds_t count = local_fd_ >= 0 ? 2 : 1;
   while (true) {
-    if (::poll(listeners, count, -1) < 0) {
+    const int ready = ::poll(listeners, count, timeout_ms);
+    if (ready < 0) {
       if (errno == EINTR) continue;
       return Status::Error(std::string("poll() on the listening sockets failed: ") +
                            std::strerror(errno));
     }
+    if (ready == 0) return Status::Error(ErrorKind::kTimeout, "no connection came");
     for (nfds_t i = 0; i < count; ++i) {
       if (listeners[i].revents & (POLLERR | POLLHUP | POLLNVAL))
         return Status::Error(ErrorKind::kShutdown, "the listener is closed");

@@ -182,8 +182,9 @@ class Listener {
   // On `host` (empty: every interface); port 0 picks a free one. `send_timeout_ms`
   // bounds every send on accepted channels.
   Status Listen(const std::string& host, int port, int send_timeout_ms, int* bound_port);
-  // Blocks for the next worker; an error once Close() ran.
-  Status Accept(std::unique_ptr<Channel>* out);
+  // Waits up to `timeout_ms` (-1: for ever) for the next worker: kTimeout when none
+  // came; an error once Close() ran.
+  Status Accept(std::unique_ptr<Channel>* out, int timeout_ms = -1);
   // Wakes Accept() for good.
   void Close();
   // Where a server computes results that same-host workers read without a copy

@@ -866,6 +866,7 @@ int main() {
   bps::TestTokenProofs();
   bps::TestServerRounds();
   bps::TestRounds();
+  bps::TestWaitingRoom();
   bps::TestSquattedLocalSocketIsNotTrusted();
   bps::TestServerRefusesOversizedPushes();
   bps::TestJsonParsing();

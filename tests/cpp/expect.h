@@ -20,6 +20,7 @@ inline int failures = 0;
 // Defined in their own files.
 void TestSharedSlots();
 void TestRounds();
+void TestWaitingRoom();
 
 }  // namespace bps
 

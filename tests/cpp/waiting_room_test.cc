@@ -1,0 +1,111 @@
+// Unit tests of a server's waiting room: connections that have not yet said which
+// worker they are. Strangers at one address cannot keep the job's workers out, a
+// slow trickle is cut at the deadline, and a worker turned away tries again.
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "../../custom_ops/server/server.h"
+#include "../../custom_ops/wire/socket.h"
+#include "../../custom_ops/wire/transport.h"
+#include "expect.h"
+
+namespace bps {
+namespace {
+
+constexpr char kSecret[] = "the waiting room's token";
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Opens a TCP connection that says nothing; -1 if it could not.
+int IdleConnection(int port) {
+  int fd = -1;
+  return ConnectTcp("127.0.0.1", port, 2000, 2000, &fd).ok() ? fd : -1;
+}
+
+// Seconds until the server closes `fd`, or -1 if it is still open after `limit_s`.
+double SecondsUntilClosed(int fd, double limit_s, Clock::time_point since) {
+  char byte;
+  while (SecondsSince(since) < limit_s) {
+    const ssize_t n = ::recv(fd, &byte, 1, MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) return SecondsSince(since);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return -1;
+}
+
+void TestStrangersAtOneAddressCannotKeepWorkersOut() {
+  ServerOptions options;
+  options.token = kSecret;
+  options.timeout_ms = 5000;
+  options.hello_deadline_ms = 1500;
+  Server server(options);
+  int port = 0;
+  EXPECT(server.Listen(&port).ok());
+  EXPECT(server.Serve({0, 1}).ok());
+  // A stranger opens 64 idle connections before the workers come: its address fills
+  // its share of the waiting room, and the rest are refused.
+  std::vector<int> idle;
+  for (int i = 0; i < 64; ++i) idle.push_back(IdleConnection(port));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // A worker on this host comes in through the Unix socket at once.
+  auto start = Clock::now();
+  std::unique_ptr<Channel> local, tcp;
+  EXPECT(ConnectToServer(ServerAddress{"127.0.0.1", port, true}, "server", kSecret, 0, 5000, &local)
+             .ok());
+  EXPECT(local && local->shares_memory() && SecondsSince(start) < 1.0);
+  // One from the strangers' address is turned away until the deadline cuts them, and
+  // then gets in by trying again.
+  start = Clock::now();
+  EXPECT(ConnectToServer(ServerAddress{"127.0.0.1", port, false}, "server", kSecret, 1, 5000, &tcp)
+             .ok());
+  const double waited = SecondsSince(start);
+  EXPECT(tcp && !tcp->shares_memory() && waited > 0.5 && waited < 4.0);
+  for (int fd : idle)
+    if (fd >= 0) ::close(fd);
+  server.Stop();
+}
+
+void TestTrickleIsCutAtTheDeadline() {
+  ServerOptions options;
+  options.token = kSecret;
+  options.timeout_ms = 5000;
+  options.hello_deadline_ms = 1500;
+  Server server(options);
+  int port = 0;
+  EXPECT(server.Listen(&port).ok());
+  EXPECT(server.Serve({0}).ok());
+  const int fd = IdleConnection(port);
+  EXPECT(fd >= 0);
+  const auto start = Clock::now();
+  // One byte of a hello every 300 ms: each read succeeds, but the whole never does.
+  std::thread trickle([fd] {
+    for (int i = 0; i < 20; ++i) {
+      const char byte = 0;
+      if (::send(fd, &byte, 1, MSG_NOSIGNAL) != 1) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+  });
+  const double closed_after = SecondsUntilClosed(fd, 5.0, start);
+  trickle.join();
+  ::close(fd);
+  // Cut at the deadline, and the server's check runs every second.
+  EXPECT(closed_after >= 1.4 && closed_after < 3.0);
+  server.Stop();
+}
+
+}  // namespace
+
+void TestWaitingRoom() {
+  TestStrangersAtOneAddressCannotKeepWorkersOut();
+  TestTrickleIsCutAtTheDeadline();
+}
+
+}  // namespace bps
