@@ -181,7 +181,8 @@ class TensorFlowState(_VariablesState):
 
 
 class TensorFlowKerasState(_VariablesState):
-    """A Keras model's and its optimizer's variables, and attributes."""
+    """A Keras model's and its optimizer's variables, and attributes. (`backend`, a
+    Keras 2 module in Horovod's signature, is not needed with Keras 3.)"""
 
     def __init__(self, model, optimizer=None, backend=None, **kwargs):
         if hasattr(model, "built") and not model.built:
@@ -246,8 +247,9 @@ def run_with_reset(func, reset):
 
 
 def run(func):
-    """Decorates `func(state, ...)`: syncs the state from rank 0 and calls it; when a
-    collective inside fails for a lost peer (InternalError), restores the last commit,
-    re-forms the job and calls it again; when the hosts changed
-    (HostsUpdatedInterrupt), re-forms the job and calls it again."""
+    """Decorates `func(state, ...)`: syncs the state from rank 0 and calls it. When a
+    collective inside fails for a lost peer (InternalError), it restores the last
+    commit; after that, or when the hosts changed (HostsUpdatedInterrupt), the job would
+    re-form and `func` run again. Jobs cannot re-form yet: `run` then ends with an
+    InternalError that names the failure."""
     return run_with_reset(func, _cannot_reform)
