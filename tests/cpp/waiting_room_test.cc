@@ -41,15 +41,23 @@ double SecondsUntilClosed(int fd, double limit_s, Clock::time_point since) {
   return -1;
 }
 
-void TestStrangersAtOneAddressCannotKeepWorkersOut() {
+// A server of `workers` workers (one per host) with a 1.5 s introduction deadline.
+std::unique_ptr<Server> ServerWithDeadline(int workers, int* port) {
   ServerOptions options;
   options.token = kSecret;
   options.timeout_ms = 5000;
   options.hello_deadline_ms = 1500;
-  Server server(options);
+  auto server = std::make_unique<Server>(options);
+  std::vector<int32_t> host_of_rank;
+  for (int r = 0; r < workers; ++r) host_of_rank.push_back(r);
+  EXPECT(server->Listen(port).ok());
+  EXPECT(server->Serve(host_of_rank).ok());
+  return server;
+}
+
+void TestStrangersAtOneAddressCannotKeepWorkersOut() {
   int port = 0;
-  EXPECT(server.Listen(&port).ok());
-  EXPECT(server.Serve({0, 1}).ok());
+  std::unique_ptr<Server> server = ServerWithDeadline(2, &port);
   // A stranger opens 64 idle connections before the workers come: its address fills
   // its share of the waiting room, and the rest are refused.
   std::vector<int> idle;
@@ -70,18 +78,12 @@ void TestStrangersAtOneAddressCannotKeepWorkersOut() {
   EXPECT(tcp && !tcp->shares_memory() && waited > 0.5 && waited < 4.0);
   for (int fd : idle)
     if (fd >= 0) ::close(fd);
-  server.Stop();
+  server->Stop();
 }
 
 void TestTrickleIsCutAtTheDeadline() {
-  ServerOptions options;
-  options.token = kSecret;
-  options.timeout_ms = 5000;
-  options.hello_deadline_ms = 1500;
-  Server server(options);
   int port = 0;
-  EXPECT(server.Listen(&port).ok());
-  EXPECT(server.Serve({0}).ok());
+  std::unique_ptr<Server> server = ServerWithDeadline(1, &port);
   const int fd = IdleConnection(port);
   EXPECT(fd >= 0);
   const auto start = Clock::now();
@@ -98,7 +100,7 @@ void TestTrickleIsCutAtTheDeadline() {
   ::close(fd);
   // Cut at the deadline, and the server's check runs every second.
   EXPECT(closed_after >= 1.4 && closed_after < 3.0);
-  server.Stop();
+  server->Stop();
 }
 
 }  // namespace
