@@ -128,14 +128,18 @@ void RoundEngine::Loop() {
 
 void RoundEngine::Process(EngineItem item) {
   const PartitionKey id{item.tensor_id, item.part};
+  if (host_->failing()) {
+    // No key state for a job that is over: the push only hears why.
+    SendError(item.rank, id, item.round, ErrorKind::kPeerGone,
+              "the job is failing: " + host_->failure() + " (tensor " +
+                  setup_.declarations->Describe(id.tensor_id, item.rank) + ")");
+    setup_.pool->Release(std::move(item.block));
+    return;
+  }
   KeyState& key = keys_[id];
   KeyPort port(this, id, &key);
   const Arrival arrival{item.rank, item.round, 0};
-  if (host_->failing()) {
-    SendError(
-        item.rank, id, item.round, ErrorKind::kPeerGone,
-        "the job is failing: " + host_->failure() + " (tensor " + port.Tensor(item.rank) + ")");
-  } else if (item.kind_of_item == EngineItem::Kind::kAbandon) {
+  if (item.kind_of_item == EngineItem::Kind::kAbandon) {
     // Rounds of an asynchronous key wait for nobody but rank 0's first push.
     if (key.async.started() || item.spec.kind == OpKind::kAsyncPushPull) {
       key.async.GiveUp(item.rank, &port);
