@@ -79,7 +79,8 @@ Status SchedulerLink::Connect(const SchedulerLinkOptions& options,
   return Status::OK();
 }
 
-Status SchedulerLink::NextReply(Clock::time_point deadline, const std::string& type, Json* reply) {
+Status SchedulerLink::NextReply(Clock::time_point deadline, double timeout_s,
+                                const std::string& type, Json* reply) {
   while (true) {  // Until the deadline, however much else arrives.
     std::string text;
     bool received = false;
@@ -89,10 +90,13 @@ Status SchedulerLink::NextReply(Clock::time_point deadline, const std::string& t
       return Status::Error(ErrorKind::kTimeout,
                            "no " + std::string(type == "book" ? "address book" : "answer") +
                                " from the scheduler at " + endpoint_ + " within " +
-                               FormatG(options_.timeout_s) + " s (is it running, and have all " +
-                               std::to_string(options_.num_workers) + " worker(s) and " +
-                               std::to_string(options_.num_servers) +
-                               " server(s) started? see BYTEPS_OP_TIMEOUT)");
+                               FormatG(timeout_s) +
+                               (registered_ ? " s of the job re-forming (BYTEPS_ELASTIC_TIMEOUT)"
+                                            : " s (is it running, and have all " +
+                                                  std::to_string(options_.num_workers) +
+                                                  " worker(s) and " +
+                                                  std::to_string(options_.num_servers) +
+                                                  " server(s) started? see BYTEPS_OP_TIMEOUT)"));
     if (!Json::Parse(text, reply).ok()) continue;  // Not one of its messages.
     const std::string& kind = (*reply)["type"].str();
     if (kind == type) return Status::OK();
@@ -104,13 +108,16 @@ Status SchedulerLink::NextReply(Clock::time_point deadline, const std::string& t
 
 Status SchedulerLink::Register(const std::string& role, const std::string& host, JsonWriter fields,
                                Json* book) {
-  // One BYTEPS_OP_TIMEOUT from the first connection attempt, as on the Python side.
-  const Clock::time_point deadline = started_ + Seconds(options_.timeout_s);
+  // The first: one BYTEPS_OP_TIMEOUT from the first connection attempt, as on the
+  // Python side; a re-forming: one BYTEPS_ELASTIC_TIMEOUT from now.
+  const double timeout_s = registered_ ? options_.reform_timeout_s : options_.timeout_s;
+  const Clock::time_point deadline =
+      (registered_ ? Clock::now() : started_) + Seconds(timeout_s);
   std::string mine;
   Status status = NewNonce(&mine);
   if (status.ok()) status = Send(JsonWriter().Add("type", "hello").Add("nonce", mine).Finish());
   Json challenge;
-  if (status.ok()) status = NextReply(deadline, "challenge", &challenge);
+  if (status.ok()) status = NextReply(deadline, timeout_s, "challenge", &challenge);
   if (!status.ok()) return status;
   if (!SameText(challenge["proof"].str(), ControlProof(options_.token, "scheduler", mine)))
     return Status::Error(ErrorKind::kPeerGone,
@@ -123,8 +130,9 @@ Status SchedulerLink::Register(const std::string& role, const std::string& host,
       .Add("host", host)
       .Add("proof", ControlProof(options_.token, "node", challenge["nonce"].str()));
   status = Send(fields.Finish());
-  if (status.ok()) status = NextReply(deadline, "book", book);
+  if (status.ok()) status = NextReply(deadline, timeout_s, "book", book);
   last_heard_ = Clock::now();
+  if (status.ok()) registered_ = true;
   return status;
 }
 
@@ -139,7 +147,8 @@ Status SchedulerLink::Drain(std::vector<Json>* orders) {
     Json message;
     if (!Json::Parse(text, &message).ok()) continue;
     const std::string& type = message["type"].str();
-    if (type == "exit" || type == "abort") orders->push_back(std::move(message));
+    if (type == "exit" || type == "abort" || type == "reform")
+      orders->push_back(std::move(message));
   }
   return Status::OK();
 }

@@ -23,6 +23,9 @@ struct SchedulerLinkOptions {
   double timeout_s = 300;  // BYTEPS_OP_TIMEOUT: for the connection and the address book
   double heartbeat_interval_s = 1;
   double heartbeat_timeout_s = 10;
+  // BYTEPS_ELASTIC_TIMEOUT: how long a registration after the first (the job
+  // re-forming) may wait for its address book.
+  double reform_timeout_s = 600;
   // For the timeout's message: the job's size.
   int num_workers = 1;
   int num_servers = 1;
@@ -33,12 +36,13 @@ class SchedulerLink {
   static Status Connect(const SchedulerLinkOptions& options, std::unique_ptr<SchedulerLink>* out);
 
   // Proves the job token both ways, registers this node (`fields` add to role, pid,
-  // host and proof) and returns the scheduler's address book.
+  // host and proof) and returns the scheduler's address book. Called again when the
+  // job re-forms (a "reform" order), for the next generation's book.
   Status Register(const std::string& role, const std::string& host, JsonWriter fields, Json* book);
   // Sends a heartbeat when one is due, then waits until the next is due for the
-  // scheduler's orders (exit, abort; other messages are dropped) or for `extra_fd` to
-  // turn readable (-1: none). Fails once the scheduler has been silent for longer
-  // than the heartbeat timeout.
+  // scheduler's orders (exit, abort, reform; other messages are dropped) or for
+  // `extra_fd` to turn readable (-1: none). Fails once the scheduler has been silent
+  // for longer than the heartbeat timeout.
   Status PollOnce(int extra_fd, std::vector<Json>* orders, bool* extra_ready);
   Status Send(const std::string& message) { return dealer_->Send(message); }
   const std::string& endpoint() const { return endpoint_; }
@@ -48,7 +52,8 @@ class SchedulerLink {
   SchedulerLink(const SchedulerLinkOptions& options, std::unique_ptr<ZmqDealer> dealer,
                 Clock::time_point started);
   // The scheduler's next message of `type`; an abort or the deadline fails.
-  Status NextReply(Clock::time_point deadline, const std::string& type, Json* reply);
+  Status NextReply(Clock::time_point deadline, double timeout_s, const std::string& type,
+                   Json* reply);
   // Takes the scheduler's orders that have arrived, a bounded number at a time.
   Status Drain(std::vector<Json>* orders);
 
@@ -58,6 +63,7 @@ class SchedulerLink {
   std::unique_ptr<ZmqDealer> dealer_;
   std::string endpoint_;
   Clock::time_point started_;  // the first connection attempt
+  bool registered_ = false;    // once: later registrations re-form the job
   Clock::time_point last_heard_;
   Clock::time_point next_heartbeat_;
 };

@@ -32,7 +32,7 @@ void Init(int rank, int size, const std::vector<std::tuple<std::string, int, boo
           long long partition_bytes, long long credit_bytes, int timeout_ms,
           const std::string& token, const std::vector<int>& local_ranks,
           const std::string& local_socket_prefix, const std::string& debug_sample, bool nan_check,
-          bool across_hosts, const std::vector<int>& server_shares) {
+          bool across_hosts, const std::vector<int>& server_shares, unsigned generation) {
   std::vector<bps_server_address> addresses;
   for (const auto& [host, port, same_host] : servers)
     addresses.push_back({host.c_str(), port, same_host ? 1 : 0});
@@ -54,6 +54,7 @@ void Init(int rank, int size, const std::vector<std::tuple<std::string, int, boo
   config.nan_check = nan_check ? 1 : 0;
   config.across_hosts = across_hosts ? 1 : 0;
   config.server_shares = server_shares.empty() ? nullptr : server_shares.data();
+  config.generation = generation;
   int result;
   {
     py::gil_scoped_release unlocked;  // Connecting may take up to the timeout.
@@ -80,7 +81,7 @@ PYBIND11_MODULE(_bps_worker, m) {
         py::arg("token"), py::arg("local_ranks") = std::vector<int>{},
         py::arg("local_socket_prefix") = "", py::arg("debug_sample") = "",
         py::arg("nan_check") = false, py::arg("across_hosts") = false,
-        py::arg("server_shares") = std::vector<int>{},
+        py::arg("server_shares") = std::vector<int>{}, py::arg("generation") = 0,
         "Connects to the servers ((host, port, same_host) each) and, with several local "
         "ranks, to the other workers of this host.");
   m.def(

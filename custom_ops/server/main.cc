@@ -132,15 +132,81 @@ std::string ListenAddress(const std::string& host) {
   return bound ? inet_ntoa(address.sin_addr) : "";
 }
 
-// What the scheduler hears of a failure: enough to name it, and never more than its
-// messages may carry (it drops larger ones).
-std::string FailureMessage(const std::string& reason) {
+// What the scheduler hears of a failure: enough to name it (and the lost worker's
+// rank, for the job to re-form without it), never more than its messages may carry.
+std::string FailureMessage(const std::string& reason, int lost_worker) {
   constexpr size_t kMaxReason = 4096;
   std::string text = reason.size() > kMaxReason ? reason.substr(0, kMaxReason) + "..." : reason;
-  return JsonWriter().Add("type", "failure").Add("reason", text).Finish();
+  JsonWriter message;
+  message.Add("type", "failure").Add("reason", text);
+  if (lost_worker >= 0) message.Add("lost_rank", int64_t{lost_worker});
+  return message.Finish();
 }
 
-// Serves one job; the exit status.
+// How one generation of the job ended for this server.
+struct GenerationEnd {
+  int exit_status = -1;  // 0: the job is over; 1: it failed; -1: it re-forms
+  std::string reason;    // why it failed or re-forms
+};
+
+// Registers `server` (listening on `port`) for the next generation of the job and
+// serves its workers until the scheduler ends or re-forms the job.
+GenerationEnd ServeGeneration(Server& server, int port, const std::string& host,
+                              SchedulerLink& link) {
+  Json book;
+  Status status = link.Register("server", host, JsonWriter().Add("port", int64_t{port}), &book);
+  std::vector<int32_t> host_of_rank;
+  for (const Json& group : book["merge_groups"].items()) {
+    int64_t value = 0;
+    if (!group.AsInt(0, INT32_MAX, &value)) {
+      status = Status::Error("a malformed address book from the scheduler");
+      break;
+    }
+    host_of_rank.push_back(static_cast<int32_t>(value));
+  }
+  int64_t server_id = -1, generation = 0;
+  book["server_id"].AsInt(0, INT32_MAX, &server_id);
+  book["generation"].AsInt(0, UINT32_MAX, &generation);
+  if (status.ok()) status = server.Serve(host_of_rank, static_cast<uint32_t>(generation));
+  if (!status.ok()) {
+    fprintf(stderr, "%s: %s\n", kPrefix, status.message().c_str());
+    return {1, status.message()};
+  }
+  SetLogPrefix(std::string(kPrefix) + " " + std::to_string(server_id));
+  BPS_LOG(kInfo) << "server " << server_id << " serving " << host_of_rank.size()
+                 << " worker(s) on port " << port
+                 << (generation ? " (job generation " + std::to_string(generation) + ")" : "");
+
+  bool reported = false;
+  while (true) {
+    std::vector<Json> orders;
+    bool failed = false;
+    status = link.PollOnce(reported ? -1 : server.failure_fd(), &orders, &failed);
+    if (!status.ok()) {
+      fprintf(stderr, "%s: %s\n", kPrefix, status.message().c_str());
+      return {1, ""};
+    }
+    if (!orders.empty()) {  // The first order stands: exit, abort or re-form.
+      const Json& order = orders.front();
+      const std::string& type = order["type"].str();
+      if (type == "exit") return {0, ""};
+      if (type == "reform") {
+        BPS_LOG(kInfo) << "the job re-forms: " << order["reason"].str();
+        return {-1, "the job is re-forming: " + order["reason"].str()};
+      }
+      fprintf(stderr, "%s: job aborted: %s\n", kPrefix, order["reason"].str().c_str());
+      return {1, "the job is failing: " + order["reason"].str()};
+    }
+    if (failed && !reported) {
+      // A lost link shows at the next poll. The scheduler answers with an abort, or
+      // in an elastic job by re-forming it without the lost worker.
+      (void)link.Send(FailureMessage(server.failure(), server.lost_worker()));
+      reported = true;
+    }
+  }
+}
+
+// Serves one job, generation after generation; the exit status.
 int Serve(const Settings& settings) {
   Status status = RequireRendezvous(settings);
   std::string host;
@@ -159,10 +225,6 @@ int Serve(const Settings& settings) {
   options.token = settings.Text("BYTEPS_JOB_TOKEN");
   options.max_tensor_bytes = static_cast<uint64_t>(settings.Int("BYTEPS_MAX_TENSOR_BYTES"));
   options.enable_async = settings.Flag("BYTEPS_ENABLE_ASYNC");
-  Server server(options);
-  int port = 0;
-  status = server.Listen(&port);
-  if (status.ok()) BPS_LOG(kInfo) << "listening on port " << port << "; registering";
 
   SchedulerLinkOptions link_options;
   link_options.host = settings.Text("DMLC_PS_ROOT_URI");
@@ -171,62 +233,36 @@ int Serve(const Settings& settings) {
   link_options.timeout_s = timeout_s;
   link_options.heartbeat_interval_s = settings.Number("PS_HEARTBEAT_INTERVAL");
   link_options.heartbeat_timeout_s = settings.Number("PS_HEARTBEAT_TIMEOUT");
+  link_options.reform_timeout_s = settings.Number("BYTEPS_ELASTIC_TIMEOUT");
   link_options.num_workers = static_cast<int>(settings.Int("DMLC_NUM_WORKER"));
   link_options.num_servers = static_cast<int>(settings.Int("DMLC_NUM_SERVER"));
   std::unique_ptr<SchedulerLink> link;
-  if (status.ok()) status = SchedulerLink::Connect(link_options, &link);
-  Json book;
-  if (status.ok())
-    status = link->Register("server", host, JsonWriter().Add("port", int64_t{port}), &book);
-  std::vector<int32_t> host_of_rank;
-  for (const Json& group : book["merge_groups"].items()) {
-    int64_t value = 0;
-    if (!group.AsInt(0, INT32_MAX, &value)) {
-      status = Status::Error("a malformed address book from the scheduler");
-      break;
+  while (true) {
+    // A fresh server each generation: nothing of the last one's rounds, connections
+    // or declarations survives into the next. It listens where it did, and the
+    // scheduler books the workers after it registered, so none finds it closed.
+    Server server(options);
+    int port = 0;
+    status = server.Listen(&port);
+    if (status.ok() && !link) {
+      BPS_LOG(kInfo) << "listening on port " << port << "; registering";
+      status = SchedulerLink::Connect(link_options, &link);
     }
-    host_of_rank.push_back(static_cast<int32_t>(value));
-  }
-  if (status.ok()) status = server.Serve(host_of_rank);
-  if (!status.ok()) {
-    fprintf(stderr, "%s: %s\n", kPrefix, status.message().c_str());
-    server.Stop(status.message());
-    return 1;
-  }
-  int64_t server_id = -1;
-  book["server_id"].AsInt(0, INT32_MAX, &server_id);
-  SetLogPrefix(std::string(kPrefix) + " " + std::to_string(server_id));
-  BPS_LOG(kInfo) << "server " << server_id << " serving " << host_of_rank.size()
-                 << " worker(s) on port " << port;
-
-  std::string stop_reason;  // What the workers hear when the server stops, if it fails.
-  int exit_status = -1;
-  bool reported = false;
-  while (exit_status < 0) {
-    std::vector<Json> orders;
-    bool failed = false;
-    status = link->PollOnce(reported ? -1 : server.failure_fd(), &orders, &failed);
-    if (!status.ok()) {
+    GenerationEnd end;
+    if (status.ok()) {
+      options.port = port;
+      end = ServeGeneration(server, port, host, *link);
+    } else {
       fprintf(stderr, "%s: %s\n", kPrefix, status.message().c_str());
-      exit_status = 1;
-      break;
+      end = {1, status.message()};
     }
-    if (!orders.empty()) {  // The first order stands: exit, or abort with the reason.
-      const Json& order = orders.front();
-      exit_status = order["type"].str() == "exit" ? 0 : 1;
-      if (exit_status == 1) {
-        fprintf(stderr, "%s: job aborted: %s\n", kPrefix, order["reason"].str().c_str());
-        stop_reason = "the job is failing: " + order["reason"].str();
-      }
-    } else if (failed && !reported) {
-      (void)link->Send(FailureMessage(server.failure()));  // A lost link shows next poll.
-      reported = true;
+    std::string failure = server.failure();
+    server.Stop(end.reason.empty() ? failure : end.reason);
+    if (end.exit_status >= 0) {
+      if (!failure.empty() && link) (void)link->Send(FailureMessage(failure, server.lost_worker()));
+      return end.exit_status;
     }
   }
-  std::string failure = server.failure();
-  server.Stop(stop_reason.empty() ? failure : stop_reason);
-  if (!failure.empty()) (void)link->Send(FailureMessage(failure));
-  return exit_status;
 }
 
 int Main() {

@@ -53,9 +53,10 @@ Status Server::Listen(int* bound_port) {
   return listener_.Listen(options_.host, options_.port, options_.timeout_ms, bound_port);
 }
 
-Status Server::Serve(const std::vector<int32_t>& host_of_rank) {
+Status Server::Serve(const std::vector<int32_t>& host_of_rank, uint32_t generation) {
   if (host_of_rank.empty() || !engines_.empty())
     return Status::Error("the server is already serving");
+  listener_.set_generation(generation);
   num_workers_ = static_cast<int>(host_of_rank.size());
   host_ranks_.assign(num_workers_, {});
   for (int r = 0; r < num_workers_; ++r)
@@ -187,7 +188,8 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
   }
   if (!stopping_) {
     SetFailure("worker rank " + std::to_string(rank) + " (" + conn.peer() +
-               ") disconnected without shutting down: " + status.message());
+                   ") disconnected without shutting down: " + status.message(),
+               static_cast<int>(rank));
   }
 }
 
@@ -444,11 +446,12 @@ void Server::SendResult(uint32_t rank, const FrameHeader& header, const void* da
   if (!status.ok()) BPS_LOG(kDebug) << status.message();  // As in Send.
 }
 
-void Server::SetFailure(const std::string& reason) {
+void Server::SetFailure(const std::string& reason, int lost_worker) {
   {
     std::lock_guard<std::mutex> lock(failure_mutex_);
     if (!failure_.empty()) return;
     failure_ = reason;
+    lost_worker_ = lost_worker;
   }
   failed_.store(true);
   BPS_LOG(kError) << reason;
@@ -466,6 +469,11 @@ void Server::SetFailure(const std::string& reason) {
 std::string Server::failure() {
   std::lock_guard<std::mutex> lock(failure_mutex_);
   return failure_;
+}
+
+int Server::lost_worker() {
+  std::lock_guard<std::mutex> lock(failure_mutex_);
+  return lost_worker_;
 }
 
 void Server::Stop(const std::string& reason) {

@@ -56,12 +56,15 @@ class Server : private RoundEngine::Host, private Roster {
   Status Listen(int* bound_port);
   // Starts summing for the workers of the scheduler's address book: `host_of_rank`
   // holds each worker's host (any number naming it), so that one push merged over a
-  // host's workers (kFlagHostMerged) counts for each of them.
-  Status Serve(const std::vector<int32_t>& host_of_rank);
+  // host's workers (kFlagHostMerged) counts for each of them. Frames of any other
+  // job `generation` than the book's are refused (FrameHeader::generation).
+  Status Serve(const std::vector<int32_t>& host_of_rank, uint32_t generation = 0);
   // A descriptor that turns readable when the server hits a fatal failure (a worker
   // vanished), so a control loop can wait on it alongside its other sockets.
   int failure_fd() const { return failure_pipe_[0]; }
   std::string failure() override;
+  // The worker whose vanishing failed the server, or -1 (the failure is another).
+  int lost_worker();
   // Stops serving; with a `reason`, each worker hears it before its connection closes.
   void Stop(const std::string& reason = "");
 
@@ -93,7 +96,7 @@ class Server : private RoundEngine::Host, private Roster {
   std::shared_ptr<WorkerConn> ConnOf(uint32_t rank);
   // Logs, per tensor, the data that came in and went out (DEBUG).
   void LogTraffic();
-  void SetFailure(const std::string& reason);
+  void SetFailure(const std::string& reason, int lost_worker = -1);
 
   // RoundEngine::Host
   void Send(uint32_t rank, const FrameHeader& header, const void* payload) override;
@@ -155,6 +158,7 @@ class Server : private RoundEngine::Host, private Roster {
 
   std::mutex failure_mutex_;
   std::string failure_;
+  int lost_worker_ = -1;
 };
 
 }  // namespace bps

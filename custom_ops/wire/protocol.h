@@ -64,7 +64,7 @@ enum class OpKind : uint8_t {
 const char* OpKindName(OpKind kind);
 bool IsValidOpKind(uint8_t value);
 
-constexpr uint32_t kFrameMagic = 0x32535042;  // "BPS2"
+constexpr uint32_t kFrameMagic = 0x33535042;  // "BPS3"
 
 // Fixed-size header; both ends are the same build on little-endian hosts.
 struct FrameHeader {
@@ -93,8 +93,14 @@ struct FrameHeader {
   // Allgather pushes: the sender's first dimension (its row count).
   int64_t rows = 0;
   uint64_t length = 0;  // payload bytes that follow.
+  // The job generation the sender belongs to: the scheduler starts a new one each
+  // time the job re-forms (a worker lost or gained). Stamped by the connection
+  // (socket.h), which refuses a frame of another, so nothing of an older membership
+  // reaches a newer one's rounds.
+  uint32_t generation = 0;
+  uint32_t reserved = 0;
 };
-static_assert(sizeof(FrameHeader) == 64, "frame header layout is part of the wire format");
+static_assert(sizeof(FrameHeader) == 72, "frame header layout is part of the wire format");
 
 enum FrameFlags : uint8_t {
   // A push_pull push that sums every worker of the sender's host (local_merge.h):

@@ -39,9 +39,11 @@ int Connection::TakeReceivedFd() {
 }
 
 Status Connection::Send(const FrameHeader& header, const void* payload, int fd) {
+  FrameHeader stamped = header;
+  stamped.generation = generation_;
   iovec parts[2];
-  parts[0].iov_base = const_cast<FrameHeader*>(&header);
-  parts[0].iov_len = sizeof(header);
+  parts[0].iov_base = &stamped;
+  parts[0].iov_len = sizeof(stamped);
   parts[1].iov_base = const_cast<void*>(payload);
   parts[1].iov_len = payload ? header.length : 0;
   int count = parts[1].iov_len ? 2 : 1;
@@ -116,6 +118,11 @@ Status Connection::ReceiveHeader(FrameHeader* header, bool* eof) {
   if (header->magic != kFrameMagic)
     return Status::Error("garbled frame from " + peer_ +
                          " (is it a tf_bps peer of the same version?)");
+  if (header->generation != generation_)
+    return Status::Error(ErrorKind::kAborted,
+                         peer_ + " sent a frame of job generation " +
+                             std::to_string(header->generation) + " to a connection of generation " +
+                             std::to_string(generation_) + ": the job has re-formed since");
   return Status::OK();
 }
 

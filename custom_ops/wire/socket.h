@@ -27,6 +27,10 @@ class Connection {
 
   const std::string& peer() const { return peer_; }
   std::mutex& write_mutex() { return write_mutex_; }
+  // The job generation of this connection (FrameHeader::generation): stamped on every
+  // frame sent; a frame received with another fails ReceiveHeader. Set it before
+  // the first frame either way.
+  void set_generation(uint32_t generation) { generation_ = generation; }
 
   // `fd` >= 0 is passed to the peer with the frame (Unix sockets only).
   Status Send(const FrameHeader& header, const void* payload, int fd = -1);
@@ -46,6 +50,7 @@ class Connection {
  private:
   int fd_;
   int received_fd_ = -1;
+  uint32_t generation_ = 0;
   std::string peer_;
   std::mutex write_mutex_;
 };

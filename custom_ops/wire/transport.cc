@@ -109,12 +109,13 @@ Status AuthenticateCancellably(Channel& channel, int fd, const std::string& toke
 // challenge, as it does while too many strangers wait for theirs; worth another try.
 Status ConnectOnce(const ServerAddress& address, const std::string& peer, const std::string& token,
                    uint32_t rank, int timeout_ms, std::unique_ptr<Channel>* out,
-                   Cancellation* cancel, std::shared_ptr<SharedSlots> slots) {
+                   Cancellation* cancel, std::shared_ptr<SharedSlots> slots, uint32_t generation) {
   int fd = -1;
   if (address.same_host && ConnectLocal(ServerSocketName(address.port), timeout_ms, &fd).ok()) {
     if (!slots) slots = std::make_shared<SharedSlots>(std::make_shared<ArenaTable>());
     auto channel = std::make_unique<SharedMemoryChannel>(std::make_unique<Connection>(fd, peer),
                                                          slots, SharedMemoryChannel::Side::kWorker);
+    channel->set_generation(generation);
     // Anyone on this host may have bound the socket's name first: trust it only once
     // it has proven the token, and otherwise take the TCP way in.
     Status status = AuthenticateCancellably(*channel, fd, token, rank, timeout_ms, cancel);
@@ -135,6 +136,7 @@ Status ConnectOnce(const ServerAddress& address, const std::string& peer, const 
   Status status = ConnectTcp(address.host, address.port, timeout_ms, timeout_ms, &fd, cancel);
   if (!status.ok()) return status;
   auto channel = std::make_unique<SocketChannel>(std::make_unique<Connection>(fd, peer));
+  channel->set_generation(generation);
   status = AuthenticateCancellably(*channel, fd, token, rank, timeout_ms, cancel);
   if (!status.ok()) return status;
   *out = std::move(channel);
@@ -146,7 +148,7 @@ Status ConnectOnce(const ServerAddress& address, const std::string& peer, const 
 Status ConnectToServer(const ServerAddress& address, const std::string& peer,
                        const std::string& token, uint32_t rank, int timeout_ms,
                        std::unique_ptr<Channel>* out, Cancellation* cancel,
-                       std::shared_ptr<SharedSlots> slots) {
+                       std::shared_ptr<SharedSlots> slots, uint32_t generation) {
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   auto backoff = std::chrono::milliseconds(50);
@@ -155,7 +157,8 @@ Status ConnectToServer(const ServerAddress& address, const std::string& peer,
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     Status status =
         ConnectOnce(address, peer, token, rank,
-                    static_cast<int>(std::max<int64_t>(left.count(), 1)), out, cancel, slots);
+                    static_cast<int>(std::max<int64_t>(left.count(), 1)), out, cancel, slots,
+                    generation);
     if (status.ok() || status.kind() != ErrorKind::kPeerGone) return status;
     // Turned away: strangers may hold the server's waiting room. They are cut at
     // its deadline, so try again until ours.
@@ -223,6 +226,7 @@ Status Listener::Accept(std::unique_ptr<Channel>* out, int timeout_ms) {
         *out = std::make_unique<SharedMemoryChannel>(
             std::make_unique<Connection>(fd, "a worker on this host"), shared_results_,
             SharedMemoryChannel::Side::kServer);
+        (*out)->set_generation(generation_);
         return Status::OK();
       }
       std::string peer = "a worker";
@@ -233,6 +237,7 @@ Status Listener::Accept(std::unique_ptr<Channel>* out, int timeout_ms) {
         peer = std::string(host) + ":" + std::to_string(ntohs(in->sin_port));
       }
       *out = std::make_unique<SocketChannel>(std::make_unique<Connection>(fd, peer));
+      (*out)->set_generation(generation_);
       return Status::OK();
     }
   }

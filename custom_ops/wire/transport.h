@@ -80,6 +80,8 @@ class Channel {
   void Shutdown() { conn_->Shutdown(); }
   // No more sends; the peer reads EOF after what was sent, and receiving still works.
   void ShutdownWrite() { conn_->ShutdownWrite(); }
+  // The job generation of the frames this channel sends and accepts (socket.h).
+  void set_generation(uint32_t generation) { conn_->set_generation(generation); }
 
  protected:
   explicit Channel(std::unique_ptr<Connection> conn) : conn_(std::move(conn)) {}
@@ -167,11 +169,12 @@ struct ServerAddress {
 // this host, else (or if that fails) over TCP, retrying until `timeout_ms` passes or
 // `cancel` (optional) fires. `peer` names the server in errors. Pushes are staged in
 // `slots` (optional; shared with this process's other channels, data already in one
-// of their arenas goes as a location).
+// of their arenas goes as a location). The channel belongs to job generation
+// `generation`: a server of another refuses the worker's hello.
 Status ConnectToServer(const ServerAddress& address, const std::string& peer,
                        const std::string& token, uint32_t rank, int timeout_ms,
                        std::unique_ptr<Channel>* out, Cancellation* cancel = nullptr,
-                       std::shared_ptr<SharedSlots> slots = nullptr);
+                       std::shared_ptr<SharedSlots> slots = nullptr, uint32_t generation = 0);
 
 // A server's listening side: TCP, and a Unix socket (named after the TCP port) for
 // workers on this host, which get shared-memory channels.
@@ -187,6 +190,8 @@ class Listener {
   Status Accept(std::unique_ptr<Channel>* out, int timeout_ms = -1);
   // Wakes Accept() for good.
   void Close();
+  // The job generation of the channels accepted from now on (socket.h).
+  void set_generation(uint32_t generation) { generation_ = generation; }
   // Where a server computes results that same-host workers read without a copy
   // over a socket; shared by every channel this listener accepts.
   SharedSlots& shared_results() { return *shared_results_; }
@@ -195,6 +200,7 @@ class Listener {
   int tcp_fd_ = -1;
   int local_fd_ = -1;
   int send_timeout_ms_ = 0;
+  uint32_t generation_ = 0;
   std::chrono::steady_clock::time_point last_refusal_log_{};
   const std::shared_ptr<SharedSlots> shared_results_;
 };

@@ -203,6 +203,7 @@ int bps_worker_init(const bps_worker_config* config) {
   options.timeout_ms = config->timeout_ms;
   options.nan_check = config->nan_check != 0;
   options.across_hosts = config->across_hosts != 0;
+  options.generation = config->generation;
   status = bps::CopyServers(*config, &options.servers);
   if (!status.ok()) return bps::Fail(status);
   status = bps::CopyShares(config->server_shares, options.servers.size(), &options.server_shares);

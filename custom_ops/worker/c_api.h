@@ -51,6 +51,9 @@ typedef struct bps_worker_config {
   /* How many partitions each server gets relative to the others, one per server (the
    * same on every worker); NULL: the same number. */
   const int* server_shares;
+  /* The job generation of the address book (the scheduler's; 0 until the job first
+   * re-forms): servers of another refuse this worker. */
+  unsigned int generation;
 } bps_worker_config;
 int bps_worker_init(const bps_worker_config* config);
 void bps_worker_abort(const char* reason);

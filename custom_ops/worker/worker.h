@@ -65,6 +65,8 @@ struct WorkerOptions {
   // How many partitions each server gets, relative to the others (ServerCycle in
   // task.h); empty: the same number. Every worker of a job must agree.
   std::vector<uint32_t> server_shares;
+  // The job generation of the address book (FrameHeader::generation).
+  uint32_t generation = 0;
 };
 
 // The worker engine. Its server links and its local merge report to it through

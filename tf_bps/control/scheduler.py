@@ -1,6 +1,14 @@
-"""The scheduler: rendezvous and lifetime of a job. It never sees tensor data.
+"""The scheduler: rendezvous, membership and lifetime of a job. It never sees tensor
+data.
 
 Start it with `DMLC_ROLE=scheduler bpslaunch` or `python -m tf_bps.control.scheduler`.
+
+Membership comes in generations. The first is the job as it starts: DMLC_NUM_WORKER
+workers and DMLC_NUM_SERVER servers. In an elastic job (BYTEPS_ELASTIC=1) a lost
+worker, or one that asks to join, starts the next: every surviving node hears
+"reform", registers again and gets a new address book (survivors keep their order,
+newcomers come after them); frames carry the generation, so nothing of an older one
+reaches the rounds of a newer one. Without BYTEPS_ELASTIC, any loss ends the job.
 """
 
 from __future__ import annotations
@@ -9,7 +17,7 @@ import logging
 import socket
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import zmq
 
@@ -37,6 +45,13 @@ class Node:
     rank: int = -1
     last_seen: float = 0.0
     done: bool = False
+    # Its rank in the generation before, when it survived one; -1 for a newcomer.
+    previous_rank: int = -1
+
+    @property
+    def process(self) -> tuple[str, int]:
+        """What names the process across generations (it registers anew in each)."""
+        return self.host, self.pid
 
     def describe(self) -> str:
         name = f"worker rank {self.rank}" if self.role == "worker" else f"server {self.rank}"
@@ -84,6 +99,28 @@ def _merge_groups(workers: list[Node], server_hosts: list[str]) -> list[int]:
     return groups
 
 
+@dataclass
+class _Gathering:
+    """The registrations of one generation, until its address books go out."""
+
+    number: int
+    deadline: float
+    # A re-forming: the last generation's nodes still expected, by process; each
+    # registers anew. Empty for the first generation, which counts by its ids.
+    survivors: dict[tuple[str, int], Node]
+    reason: str = ""
+    servers: list[Node] = field(default_factory=list)
+    workers: list[Node] = field(default_factory=list)
+
+    @property
+    def first(self) -> bool:
+        return self.number == 0
+
+    def missing(self) -> list[Node]:
+        joined = {node.process for node in self.servers + self.workers}
+        return [node for key, node in self.survivors.items() if key not in joined]
+
+
 class Scheduler:
     def __init__(self, config: Config):
         self._config = config
@@ -97,8 +134,12 @@ class Scheduler:
         address = socket.gethostbyname(root_uri)
         local = is_local_address(address) and not config.listen_any
         self._socket.bind(f"tcp://{address if local else '*'}:{port}")
-        self._nodes: dict[bytes, Node] = {}
+        self._nodes: dict[bytes, Node] = {}  # this generation's, by connection
         self._challenges: dict[bytes, str] = {}  # connection -> the nonce it must sign
+        self._generation = 0
+        # Workers that asked to join an elastic job, waiting for the next generation.
+        self._joining: list[Node] = []
+        self._gathering: _Gathering | None = None  # while a generation registers
 
     def _send(self, identity: bytes, message: dict) -> None:
         self._socket.send_multipart([identity, zmq.utils.jsonapi.dumps(message)])
@@ -129,17 +170,26 @@ class Scheduler:
                         "ports can join it (bpslaunch -np sets one; set the same on every "
                         "node of a job started role by role)")
         try:
-            self._rendezvous()
+            self._rendezvous(_Gathering(0, time.monotonic() + self._config.op_timeout, {}))
             self._supervise()
             return 0
         except JobFailed as error:
             log.error("%s", error)
-            for node in self._nodes.values():
+            for node in self._everyone():
                 self._send(node.identity, {"type": "abort", "reason": str(error)})
             return 1
         finally:
             self._socket.close()
             self._context.term()
+
+    def _everyone(self) -> list[Node]:
+        """Every node that may still listen: this generation's, those asking to join,
+        and while a generation registers, those registered and those still expected."""
+        nodes = [*self._nodes.values(), *self._joining]
+        if self._gathering is not None:
+            gathering = self._gathering
+            nodes += [*gathering.servers, *gathering.workers, *gathering.survivors.values()]
+        return nodes
 
     # -- registration ---------------------------------------------------------------
 
@@ -147,10 +197,12 @@ class Scheduler:
         # Registration keeps BYTEPS_LOCAL_SIZE the same on every worker.
         return self._config.num_worker * (workers[0].local_size if workers else 1)
 
-    def _registration(self, identity: bytes, message: dict, servers: list[Node],
-                      workers: list[Node]) -> tuple[Node | None, str]:
-        """The node a registration describes, or why it is refused: a malformed message,
-        a server beyond DMLC_NUM_SERVER, a worker rank outside the job or taken."""
+    def _registration(self, identity: bytes, message: dict,
+                      gathering: _Gathering | None) -> tuple[Node | None, str]:
+        """The node a registration describes, or why it is refused: a malformed message;
+        in the first generation a server beyond DMLC_NUM_SERVER, a worker rank outside
+        the job or taken. Later generations (`gathering` not the first, or None between
+        two) number their nodes when their books go out."""
         config = self._config
         nonce = self._challenges.pop(identity, None)
         if nonce is None or not proof_matches(config.job_token, "node", nonce,
@@ -171,17 +223,26 @@ class Scheduler:
                 len(host) > 255 or pid is None or port is None:
             return None, f"a malformed registration: {str(message)[:200]}"
         node = Node(identity, role, host, pid, port=port, last_seen=time.monotonic())
+        local_size = number("local_size", 1, 4096)
+        local_rank = number("local_rank", 0, (local_size or 1) - 1)
+        if role == "worker" and (local_size is None or local_rank is None):
+            return None, f"a malformed worker registration from {host} (pid {pid})"
+        node.local_size = local_size or 1
+        node.merge_mode = message.get("local_merge") if message.get("local_merge") in (
+            "auto", "1") else "0"
+        if gathering is None or not gathering.first:
+            if role == "server" and (gathering is None or node.process not in gathering.survivors):
+                return None, (f"a server from {host} (pid {pid}) cannot join a running job: "
+                              "only workers can")
+            return node, ""
+        servers, workers = gathering.servers, gathering.workers
         if role == "server":
             if len(servers) >= config.num_server:
                 return None, (f"a server from {host} (pid {pid}) is one too many: the job has "
                               f"DMLC_NUM_SERVER={config.num_server}")
             node.rank = len(servers)
             return node, ""
-        local_size = number("local_size", 1, 4096)
-        local_rank = number("local_rank", 0, (local_size or 1) - 1)
         worker_id = number("worker_id", 0, config.num_worker - 1)
-        if local_size is None or local_rank is None:
-            return None, f"a malformed worker registration from {host} (pid {pid})"
         if workers and local_size != workers[0].local_size:
             return None, (f"the worker on {host} (pid {pid}) has BYTEPS_LOCAL_SIZE={local_size}"
                           f", the others {workers[0].local_size}")
@@ -189,27 +250,12 @@ class Scheduler:
             return None, (f"DMLC_WORKER_ID={message.get('worker_id')!r} of the worker on {host} "
                           f"(pid {pid}) is outside this job of DMLC_NUM_WORKER="
                           f"{config.num_worker}")
-        node.local_size = local_size
-        node.merge_mode = message.get("local_merge") if message.get("local_merge") in (
-            "auto", "1") else "0"
         node.rank = worker_id * local_size + local_rank
         clash = [w for w in workers if w.rank == node.rank]
         if clash:
             return None, (f"rank {node.rank} is already taken by pid {clash[0].pid} on "
                           f"{clash[0].host}; check DMLC_WORKER_ID and BYTEPS_LOCAL_RANK")
         return node, ""
-
-    def _answer_latecomer(self, identity: bytes, message: dict) -> None:
-        """A node that was not part of the rendezvous: it may check this scheduler's
-        proof (and leave if it is not its job's), but it cannot join."""
-        if message["type"] == "hello":
-            self._challenge(identity, message)
-        elif message["type"] == "register":
-            self._challenges.pop(identity, None)
-            log.warning("refused a registration after the job started (pid %s on %s)",
-                        str(message.get("pid"))[:16], str(message.get("host"))[:64])
-            self._send(identity, {"type": "abort", "reason": "the job has already started: "
-                                  "every node of it has registered"})
 
     def _challenge(self, identity: bytes, message: dict) -> None:
         """Answers a hello: the scheduler's proof for the node's nonce, and a nonce of its
@@ -224,41 +270,116 @@ class Scheduler:
         self._send(identity, {"type": "challenge", "nonce": mine,
                               "proof": proof(self._config.job_token, "scheduler", theirs)})
 
-    def _rendezvous(self) -> None:
+    def _refuse(self, identity: bytes, refusal: str) -> None:
+        log.warning("refused a registration: %s", refusal)
+        self._send(identity, {"type": "abort", "reason": refusal})
+
+    def _rendezvous(self, gathering: _Gathering) -> None:
+        """Gathers one generation's registrations and sends its address books."""
         config = self._config
-        deadline = time.monotonic() + config.op_timeout
-        servers: list[Node] = []
-        workers: list[Node] = []
-        while len(servers) < config.num_server or len(workers) < self._expected_workers(workers):
-            remaining = deadline - time.monotonic()
+        self._gathering = gathering
+        for node in self._joining:
+            self._admit(gathering, node)
+        self._joining = []
+        while not self._complete(gathering):
+            remaining = gathering.deadline - time.monotonic()
             received = self._receive(max(0.0, remaining)) if remaining > 0 else None
             if received is None:
-                ranks = sorted(node.rank for node in workers)
-                raise JobFailed(
-                    f"only {len(workers)} worker(s) (ranks {ranks}) and {len(servers)} of "
-                    f"{config.num_server} server(s) registered within {config.op_timeout:g} s "
-                    "(BYTEPS_OP_TIMEOUT); check DMLC_NUM_WORKER, DMLC_NUM_SERVER and that "
-                    "every node reaches the scheduler")
+                if self._can_form_without_the_missing(gathering):
+                    break
+                raise JobFailed(self._unfinished(gathering))
             identity, message = received
             if identity in self._nodes:
                 continue
             if message["type"] == "hello":
                 self._challenge(identity, message)
                 continue
+            if message["type"] == "failure" and not gathering.first:
+                self._hear_of_loss_while_reforming(message, gathering)
+                continue
             if message["type"] != "register":
                 continue
-            node, refusal = self._registration(identity, message, servers, workers)
+            node, refusal = self._registration(identity, message, gathering)
             if refusal:
-                log.warning("refused a registration: %s", refusal)
-                self._send(identity, {"type": "abort", "reason": refusal})
+                self._refuse(identity, refusal)
                 continue
-            if node.role == "server":
-                servers.append(node)
-            else:
-                workers.append(node)
-            self._nodes[identity] = node
-            log.info("registered %s", node.describe())
+            self._admit(gathering, node)
+            log.info("registered %s", node.describe() if gathering.first else
+                     f"{node.role} pid {node.pid} on {node.host} for generation "
+                     f"{gathering.number}")
+        self._form(gathering)
+        self._gathering = None
+        if config.elastic and len(gathering.workers) < config.elastic_min_workers:
+            raise JobFailed(self._unfinished(gathering))
 
+    @staticmethod
+    def _admit(gathering: _Gathering, node: Node) -> None:
+        if node.process in gathering.survivors:
+            node.previous_rank = gathering.survivors[node.process].rank
+        (gathering.servers if node.role == "server" else gathering.workers).append(node)
+
+    def _complete(self, gathering: _Gathering) -> bool:
+        config = self._config
+        if gathering.first:
+            return (len(gathering.servers) >= config.num_server and
+                    len(gathering.workers) >= self._expected_workers(gathering.workers))
+        return not gathering.missing() and \
+            len(gathering.workers) >= config.elastic_min_workers
+
+    def _can_form_without_the_missing(self, gathering: _Gathering) -> bool:
+        """At a re-forming's deadline: survivors that did not register again are left
+        behind, if every server and enough workers did."""
+        if gathering.first or any(n.role == "server" for n in gathering.missing()):
+            return False
+        if len(gathering.workers) < self._config.elastic_min_workers:
+            return False
+        for node in gathering.missing():
+            log.warning("%s did not register again within BYTEPS_ELASTIC_TIMEOUT; the job "
+                        "goes on without it", node.describe())
+        return True
+
+    def _unfinished(self, gathering: _Gathering) -> str:
+        config = self._config
+        workers, servers = gathering.workers, gathering.servers
+        if gathering.first:
+            ranks = sorted(node.rank for node in workers)
+            return (f"only {len(workers)} worker(s) (ranks {ranks}) and {len(servers)} of "
+                    f"{config.num_server} server(s) registered within {config.op_timeout:g} s "
+                    "(BYTEPS_OP_TIMEOUT); check DMLC_NUM_WORKER, DMLC_NUM_SERVER and that "
+                    "every node reaches the scheduler")
+        missing = ", ".join(node.describe() for node in gathering.missing()) or "none"
+        return (f"the job could not re-form ({gathering.reason}): {len(workers)} worker(s) "
+                f"registered within BYTEPS_ELASTIC_TIMEOUT={config.elastic_timeout:g} s, and "
+                f"it needs at least BYTEPS_ELASTIC_MIN_WORKERS={config.elastic_min_workers}; "
+                f"of the last generation, missing: {missing}")
+
+    def _hear_of_loss_while_reforming(self, message: dict, gathering: _Gathering) -> None:
+        """A server of the last generation names a worker it lost: no use waiting."""
+        lost = message.get("lost_rank")
+        for key, node in list(gathering.survivors.items()):
+            if node.role == "worker" and node.rank == lost:
+                log.warning("%s is lost as well", node.describe())
+                del gathering.survivors[key]
+
+    def _form(self, gathering: _Gathering) -> None:
+        """Numbers the generation's nodes and sends their address books."""
+        def order(node: Node) -> tuple[int, int]:
+            # Survivors keep their order (and so rank 0 stays where it was, if it lives).
+            return (0, node.previous_rank) if node.previous_rank >= 0 else (1, 0)
+
+        servers, workers = gathering.servers, gathering.workers
+        if not gathering.first:
+            servers.sort(key=order)
+            workers.sort(key=order)
+            for rank, node in enumerate(servers):
+                node.rank = rank
+            for rank, node in enumerate(workers):
+                node.rank = rank
+        self._generation = gathering.number
+        self._nodes = {node.identity: node for node in servers + workers}
+        now = time.monotonic()
+        for node in self._nodes.values():
+            node.last_seen = now
         size = len(workers)
         addresses = [f"{s.host}:{s.port}" for s in servers]
         hosts = [w.host for w in sorted(workers, key=lambda w: w.rank)]
@@ -266,7 +387,8 @@ class Scheduler:
         for server in servers:
             self._send(server.identity, {"type": "book", "server_id": server.rank,
                                          "num_workers": size, "servers": addresses,
-                                         "merge_groups": groups})
+                                         "merge_groups": groups,
+                                         "generation": gathering.number})
         local = _local_placement(workers)
         for worker in workers:
             local_rank, local_size = local[worker.rank]
@@ -274,8 +396,69 @@ class Scheduler:
                                          "local_rank": local_rank, "local_size": local_size,
                                          "servers": addresses, "workers": hosts,
                                          "merge_with": [r for r in range(size)
-                                                        if groups[r] == groups[worker.rank]]})
-        log.info("job started: %d worker(s), %d server(s)", size, len(servers))
+                                                        if groups[r] == groups[worker.rank]],
+                                         "generation": gathering.number})
+        if gathering.first:
+            log.info("job started: %d worker(s), %d server(s)", size, len(servers))
+        else:
+            log.info("job re-formed as generation %d: %d worker(s), %d server(s)",
+                     gathering.number, size, len(servers))
+
+    # -- membership changes (BYTEPS_ELASTIC) ------------------------------------------
+
+    def _lose(self, lost: list[Node], reason: str) -> None:
+        """Workers or servers are gone: the job fails, or an elastic one re-forms
+        without the lost workers."""
+        if not self._config.elastic or any(node.role == "server" for node in lost):
+            raise JobFailed(reason)
+        self._reform(reason, lost)
+
+    def _reform(self, reason: str, lost: list[Node]) -> None:
+        """Starts the next generation: every surviving node hears why, leaves this one
+        and registers again."""
+        lost_ids = {node.identity for node in lost}
+        survivors = {node.process: node for node in self._nodes.values()
+                     if node.identity not in lost_ids and not node.done}
+        log.warning("the job re-forms: %s", reason)
+        for node in survivors.values():
+            self._send(node.identity, {"type": "reform", "reason": reason,
+                                       "generation": self._generation + 1})
+        self._nodes = {}
+        deadline = time.monotonic() + self._config.elastic_timeout
+        self._rendezvous(_Gathering(self._generation + 1, deadline, survivors, reason))
+
+    def _from_outsider(self, identity: bytes, message: dict) -> None:
+        """A message from a connection of no node of this generation: a hello, or a
+        registration. A job that is not elastic takes no one after it started; an
+        elastic one re-forms at once when a survivor of this generation registers
+        again (it left it), and at the workers' next commit for a newcomer."""
+        kind = message["type"]
+        if kind == "hello":
+            self._challenge(identity, message)
+            return
+        if kind != "register":
+            return  # Heartbeats and farewells of nodes of an earlier generation.
+        if not self._config.elastic:
+            self._challenges.pop(identity, None)
+            self._refuse(identity, "the job has already started: every node of it has "
+                         "registered")
+            return
+        node, refusal = self._registration(identity, message, None)
+        if refusal:
+            self._refuse(identity, refusal)
+            return
+        member = next((n for n in self._nodes.values() if n.process == node.process), None)
+        self._joining.append(node)
+        if member is not None:
+            self._reform(f"{member.describe()} left generation {self._generation} and "
+                         "registered again", [])
+            return
+        log.info("a worker on %s (pid %d) asks to join; the workers re-form at their next "
+                 "commit", node.host, node.pid)
+        for worker in self._nodes.values():
+            if worker.role == "worker":
+                self._send(worker.identity, {"type": "hosts_updated", "added": True,
+                                             "timestamp": time.time()})
 
     # -- supervision ----------------------------------------------------------------
 
@@ -295,7 +478,7 @@ class Scheduler:
                 identity, message = received
                 node = self._nodes.get(identity)
                 if node is None:
-                    self._answer_latecomer(identity, message)
+                    self._from_outsider(identity, message)
                     continue
                 node.last_seen = now
                 kind = message.get("type")
@@ -305,13 +488,24 @@ class Scheduler:
                     node.done = True
                     log.info("%s finished", node.describe())
                 elif kind == "failure":
-                    raise JobFailed(f"{node.describe()} reported: {str(message.get('reason'))}")
-            for node in self._nodes.values():
+                    self._lose(self._lost_by(node, message),
+                               f"{node.describe()} reported: {str(message.get('reason'))}")
+                    continue
+            for node in list(self._nodes.values()):
                 silent = now - node.last_seen
                 if not node.done and silent > config.heartbeat_timeout:
-                    raise JobFailed(
-                        f"{node.describe()} sent no heartbeat for {silent:.0f} s "
-                        "(PS_HEARTBEAT_TIMEOUT); it has probably died")
+                    self._lose([node], f"{node.describe()} sent no heartbeat for {silent:.0f} "
+                               "s (PS_HEARTBEAT_TIMEOUT); it has probably died")
+                    break
+
+    def _lost_by(self, reporter: Node, message: dict) -> list[Node]:
+        """Whom a failure report costs the job: the worker a server names as lost, or
+        the reporting node itself."""
+        if reporter.role == "server":
+            lost = message.get("lost_rank")
+            named = [n for n in self._nodes.values() if n.role == "worker" and n.rank == lost]
+            return named or [reporter]  # A server's own failure, then.
+        return [reporter]
 
 
 def main() -> int:

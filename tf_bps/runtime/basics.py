@@ -29,10 +29,14 @@ class _Job:
     link: SchedulerLink | None  # None on the single-worker local path.
     worker_hosts: tuple[str, ...] = ()  # By rank; empty on the local path.
     declared: set = field(default_factory=set)  # name lists given to declare()
+    generation: int = 0  # of the job's membership (the scheduler's; elastic jobs re-form)
 
 
 _lock = threading.Lock()
 _job: _Job | None = None
+# Called as (timestamp, added) when the scheduler says the job's hosts changed
+# (elastic.State listens, to interrupt training at the next commit).
+_host_listeners: list = []
 # The agent running the scheduler or server a cluster manager's placement asked this
 # process for (launch/agent.py --cluster-helpers); it ends them once this process is gone.
 _cluster_helpers = None
@@ -98,25 +102,29 @@ def _join() -> None:
                                      local_merge=config.local_merge if config.enable_ipc else "0")
                 # Heartbeats and the job's abort from here on: connecting to the servers
                 # may take a while, and an abort must stop it.
-                link.start_monitor(on_abort=_on_abort)
+                link.start_monitor(on_abort=_on_abort, on_notice=_on_notice)
+                generation = int(book.get("generation", 0))
+                if book["rank"] != config.rank:  # An elastic job numbered it anew.
+                    core.set_logging(config, f"tf_bps worker {book['rank']}")
                 core.worker_init(book["rank"], book["size"], book["servers"],
-                                 book["merge_with"], book["workers"], config)
+                                 book["merge_with"], book["workers"], config, generation)
             except BaseException as error:
                 link.close(failure=f"worker could not start: {error}")
                 raise
             _job = _Job(config, rank=book["rank"], size=book["size"],
                         local_rank=book["local_rank"], local_size=book["local_size"], link=link,
-                        worker_hosts=tuple(book["workers"]))
+                        worker_hosts=tuple(book["workers"]), generation=generation)
             if config.trace_on:
                 folder = os.path.join(config.trace_dir, str(_job.local_rank))
                 os.makedirs(folder, exist_ok=True)
                 core.worker_start_timeline(os.path.join(folder, "comm.json"),
                                            config.trace_start_step, config.trace_end_step)
-            log.info("worker rank %d of %d joined; servers %s", _job.rank, _job.size,
-                     book["servers"])
+            log.info("worker rank %d of %d joined%s; servers %s", _job.rank, _job.size,
+                     f" generation {generation}" if generation else "", book["servers"])
         process_sets_module._reset(_job.rank, _job.size)
         if _job.local_size > 1:
             _pin_gpu(_job.local_rank)
+    atexit.unregister(shutdown)  # Once, however often an elastic job re-forms.
     atexit.register(shutdown)
 
 
@@ -138,6 +146,38 @@ def _pin_gpu(local_rank: int) -> None:
 def _on_abort(reason: str) -> None:
     print(f"tf_bps: the job is failing: {reason}", file=sys.stderr, flush=True)
     core.worker_abort(f"the job is failing: {reason}")
+
+
+def _on_notice(message: dict) -> None:
+    if message["type"] == "reform":
+        # This generation is over: what is in flight fails now, and elastic.run
+        # re-forms (reform()).
+        core.worker_abort(f"the job is re-forming: {message.get('reason')}")
+        return
+    for listener in list(_host_listeners):
+        listener(float(message.get("timestamp", 0)), bool(message.get("added")))
+
+
+def add_host_listener(listener) -> None:
+    """`listener(timestamp, added)` hears each change of the job's hosts."""
+    _host_listeners.append(listener)
+
+
+def reform() -> None:
+    """Leaves this generation of an elastic job and registers for the next: the
+    scheduler numbers the workers anew (survivors keep their order). Collectives in
+    flight have failed; the caller restores or syncs its state afterwards."""
+    global _job
+    with _lock:
+        job, _job = _job, None
+    if job is None or job.link is None:
+        raise RuntimeError("only a distributed job started with BYTEPS_ELASTIC=1 re-forms")
+    process_sets_module._reset(None, 0)
+    # The link first: its monitor may still pass on the reform, which must reach this
+    # generation's core, not the next one's.
+    job.link.close(say_done=False)  # The scheduler knows: a registration follows.
+    core.worker_shutdown()
+    _join()
 
 
 def shutdown() -> None:

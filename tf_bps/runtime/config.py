@@ -281,6 +281,11 @@ class Config:
     heartbeat_interval: float
     heartbeat_timeout: float
     op_timeout: float
+    # Elastic training (BYTEPS_ELASTIC): a lost or added worker re-forms the job, which
+    # ends only with fewer than `elastic_min_workers` left for `elastic_timeout` s.
+    elastic: bool
+    elastic_min_workers: int
+    elastic_timeout: float
     # Every node of a job proves it knows this (bpslaunch makes one per job); empty
     # when a job started role by role sets none, and then nothing is proven.
     job_token: str
@@ -349,6 +354,9 @@ class Config:
             heartbeat_interval=_number(env, "PS_HEARTBEAT_INTERVAL"),
             heartbeat_timeout=_number(env, "PS_HEARTBEAT_TIMEOUT"),
             op_timeout=_number(env, "BYTEPS_OP_TIMEOUT", _number(env, "GLOO_TIMEOUT_SECONDS")),
+            elastic=_flag(env, "BYTEPS_ELASTIC"),
+            elastic_min_workers=_int(env, "BYTEPS_ELASTIC_MIN_WORKERS"),
+            elastic_timeout=_number(env, "BYTEPS_ELASTIC_TIMEOUT"),
             job_token=_text(env, "BYTEPS_JOB_TOKEN"),
             max_tensor_bytes=_int(env, "BYTEPS_MAX_TENSOR_BYTES"),
             listen_any=_flag(env, "BYTEPS_LISTEN_ANY"),

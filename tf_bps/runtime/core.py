@@ -63,14 +63,15 @@ def worker_init_local() -> None:
 
 
 def worker_init(rank: int, size: int, servers: list[str], merge_with: list[int],
-                worker_hosts: list[str], config: Config) -> None:
+                worker_hosts: list[str], config: Config, generation: int = 0) -> None:
     """Connects to the servers ("host:port"); same-host ones over a Unix socket. With
     other workers in `merge_with` (ranks of this host, this one included, that the
     scheduler found merging), push_pull partitions are summed among them first. Where
     the job's workers (`worker_hosts`) and servers are on several hosts, partitions
     are cut for a network, and in the hybrid layout the servers get the BytePS paper's
     uneven shares (placement.py); every worker reads the same address book, so all
-    agree."""
+    agree. `generation` is the address book's job generation (the scheduler starts a
+    new one whenever an elastic job re-forms): servers of another refuse this worker."""
     addresses = []
     for server in servers:
         host, port = server.rsplit(":", 1)
@@ -80,12 +81,12 @@ def worker_init(rank: int, size: int, servers: list[str], merge_with: list[int],
     # Abstract socket names are per network namespace; the scheduler's address makes
     # them per job as well (hashed: names are short, whatever the address).
     job = hashlib.sha256(f"{config.root_uri}:{config.root_port}".encode()).hexdigest()[:16]
-    prefix = f"tf_bps-{job}-"
+    prefix = f"tf_bps-{job}-{generation}-"
     worker_engine().init(rank, size, addresses, config.partition_bytes, config.credit_bytes,
                          int(config.op_timeout * 1000), config.job_token, sorted(merge_with),
                          prefix, config.debug_sample_tensor, config.nan_check,
                          across_hosts=len({*worker_hosts, *server_hosts}) > 1,
-                         server_shares=shares)
+                         server_shares=shares, generation=generation)
 
 
 def worker_abort(reason: str) -> None:

@@ -3,7 +3,9 @@
 Messages, node -> scheduler: hello, register, heartbeat, done (a worker finished
 cleanly), failure (a node saw a peer die). Scheduler -> node: challenge, book (the
 address book and this node's rank), heartbeat_ack, abort (the job is failing: stop),
-exit (the job is over). No tensor data ever travels here.
+exit (the job is over); in an elastic job also reform (this generation ends: register
+again) and hosts_updated (a worker asks to join: re-form at the next commit). No
+tensor data ever travels here.
 
 Registration proves the job token both ways (BYTEPS_JOB_TOKEN, a keyed hash over the
 other side's fresh nonce, never the token itself): the node says hello with a nonce,
@@ -139,24 +141,33 @@ class SchedulerLink:
     def send(self, message: dict) -> None:
         self._socket.send_json(message)
 
-    def start_monitor(self, on_abort: Callable[[str], None]) -> None:
-        """Heartbeats from a background thread; `on_abort` runs if the job fails."""
+    def start_monitor(self, on_abort: Callable[[str], None],
+                      on_notice: Callable[[dict], None]) -> None:
+        """Heartbeats from a background thread; `on_abort` runs if the job fails, and
+        `on_notice` with an elastic job's reform and hosts_updated messages. After a
+        reform the thread ends: this node's generation is over."""
         wake_recv = self._context.socket(zmq.PAIR)
         wake_recv.bind(f"inproc://wake-{id(self)}")
         self._wake_send = self._context.socket(zmq.PAIR)
         self._wake_send.connect(f"inproc://wake-{id(self)}")
-        self._thread = threading.Thread(target=self._monitor, args=(wake_recv, on_abort),
+        self._thread = threading.Thread(target=self._monitor,
+                                        args=(wake_recv, on_abort, on_notice),
                                         name="tf_bps-heartbeat", daemon=True)
         self._thread.start()
 
-    def _monitor(self, wake: zmq.Socket, on_abort: Callable[[str], None]) -> None:
+    def _monitor(self, wake: zmq.Socket, on_abort: Callable[[str], None],
+                 on_notice: Callable[[dict], None]) -> None:
         try:
             while True:
                 messages, woken = self.poll_once([wake])
                 for message in messages:
                     if message["type"] == "abort":
-                        on_abort(message["reason"])
+                        on_abort(str(message.get("reason")))
                         return
+                    if message["type"] in ("reform", "hosts_updated"):
+                        on_notice(message)
+                        if message["type"] == "reform":
+                            return
                 if woken:
                     farewell = wake.recv_json()
                     if farewell is not None:

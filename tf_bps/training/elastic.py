@@ -9,9 +9,11 @@ arguments (epoch=0, batch=0, ...) are tracked the same way.
 
 `run` calls the training function with the state synced from rank 0. A collective
 broken by a lost peer raises InternalError, a change of hosts HostsUpdatedInterrupt;
-`run` restores the last commit after the first, and then re-forms the job. Jobs are
-started with a fixed set of workers today and cannot re-form: `run` then ends with an
-InternalError that names the failure, as any job does when it loses a worker.
+`run` restores the last commit after the first, and then re-forms the job: this
+worker registers again with the scheduler, which numbers the survivors anew (older
+workers keep the low ranks) and adds workers that asked to join. A job started
+without BYTEPS_ELASTIC=1 cannot re-form: `run` then ends with an InternalError that
+names the failure, as any job does when it loses a worker.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import re
 
 import tensorflow as tf
 
-from tf_bps.runtime import ops
+from tf_bps.runtime import basics, ops
 
 
 class InternalError(RuntimeError):
@@ -60,6 +62,11 @@ class State:
         self._host_messages: queue.Queue = queue.Queue()
         self._last_updated_timestamp = 0
         self._reset_callbacks: list = []
+        basics.add_host_listener(self._hear_of_hosts)
+
+    def _hear_of_hosts(self, timestamp: float, added: bool) -> None:
+        self.on_hosts_updated(timestamp, HostUpdateResult.added if added
+                              else HostUpdateResult.removed)
 
     def register_reset_callbacks(self, callbacks) -> None:
         """Functions (no arguments) called after every re-forming of the job, in order:
@@ -213,9 +220,11 @@ def _is_ours(error: tf.errors.OpError) -> bool:
     return bool(_OUR_OPS.search(error.message or "")) or "tf_bps" in (error.message or "")
 
 
-def _cannot_reform(cause: Exception) -> None:
-    raise InternalError(f"{cause}; tf_bps cannot re-form this job (its workers were fixed "
-                        "when it started), so it ends here") from cause
+def _reform(cause: Exception) -> None:
+    if not basics.config().elastic:
+        raise InternalError(f"{cause}; tf_bps cannot re-form this job (it was started "
+                            "without BYTEPS_ELASTIC=1), so it ends here") from cause
+    basics.reform()
 
 
 def run_with_reset(func, reset):
@@ -249,7 +258,8 @@ def run_with_reset(func, reset):
 def run(func):
     """Decorates `func(state, ...)`: syncs the state from rank 0 and calls it. When a
     collective inside fails for a lost peer (InternalError), it restores the last
-    commit; after that, or when the hosts changed (HostsUpdatedInterrupt), the job would
-    re-form and `func` run again. Jobs cannot re-form yet: `run` then ends with an
-    InternalError that names the failure."""
-    return run_with_reset(func, _cannot_reform)
+    commit; after that, or when the hosts changed (HostsUpdatedInterrupt), the job
+    re-forms, the state is synced from the new rank 0 (unless hosts were only removed)
+    and `func` runs again. Without BYTEPS_ELASTIC=1 `run` ends with an InternalError
+    that names the failure."""
+    return run_with_reset(func, _reform)

@@ -1,0 +1,56 @@
+"""Trains inside elastic.run in a job that may lose and gain workers: each step
+push_pulls ones (their sum is the job's size, checked) and adds the step's mean to a
+weight; commits every 5 steps. Prints SIZE lines as the job re-forms and a REPORT at
+the end: rank, size, steps, the weight, resets and the sizes seen."""
+
+import json
+import sys
+import time
+
+import tensorflow as tf
+
+import tf_bps as bps
+import tf_bps.elastic as elastic
+
+STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 60
+PAUSE = float(sys.argv[2]) if len(sys.argv) > 2 else 0.05
+
+bps.init()
+weight = tf.Variable(0.0)
+state = elastic.TensorFlowState([weight], step=0)
+seen = []
+
+
+def on_reset():
+    print(f"RESET rank {bps.rank()} size {bps.size()} step {state.step}", flush=True)
+
+
+state.register_reset_callbacks([on_reset])
+print(f"READY rank {bps.rank()}", flush=True)
+
+
+@elastic.run
+def train(state):
+    while state.step < STEPS:
+        total = bps.push_pull(tf.ones([1000]), op=bps.Sum, name="elastic_training")
+        size = bps.size()
+        if float(total[0]) != size or float(total[-1]) != size:
+            raise AssertionError(f"rank {bps.rank()}: a sum of {float(total[0])} in a job "
+                                 f"of {size} at step {state.step}")
+        if not seen or seen[-1] != size:
+            seen.append(size)
+        weight.assign_add(1.0)
+        state.step += 1
+        if state.step % 5 == 0:
+            state.commit()
+            print(f"COMMIT rank {bps.rank()} step {state.step}", flush=True)
+        time.sleep(PAUSE)
+
+
+resets = []
+state.register_reset_callbacks([lambda: resets.append(bps.size())])
+train(state)
+print("REPORT " + json.dumps({"rank": bps.rank(), "size": bps.size(), "step": state.step,
+                              "weight": float(weight.numpy()), "sizes": seen,
+                              "resets": resets}), flush=True)
+bps.shutdown()
