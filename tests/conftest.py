@@ -77,14 +77,19 @@ class Processes:
         """Starts every role separately, as on several machines (DMLC_ROLE + bpslaunch)."""
         common = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": free_port(),
                   "DMLC_NUM_WORKER": num_workers, "DMLC_NUM_SERVER": num_servers, **env}
+        self.job_env = common
         procs = {"scheduler": self.start(LAUNCH, base_env(DMLC_ROLE="scheduler", **common))}
         for server in range(num_servers):
             procs[f"server{server}"] = self.start(LAUNCH, base_env(DMLC_ROLE="server", **common))
         for rank in range(num_workers):
-            procs[f"worker{rank}"] = self.start(
-                [*LAUNCH, *worker_command(script, *args)],
-                base_env(DMLC_ROLE="worker", DMLC_WORKER_ID=rank, **common))
+            procs[f"worker{rank}"] = self.start_worker(script, *args, DMLC_WORKER_ID=rank)
         return procs
+
+    def start_worker(self, script: str, *args: str, **env) -> subprocess.Popen:
+        """A worker of the job start_job_by_role started last (one that joins an elastic
+        job later, say)."""
+        return self.start([*LAUNCH, *worker_command(script, *args)],
+                          base_env(**{"DMLC_ROLE": "worker", **self.job_env, **env}))
 
     @staticmethod
     def end(process: subprocess.Popen) -> None:

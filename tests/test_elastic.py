@@ -2,6 +2,8 @@
 sync, restore and commit (Horovod's test_elastic_state, in our words), the agreement on
 host updates, and model.fit inside elastic.run with the elastic callbacks."""
 
+import os
+import signal
 import time
 
 import pytest
@@ -81,3 +83,95 @@ def test_a_lost_worker_ends_run_with_the_internal_error_after_restoring(procs):
         assert "worker rank 1" in report["error"] and "cannot re-form" in report["error"]
         assert report["step"] >= 5 and report["step"] % 5 == 0, report
         assert report["counter"] == report["step"], report
+
+
+def _wait_until_ready(*workers) -> None:
+    for worker in workers:
+        for line in worker.stdout:
+            if "READY" in line:
+                break
+
+
+def _resets(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("RESET")]
+
+
+def test_losing_rank_0_re_forms_the_job_with_the_survivors_renumbered(procs):
+    # Horovod's "rank 0 killed" scenario: the survivors go on as a job of 2, the new
+    # rank 0 is the oldest survivor, and every sum after the loss counts 2 workers
+    # (elastic_training.py checks each one).
+    job = procs.start_job_by_role(3, 1, "elastic_training.py", "120", "0.05", BYTEPS_ELASTIC=1)
+    _wait_until_ready(job["worker0"], job["worker1"], job["worker2"])
+    time.sleep(1.0)
+    procs.end(job["worker0"])
+    got = {}
+    for name in ("worker1", "worker2"):
+        status, output = finish(job[name], timeout=90)
+        assert status == 0, output
+        got[name] = output
+        [report] = reports(output).values()
+        assert report["size"] == 2 and report["step"] == 120, report
+        assert report["sizes"] == [3, 2] and report["resets"] == [2], report
+        # Every step counted once: restored to the last commit, then trained on.
+        assert report["weight"] == 120.0, report
+    # Old rank 1 is the new rank 0, old rank 2 the new rank 1.
+    assert _resets(got["worker1"])[0].startswith("RESET rank 0 size 2")
+    assert _resets(got["worker2"])[0].startswith("RESET rank 1 size 2")
+    status, output = finish(job["scheduler"], timeout=30)
+    assert status == 0 and "re-formed as generation 1: 2 worker(s)" in output, output
+    status, output = finish(job["server0"], timeout=30)
+    assert status == 0, output
+
+
+def test_a_frozen_worker_is_left_behind_after_the_heartbeat_timeout(procs):
+    # SIGSTOP: its connections stay open, so only its silence tells. The survivors'
+    # round waits for it until the scheduler gives up on it, then they re-form.
+    job = procs.start_job_by_role(3, 1, "elastic_training.py", "80", "0.05", BYTEPS_ELASTIC=1,
+                                  PS_HEARTBEAT_INTERVAL=0.5, PS_HEARTBEAT_TIMEOUT=3)
+    _wait_until_ready(job["worker0"], job["worker1"], job["worker2"])
+    time.sleep(1.0)
+    os.kill(job["worker2"].pid, signal.SIGSTOP)
+    frozen_at = time.monotonic()
+    for name in ("worker0", "worker1"):
+        status, output = finish(job[name], timeout=90)
+        assert status == 0, output
+        [report] = reports(output).values()
+        assert report["sizes"] == [3, 2] and report["weight"] == 80.0, report
+    assert time.monotonic() - frozen_at < 60
+    status, output = finish(job["scheduler"], timeout=30)
+    assert status == 0 and "worker rank 2" in output and "no heartbeat" in output, output
+
+
+def test_a_worker_that_asks_to_join_is_taken_in_at_the_next_commit(procs):
+    job = procs.start_job_by_role(2, 1, "elastic_training.py", "100", "0.05", BYTEPS_ELASTIC=1)
+    _wait_until_ready(job["worker0"], job["worker1"])
+    newcomer = procs.start_worker("elastic_training.py", "100", "0.05")
+    outputs = []
+    for worker in (job["worker0"], job["worker1"], newcomer):
+        status, output = finish(worker, timeout=90)
+        assert status == 0, output
+        outputs.append(output)
+    old0, old1, new = (next(iter(reports(output).values())) for output in outputs)
+    # The old workers were interrupted at one commit and went on as a job of 3, the
+    # newcomer last in rank and synced to rank 0's state: all end alike.
+    for report in (old0, old1):
+        assert report["sizes"] == [2, 3] and report["resets"] == [3], report
+    assert (old0["rank"], old1["rank"], new["rank"]) == (0, 1, 2)
+    assert new["sizes"] == [3] and new["resets"] == []
+    assert old0["weight"] == old1["weight"] == new["weight"] == 100.0
+    interrupted = {line.split(" step ")[1] for output in outputs[:2] for line in _resets(output)}
+    assert len(interrupted) == 1, outputs  # the same step on both
+
+
+def test_too_few_survivors_end_the_job_naming_the_minimum(procs):
+    job = procs.start_job_by_role(2, 1, "elastic_training.py", "1000", "0.05", BYTEPS_ELASTIC=1,
+                                  BYTEPS_ELASTIC_MIN_WORKERS=2, BYTEPS_ELASTIC_TIMEOUT=3)
+    _wait_until_ready(job["worker0"], job["worker1"])
+    procs.end(job["worker1"])
+    status, output = finish(job["scheduler"], timeout=60)
+    assert status == 1, output
+    assert "BYTEPS_ELASTIC_MIN_WORKERS=2" in output and "1 worker(s)" in output, output
+    status, output = finish(job["worker0"], timeout=60)
+    assert status != 0 and "BYTEPS_ELASTIC_MIN_WORKERS=2" in output, output
+    status, output = finish(job["server0"], timeout=60)
+    assert status == 1, output

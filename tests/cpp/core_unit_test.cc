@@ -643,6 +643,28 @@ void TestSquattedLocalSocketIsNotTrusted() {
   server.Stop();
 }
 
+// A server of one job generation takes no worker of another, over TCP or its local
+// socket, and the worker hears why; one of its own generation gets in.
+void TestGenerations() {
+  ServerOptions options;
+  options.token = kToken;
+  Server server(options);
+  int port = 0;
+  EXPECT(server.Listen(&port).ok());
+  EXPECT(server.Serve({0}, 2).ok());
+  for (bool same_host : {false, true}) {
+    std::unique_ptr<Channel> channel;
+    Status stale = ConnectToServer(ServerAddress{"127.0.0.1", port, same_host}, "server", kToken,
+                                   0, 2000, &channel, nullptr, nullptr, 1);
+    EXPECT(!stale.ok());
+  }
+  std::unique_ptr<Channel> channel;
+  EXPECT(ConnectToServer(ServerAddress{"127.0.0.1", port}, "server", kToken, 0, 2000, &channel,
+                         nullptr, nullptr, 2)
+             .ok());
+  server.Stop();
+}
+
 void TestServerRounds() {
   ServerOptions options;
   options.token = kToken;
@@ -865,6 +887,7 @@ int main() {
   bps::TestSharedSlots();
   bps::TestTokenProofs();
   bps::TestServerRounds();
+  bps::TestGenerations();
   bps::TestRounds();
   bps::TestWaitingRoom();
   bps::TestSquattedLocalSocketIsNotTrusted();

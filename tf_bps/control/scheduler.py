@@ -401,7 +401,7 @@ class Scheduler:
         if gathering.first:
             log.info("job started: %d worker(s), %d server(s)", size, len(servers))
         else:
-            log.info("job re-formed as generation %d: %d worker(s), %d server(s)",
+            log.warning("job re-formed as generation %d: %d worker(s), %d server(s)",
                      gathering.number, size, len(servers))
 
     # -- membership changes (BYTEPS_ELASTIC) ------------------------------------------

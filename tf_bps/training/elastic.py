@@ -235,10 +235,11 @@ def run_with_reset(func, reset):
     def wrapper(state: State, *args, **kwargs):
         skip_sync = False
         while True:
-            if not skip_sync:
-                state.sync()
             try:
                 try:
+                    # The sync too: a peer may be lost before the first step.
+                    if not skip_sync:
+                        state.sync()
                     return func(state, *args, **kwargs)
                 except _PEER_ERRORS as error:
                     if not _is_ours(error):
