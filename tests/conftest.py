@@ -65,9 +65,9 @@ class Processes:
         return finish(self.start(command, env), timeout)
 
     def launch(self, num_workers: int, script: str, *args: str, num_servers: int | None = None,
-               timeout: float = 120, **env):
-        """bpslaunch -np N: a whole job on this machine."""
-        command = [*LAUNCH, "-np", str(num_workers)]
+               timeout: float = 120, extra: tuple[str, ...] = (), **env):
+        """bpslaunch -np N [extra options]: a whole job on this machine."""
+        command = [*LAUNCH, "-np", str(num_workers), *extra]
         if num_servers is not None:
             command += ["--num-servers", str(num_servers)]
         return self.run([*command, *worker_command(script, *args)], base_env(**env), timeout)

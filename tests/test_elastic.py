@@ -175,3 +175,41 @@ def test_too_few_survivors_end_the_job_naming_the_minimum(procs):
     assert status != 0 and "BYTEPS_ELASTIC_MIN_WORKERS=2" in output, output
     status, output = finish(job["server0"], timeout=60)
     assert status == 1, output
+
+
+
+def test_model_fit_inside_elastic_run_survives_a_lost_worker(procs):
+    job = procs.start_job_by_role(3, 1, "elastic_fit.py", BYTEPS_ELASTIC=1)
+    for line in job["worker0"].stdout:
+        if line.startswith("EPOCH 1"):
+            break
+    procs.end(job["worker2"])
+    got = {}
+    for name in ("worker0", "worker1"):
+        status, output = finish(job[name], timeout=120)
+        assert status == 0, output
+        got.update(reports(output))
+    assert sorted(got) == [0, 1]
+    for report in got.values():
+        # Trained on as a job of 2, each worker taking half of the global batch.
+        assert report["shapes"] == [[3, 8, 20], [2, 12, 20]], report
+        assert report["epoch"] == 4, report
+        assert report["loss"] < 0.5, report
+    assert got[0]["weights"] == got[1]["weights"]
+
+
+def test_suspend_and_resume_as_in_byteps(procs):
+    job = procs.start_job_by_role(3, 1, "suspend_resume.py", BYTEPS_ELASTIC=1,
+                                  PS_HEARTBEAT_INTERVAL=0.5, PS_HEARTBEAT_TIMEOUT=3)
+    got = {}
+    for name in ("worker0", "worker1", "worker2"):
+        status, output = finish(job[name], timeout=90)
+        assert status == 0, output
+        got.update(reports(output))
+    assert sorted(got) == [0, 1], got
+    for report in got.values():
+        assert report["before"] == 3.0 and report["after"] == 2.0 and report["size"] == 2
+    assert got[0]["told"] == ""
+    assert "re-formed as 2 worker(s) and 1 server(s)" in got[1]["told"], got[1]
+    status, output = finish(job["scheduler"], timeout=30)
+    assert status == 0, output

@@ -31,9 +31,11 @@ from tf_bps.runtime.basics import (
     mpi_threads_supported,
     nccl_built,
     rank,
+    resume,
     rocm_built,
     shutdown,
     size,
+    suspend,
     sycl_built,
 )
 from tf_bps.runtime.compression import Compression
@@ -77,9 +79,9 @@ def __getattr__(name):
     raise AttributeError(f"module 'tf_bps' has no attribute {name!r}")
 
 
-__all__ = ["init", "shutdown", "is_initialized", "is_distributed", "rank", "size", "local_rank",
-           "local_size", "cross_rank", "cross_size", "is_homogeneous", "mpi_built",
-           "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled", "nccl_built",
-           "ddl_built", "ccl_built", "cuda_built", "rocm_built", "sycl_built", "Compression",
-           "ConfigError", "ProcessSet", "add_process_set", "global_process_set",
+__all__ = ["init", "shutdown", "suspend", "resume", "is_initialized", "is_distributed", "rank",
+           "size", "local_rank", "local_size", "cross_rank", "cross_size", "is_homogeneous",
+           "mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled",
+           "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "sycl_built",
+           "Compression", "ConfigError", "ProcessSet", "add_process_set", "global_process_set",
            "remove_process_set", *sorted(_TENSORFLOW_NAMES)]

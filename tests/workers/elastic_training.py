@@ -1,9 +1,14 @@
 """Trains inside elastic.run in a job that may lose and gain workers: each step
-push_pulls ones (their sum is the job's size, checked) and adds the step's mean to a
-weight; commits every 5 steps. Prints SIZE lines as the job re-forms and a REPORT at
-the end: rank, size, steps, the weight, resets and the sizes seen."""
+push_pulls ones (their sum is the job's size, checked) and adds 1 to a weight; commits
+every 5 steps. Prints RESET lines as the job re-forms and a REPORT at the end: rank,
+size, steps, the weight, resets and the sizes seen.
+
+ELASTIC_DIE="1@20,2@40": the worker bpslaunch started as rank 1 exits with status 1
+at its step 20, rank 2 at step 40; with a discovery script, workers are named by host
+("127.0.0.1@20")."""
 
 import json
+import os
 import sys
 import time
 
@@ -19,6 +24,9 @@ bps.init()
 weight = tf.Variable(0.0)
 state = elastic.TensorFlowState([weight], step=0)
 seen = []
+NAME = os.environ.get("HOROVOD_RANK") or os.environ.get("HOROVOD_HOSTNAME")
+DIES_AT = dict(item.split("@") for item in os.environ.get("ELASTIC_DIE", "").split(",")
+               if item).get(NAME)
 
 
 def on_reset():
@@ -41,6 +49,9 @@ def train(state):
             seen.append(size)
         weight.assign_add(1.0)
         state.step += 1
+        if DIES_AT is not None and state.step == int(DIES_AT):
+            print(f"DYING at step {state.step}", flush=True)
+            os._exit(1)
         if state.step % 5 == 0:
             state.commit()
             print(f"COMMIT rank {bps.rank()} step {state.step}", flush=True)

@@ -252,6 +252,9 @@ class Scheduler:
                           f"{config.num_worker}")
         node.rank = worker_id * local_size + local_rank
         clash = [w for w in workers if w.rank == node.rank]
+        if clash and config.elastic:
+            node.rank = -1  # Workers of an elastic job are alike: it joins the next one.
+            return node, ""
         if clash:
             return None, (f"rank {node.rank} is already taken by pid {clash[0].pid} on "
                           f"{clash[0].host}; check DMLC_WORKER_ID and BYTEPS_LOCAL_RANK")
@@ -282,26 +285,28 @@ class Scheduler:
             self._admit(gathering, node)
         self._joining = []
         while not self._complete(gathering):
+            self._drop_silent_survivors(gathering)
             remaining = gathering.deadline - time.monotonic()
-            received = self._receive(max(0.0, remaining)) if remaining > 0 else None
-            if received is None:
+            if remaining <= 0:
                 if self._can_form_without_the_missing(gathering):
                     break
                 raise JobFailed(self._unfinished(gathering))
-            identity, message = received
-            if identity in self._nodes:
+            received = self._receive(min(remaining, config.heartbeat_interval))
+            if received is None:
                 continue
+            identity, message = received
             if message["type"] == "hello":
                 self._challenge(identity, message)
                 continue
-            if message["type"] == "failure" and not gathering.first:
-                self._hear_of_loss_while_reforming(message, gathering)
-                continue
             if message["type"] != "register":
+                self._hear_from_the_last_generation(identity, message, gathering)
                 continue
             node, refusal = self._registration(identity, message, gathering)
             if refusal:
                 self._refuse(identity, refusal)
+                continue
+            if node.rank < 0 and gathering.first:
+                self._joining.append(node)
                 continue
             self._admit(gathering, node)
             log.info("registered %s", node.describe() if gathering.first else
@@ -309,6 +314,8 @@ class Scheduler:
                      f"{gathering.number}")
         self._form(gathering)
         self._gathering = None
+        if self._joining:
+            self._announce_joiners()
         if config.elastic and len(gathering.workers) < config.elastic_min_workers:
             raise JobFailed(self._unfinished(gathering))
 
@@ -353,13 +360,37 @@ class Scheduler:
                 f"it needs at least BYTEPS_ELASTIC_MIN_WORKERS={config.elastic_min_workers}; "
                 f"of the last generation, missing: {missing}")
 
-    def _hear_of_loss_while_reforming(self, message: dict, gathering: _Gathering) -> None:
-        """A server of the last generation names a worker it lost: no use waiting."""
-        lost = message.get("lost_rank")
-        for key, node in list(gathering.survivors.items()):
-            if node.role == "worker" and node.rank == lost:
-                log.warning("%s is lost as well", node.describe())
-                del gathering.survivors[key]
+    def _hear_from_the_last_generation(self, identity: bytes, message: dict,
+                                       gathering: _Gathering) -> None:
+        """While the job re-forms, the survivors' links of the last generation still
+        heartbeat until they register again; one that falls silent, says it failed, or
+        that a server names as lost is no use waiting for."""
+        node = next((n for n in gathering.survivors.values() if n.identity == identity), None)
+        if node is None:
+            return
+        kind = message["type"]
+        if kind == "heartbeat":
+            node.last_seen = time.monotonic()
+            self._send(identity, {"type": "heartbeat_ack"})
+        elif kind == "failure" and node.role == "server":
+            lost = message.get("lost_rank")
+            for key, other in list(gathering.survivors.items()):
+                if other.role == "worker" and other.rank == lost:
+                    log.warning("%s is lost as well", other.describe())
+                    del gathering.survivors[key]
+        elif kind in ("failure", "done") and node.role == "worker":
+            log.warning("%s left while the job re-formed: %s", node.describe(),
+                        str(message.get("reason", "it finished"))[:200])
+            del gathering.survivors[node.process]
+
+    def _drop_silent_survivors(self, gathering: _Gathering) -> None:
+        now = time.monotonic()
+        for node in gathering.missing():
+            silent = now - node.last_seen
+            if node.role == "worker" and silent > self._config.heartbeat_timeout:
+                log.warning("%s sent no heartbeat for %.0f s while the job re-formed; it has "
+                            "probably died", node.describe(), silent)
+                del gathering.survivors[node.process]
 
     def _form(self, gathering: _Gathering) -> None:
         """Numbers the generation's nodes and sends their address books."""
@@ -416,11 +447,17 @@ class Scheduler:
     def _reform(self, reason: str, lost: list[Node]) -> None:
         """Starts the next generation: every surviving node hears why, leaves this one
         and registers again."""
+        limit = self._config.elastic_reset_limit
+        if limit is not None and self._generation + 1 > limit:
+            raise JobFailed(f"{reason}; the job has re-formed {self._generation} time(s), and "
+                            f"BYTEPS_ELASTIC_RESET_LIMIT={limit} (--reset-limit) allows no more")
         lost_ids = {node.identity for node in lost}
         survivors = {node.process: node for node in self._nodes.values()
                      if node.identity not in lost_ids and not node.done}
         log.warning("the job re-forms: %s", reason)
+        now = time.monotonic()
         for node in survivors.values():
+            node.last_seen = now
             self._send(node.identity, {"type": "reform", "reason": reason,
                                        "generation": self._generation + 1})
         self._nodes = {}
@@ -448,11 +485,23 @@ class Scheduler:
             self._refuse(identity, refusal)
             return
         member = next((n for n in self._nodes.values() if n.process == node.process), None)
+        most = self._config.elastic_max_workers
+        workers = sum(n.role == "worker" for n in self._nodes.values()) + len(self._joining)
+        if member is None and most is not None and workers >= most:
+            self._refuse(identity, f"the job has {workers} worker(s), as many as "
+                         f"BYTEPS_ELASTIC_MAX_WORKERS={most} (--max-np) allows")
+            return
         self._joining.append(node)
         if member is not None:
             self._reform(f"{member.describe()} left generation {self._generation} and "
                          "registered again", [])
             return
+        self._announce_joiners()
+
+    def _announce_joiners(self) -> None:
+        """Workers asking to join are taken in when the job's workers re-form, which
+        they do together at their next commit (elastic.State.check_host_updates)."""
+        node = self._joining[-1]
         log.info("a worker on %s (pid %d) asks to join; the workers re-form at their next "
                  "commit", node.host, node.pid)
         for worker in self._nodes.values():

@@ -6,6 +6,7 @@ or across hosts.
     DMLC_ROLE=worker DMLC_WORKER_ID=0 ... bpslaunch python train.py
     bpslaunch -np 2 [--num-servers 2] python train.py
     bpslaunch -np 8 -H node1:4,node2:4 [--server-hosts cpu1,cpu2] python train.py
+    bpslaunch -np 4 --min-np 2 [--max-np 8] python train.py   (elastic: see tf_bps.elastic)
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ import secrets
 import shutil
 import socket
 import sys
+import threading
 
 from tf_bps.launch import remote
+from tf_bps.launch.discovery import DiscoveryError
+from tf_bps.launch.elastic_driver import ElasticDriver, ElasticSettings
 from tf_bps.launch.hosts import Host, HostError, Layout, parse_hosts, plan_layout, read_hostfile
 from tf_bps.launch.remote import SshOptions
 from tf_bps.launch.supervisor import (
@@ -76,14 +80,45 @@ def _horovod_variables(rank: int, size: int, local_rank: int, local_size: int) -
             "HOROVOD_LOCAL_RANK": str(local_rank), "HOROVOD_LOCAL_SIZE": str(local_size)}
 
 
+def elastic_variables(args: argparse.Namespace) -> dict[str, str]:
+    """What the elastic options (Horovod's) tell the job; none without --min-np or
+    --max-np."""
+    if args.min_np is None and args.max_np is None and not args.host_discovery_script:
+        for flag, value in (("--elastic-timeout", args.elastic_timeout),
+                            ("--reset-limit", args.reset_limit),
+                            ("--slots-per-host", args.slots_per_host),
+                            ("--blacklist-cooldown-range", args.blacklist_cooldown_range)):
+            if value is not None:
+                raise HostError(f"{flag} is for elastic jobs: give --min-np (and --max-np) "
+                                "or --host-discovery-script")
+        return {}
+    if args.host_discovery_script and (args.hosts or args.hostfile or args.server_hosts):
+        raise HostError("--host-discovery-script lists the worker hosts: give no -H, "
+                        "--hostfile or --server-hosts (the scheduler and servers run here)")
+    low, high = args.min_np or 1, args.max_np
+    if low < 1 or (high is not None and high < low) or \
+            (args.num_workers is not None and not low <= args.num_workers <= (high or 4096)):
+        raise HostError(f"elastic sizes must satisfy 1 <= --min-np ({low}) <= -np "
+                        f"({args.num_workers}) <= --max-np ({high})")
+    job = {"BYTEPS_ELASTIC": "1", "BYTEPS_ELASTIC_MIN_WORKERS": str(low)}
+    if high is not None:
+        job["BYTEPS_ELASTIC_MAX_WORKERS"] = str(high)
+    if args.elastic_timeout is not None:
+        job["BYTEPS_ELASTIC_TIMEOUT"] = str(args.elastic_timeout)
+    if args.reset_limit is not None:
+        job["BYTEPS_ELASTIC_RESET_LIMIT"] = str(args.reset_limit)
+    return job
+
+
 def _plan_processes(layout: Layout, command: list[str], base: dict[str, str],
-                    local: dict[str, bool], interface: str | None) -> dict[str, list]:
+                    local: dict[str, bool], interface: str | None,
+                    elastic: dict[str, str]) -> dict[str, list]:
     """The processes of each host, with the variables that place them in the job."""
-    config = Config.from_env(base)
-    single = layout.num_workers == 1 and not config.force_distributed
+    config = Config.from_env({**base, **elastic})
+    single = layout.num_workers == 1 and not config.force_distributed and not elastic
     scheduler_host = layout.hosts[0].name
     job = {"DMLC_NUM_WORKER": str(layout.num_worker_hosts),
-           "BYTEPS_LOCAL_SIZE": str(layout.local_size)}
+           "BYTEPS_LOCAL_SIZE": str(layout.local_size), **elastic}
     if interface:
         job["DMLC_INTERFACE"] = interface
     if not single:
@@ -125,14 +160,14 @@ def _plan_processes(layout: Layout, command: list[str], base: dict[str, str],
 
 
 def _launch_job(layout: Layout, command: list[str], ssh: SshOptions,
-                interface: str | None) -> int:
+                interface: str | None, elastic: dict[str, str]) -> int:
     base = environment()
     try:
         local = {host.name: remote.is_this_machine(host.name) for host in layout.hosts}
     except ValueError as error:
         raise LaunchError(str(error)) from None
-    plans = _plan_processes(layout, command, base, local, interface)
-    supervisor = JobSupervisor()
+    plans = _plan_processes(layout, command, base, local, interface, elastic)
+    supervisor = JobSupervisor(elastic=bool(elastic))
     forwarded = remote.forwarded_environment(base)
     for host, processes in plans.items():
         if local[host]:
@@ -144,6 +179,53 @@ def _launch_job(layout: Layout, command: list[str], ssh: SshOptions,
                              is_worker=any(p.is_worker for p in processes),
                              stdin=remote.encode_plan(processes))
     return supervise(supervisor)
+
+
+def _launch_discovered(args: argparse.Namespace, ssh: SshOptions, elastic: dict[str, str]) -> int:
+    """An elastic job on the hosts a discovery script lists (elastic_driver.py): the
+    scheduler and servers here, workers wherever the script says, as it says."""
+    base = environment()
+    settings = ElasticSettings(
+        script=args.host_discovery_script, default_slots=args.slots_per_host or 1,
+        initial=args.num_workers or args.min_np or 1, min_np=args.min_np or 1,
+        max_np=args.max_np, timeout=Config.from_env({**base, **elastic}).elastic_timeout,
+        cooldown=tuple(args.blacklist_cooldown_range) if args.blacklist_cooldown_range else None)
+    supervisor = JobSupervisor(elastic=True)
+    job = {**elastic, "BYTEPS_LOCAL_SIZE": "1",
+           "BYTEPS_JOB_TOKEN": base.get("BYTEPS_JOB_TOKEN") or secrets.token_hex(16),
+           "DMLC_NUM_SERVER": str(args.num_servers or 1),
+           "DMLC_PS_ROOT_PORT": base.get("DMLC_PS_ROOT_PORT") or str(_free_port())}
+    if args.network_interface:
+        job["DMLC_INTERFACE"] = args.network_interface
+
+    def worker_plan(host: str, index: int, local: bool) -> ProcessPlan:
+        # The first generation numbers its workers by DMLC_WORKER_ID; later ones by
+        # their order of arrival, whatever their id.
+        env = {**job, "DMLC_ROLE": "worker", "HOROVOD_HOSTNAME": host,
+               "DMLC_WORKER_ID": str(index if index < int(job["DMLC_NUM_WORKER"]) else 0)}
+        return ProcessPlan(f"worker {index} on {host}", args.command, env, is_worker=True,
+                           prefix=f"[{host}#{index}]: ")
+
+    driver = ElasticDriver(supervisor, settings, worker_plan, ssh, base)
+    try:
+        hosts = driver.first_hosts()
+        every_host_local = all(remote.is_this_machine(host.name) for host in hosts)
+    except (DiscoveryError, ValueError) as error:
+        raise LaunchError(str(error)) from None
+    slots = sum(host.slots for host in hosts)
+    job["DMLC_NUM_WORKER"] = str(min(slots, args.max_np or slots))
+    job["DMLC_PS_ROOT_URI"] = ("127.0.0.1" if every_host_local else
+                               base.get("DMLC_NODE_HOST") or socket.gethostname())
+    helpers = [helper_plan("scheduler", "scheduler", job)]
+    helpers += [helper_plan("server", f"server {i}", job) for i in range(args.num_servers or 1)]
+    supervisor.start_host(helpers, base)
+    driver.start_workers(hosts)
+    polling = threading.Thread(target=driver.run, name="host-discovery", daemon=True)
+    polling.start()
+    try:
+        return supervise(supervisor)
+    finally:
+        driver.stop()
 
 
 def _launch_local_ranks(config: Config, command: list[str]) -> int:
@@ -179,6 +261,24 @@ def job_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--ssh-identity-file", help="the private key ssh uses")
     parser.add_argument("--ssh-command", default="ssh",
                         help="the ssh client and any options of yours (default: ssh)")
+    elastic = parser.add_argument_group(
+        "elastic training", "Horovod's options: the job re-forms when a worker is lost or "
+        "joins (train inside tf_bps.elastic.run)")
+    elastic.add_argument("--min-np", type=int, help="the fewest workers the job goes on with")
+    elastic.add_argument("--max-np", type=int, help="the most workers the job takes in")
+    elastic.add_argument("--elastic-timeout", type=float, help="seconds a re-forming may wait "
+                         "for enough workers (default 600)")
+    elastic.add_argument("--reset-limit", type=int,
+                         help="how many times the job may re-form (default: no limit)")
+    elastic.add_argument("--host-discovery-script",
+                         help="a command printing the worker hosts, `host:slots` a line; run "
+                              "every second (the scheduler and servers run on this machine)")
+    elastic.add_argument("--slots-per-host", type=int,
+                         help="slots of a host the discovery script lists without a number")
+    elastic.add_argument("--blacklist-cooldown-range", type=float, nargs=2,
+                         metavar=("LOW", "HIGH"),
+                         help="seconds a host whose worker failed stays out, drawn from this "
+                              "range (default: for good)")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the worker's command (may follow a `--`)")
     return parser
@@ -236,7 +336,8 @@ def run(args: argparse.Namespace, whole_job: bool = False) -> int:
         return server.main()
     if role is None:
         try:
-            layout = _layout(args)
+            elastic = elastic_variables(args)
+            layout = None if args.host_discovery_script else _layout(args)
         except HostError as error:
             print(f"bpslaunch: {error}", file=sys.stderr)
             return 2
@@ -258,7 +359,9 @@ def run(args: argparse.Namespace, whole_job: bool = False) -> int:
             return _run(_launch_local_ranks, config, args.command)
         os.execvp(args.command[0], args.command)
     ssh = SshOptions(args.ssh_command, args.ssh_port, args.ssh_identity_file)
-    return _run(_launch_job, layout, args.command, ssh, args.network_interface)
+    if layout is None:
+        return _run(_launch_discovered, args, ssh, elastic)
+    return _run(_launch_job, layout, args.command, ssh, args.network_interface, elastic)
 
 
 def _run(launch, *args) -> int:

@@ -3,8 +3,10 @@
 bpslaunch uses it for the processes it starts on its own machine (and for the ssh
 sessions that carry the other hosts), and each remote host's agent (agent.py) for the
 processes of that host. The rules are the same everywhere: workers' output is prefixed
-with their rank, the first worker that fails ends the job with its status, and nothing
-started is left running when `run` returns.
+with their rank, the first worker that fails ends the job with its status (in an
+elastic job the others go on without it, and the job fails only when no worker
+succeeds or the scheduler gives up), and nothing started is left running when `run`
+returns.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tf_bps.launch import affinity
@@ -67,8 +70,12 @@ def exit_status(returncode: int) -> int:
 class JobSupervisor:
     """Starts processes, prefixes worker output, and ends the job as a whole."""
 
-    def __init__(self, name: str = "bpslaunch"):
+    def __init__(self, name: str = "bpslaunch", elastic: bool = False):
         self.name = name  # How its own messages start.
+        # An elastic job goes on when a worker fails; `worker_exited(child, status)`
+        # hears of every worker that exits (elastic_driver.py).
+        self.elastic = elastic
+        self.worker_exited: Callable[[Child, int], None] | None = None
         self.children: list[Child] = []
         self._exits: queue.Queue[Child | str] = queue.Queue()
         self._output_lock = threading.Lock()
@@ -97,7 +104,7 @@ class JobSupervisor:
 
     def start(self, label: str, command: list[str], env: dict[str, str], is_worker: bool,
               prefix: str | None = None, stdin: bytes | None = None,
-              cpus: frozenset[int] | None = None) -> None:
+              cpus: frozenset[int] | None = None) -> Child:
         """`prefix`: tag each line of its output (else it writes to ours directly);
         `stdin`: written to its standard input, which then stays open (an ssh session's
         remote side ends its processes when it closes); `cpus`: where it may run."""
@@ -126,6 +133,7 @@ class JobSupervisor:
                 pump.start()
                 self._pumps.append(pump)
         threading.Thread(target=self._wait, args=(child,), daemon=True).start()
+        return child
 
     def stop(self, reason: str) -> None:
         """Makes `run` end the job now (from any thread), reporting `reason`."""
@@ -155,6 +163,10 @@ class JobSupervisor:
                 self._signal(child, signal.SIGKILL)
                 child.process.wait()
 
+    def end(self, child: Child) -> None:
+        """Ends one child (SIGTERM to its group); `run` hears of its exit as usual."""
+        self._signal(child, signal.SIGTERM)
+
     @staticmethod
     def _signal(child: Child, sig: int) -> None:
         try:
@@ -167,15 +179,22 @@ class JobSupervisor:
 
         With workers among the children, the job is done when they all succeeded and
         the others (servers, scheduler) exited within EXIT_GRACE_S. Without workers (a
-        host that only serves), it is done when every child succeeded.
+        host that only serves), it is done when every child succeeded. In an elastic
+        job workers may be added while it runs (start()); a failed one ends the job only
+        when no worker succeeded (`worker_exited` hears of each).
         """
-        workers_left = sum(c.is_worker for c in self.children)
-        others_left = len(self.children) - workers_left
-        only_helpers = workers_left == 0
+        exited: set[int] = set()  # ids of the children that exited
+
+        def left(workers: bool) -> int:
+            return sum(c.is_worker == workers and id(c) not in exited for c in self.children)
+
+        only_helpers = left(True) == 0
         failed_helper: tuple[Child, float] | None = None
         helpers_deadline: float | None = None
+        worker_failure = 0  # an elastic job's first failed worker's status
+        any_succeeded = False
         try:
-            while workers_left or others_left:
+            while left(True) or left(False):
                 deadline = failed_helper[1] if failed_helper else helpers_deadline
                 timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
                 try:
@@ -192,16 +211,25 @@ class JobSupervisor:
                 if isinstance(child, str):
                     self.report(f"{child}; ending the job")
                     return 1
+                exited.add(id(child))
                 status = exit_status(child.process.returncode)
                 if child.is_worker:
-                    workers_left -= 1
-                    if status != 0:
+                    if status != 0 and not self.elastic:
                         self.report(f"{child.label} failed with status {status}; ending the job")
                         return status
-                    if not workers_left:
+                    if self.worker_exited is not None:
+                        self.worker_exited(child, status)
+                    if status != 0:
+                        self.report(f"{child.label} exited with status {status}; the elastic "
+                                    "job goes on without it")
+                        worker_failure = worker_failure or status
+                    any_succeeded = any_succeeded or status == 0
+                    if not left(True):
+                        if not any_succeeded:
+                            self.report("every worker failed; ending the job")
+                            return worker_failure
                         helpers_deadline = time.monotonic() + EXIT_GRACE_S
                     continue
-                others_left -= 1
                 if status == 0 or helpers_deadline is not None:
                     continue  # The workers are done; their results stand.
                 if only_helpers:

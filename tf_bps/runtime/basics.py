@@ -30,6 +30,7 @@ class _Job:
     worker_hosts: tuple[str, ...] = ()  # By rank; empty on the local path.
     declared: set = field(default_factory=set)  # name lists given to declare()
     generation: int = 0  # of the job's membership (the scheduler's; elastic jobs re-form)
+    servers: tuple[str, ...] = ()  # "host:port" each; empty on the local path
 
 
 _lock = threading.Lock()
@@ -37,6 +38,7 @@ _job: _Job | None = None
 # Called as (timestamp, added) when the scheduler says the job's hosts changed
 # (elastic.State listens, to interrupt training at the next commit).
 _host_listeners: list = []
+_suspended: _Job | None = None  # bps.suspend() left this job; bps.resume() joins again
 # The agent running the scheduler or server a cluster manager's placement asked this
 # process for (launch/agent.py --cluster-helpers); it ends them once this process is gone.
 _cluster_helpers = None
@@ -113,7 +115,8 @@ def _join() -> None:
                 raise
             _job = _Job(config, rank=book["rank"], size=book["size"],
                         local_rank=book["local_rank"], local_size=book["local_size"], link=link,
-                        worker_hosts=tuple(book["workers"]), generation=generation)
+                        worker_hosts=tuple(book["workers"]), generation=generation,
+                        servers=tuple(book["servers"]))
             if config.trace_on:
                 folder = os.path.join(config.trace_dir, str(_job.local_rank))
                 os.makedirs(folder, exist_ok=True)
@@ -167,17 +170,55 @@ def reform() -> None:
     """Leaves this generation of an elastic job and registers for the next: the
     scheduler numbers the workers anew (survivors keep their order). Collectives in
     flight have failed; the caller restores or syncs its state afterwards."""
+    _leave("re-form")
+    _join()
+
+
+def suspend() -> None:
+    """BytePS's suspend: leaves the job's current generation (what is in flight fails)
+    until resume(); an elastic job's scheduler re-forms the job when this worker comes
+    back, or without it once it has been silent for PS_HEARTBEAT_TIMEOUT."""
+    global _suspended
+    _suspended = _leave("suspend")
+
+
+def resume(num_workers: int, num_servers: int, global_rank: int | None = None) -> None:
+    """BytePS's resume: joins the job again after suspend(), as the scheduler numbers
+    it (survivors keep their order). The sizes given must be the re-formed job's, and
+    `global_rank`, when given, this worker's new rank: a script that shards its data by
+    its own numbers must not go on with others' ranks."""
+    global _suspended
+    if _suspended is None:
+        raise RuntimeError("bps.resume() comes after bps.suspend()")
+    _suspended = None
+    _join()
+    job = _current()
+    servers = len(job.servers)
+    if (job.size, servers) != (num_workers, num_servers) or \
+            global_rank not in (None, job.rank):
+        raise ValueError(
+            f"the job re-formed as {job.size} worker(s) and {servers} server(s), this worker "
+            f"rank {job.rank}; resume() was told {num_workers} worker(s), {num_servers} "
+            f"server(s)" + (f" and rank {global_rank}" if global_rank is not None else ""))
+
+
+def _leave(why: str) -> _Job:
+    """Leaves the current generation of an elastic job without saying done: the
+    scheduler knows when this worker registers again."""
     global _job
     with _lock:
         job, _job = _job, None
-    if job is None or job.link is None:
-        raise RuntimeError("only a distributed job started with BYTEPS_ELASTIC=1 re-forms")
+    if job is None or job.link is None or not job.config.elastic:
+        if job is not None:
+            _job = job
+        raise RuntimeError(f"only a distributed job started with BYTEPS_ELASTIC=1 can {why} "
+                           "(bpslaunch --min-np sets it)")
     process_sets_module._reset(None, 0)
-    # The link first: its monitor may still pass on the reform, which must reach this
+    # The link first: its monitor may still pass on a reform, which must reach this
     # generation's core, not the next one's.
-    job.link.close(say_done=False)  # The scheduler knows: a registration follows.
+    job.link.close(say_done=False)
     core.worker_shutdown()
-    _join()
+    return job
 
 
 def shutdown() -> None:

@@ -285,7 +285,9 @@ class Config:
     # ends only with fewer than `elastic_min_workers` left for `elastic_timeout` s.
     elastic: bool
     elastic_min_workers: int
+    elastic_max_workers: int | None  # None: no bound on workers asking to join
     elastic_timeout: float
+    elastic_reset_limit: int | None  # re-formings allowed; None: any number
     # Every node of a job proves it knows this (bpslaunch makes one per job); empty
     # when a job started role by role sets none, and then nothing is proven.
     job_token: str
@@ -356,7 +358,9 @@ class Config:
             op_timeout=_number(env, "BYTEPS_OP_TIMEOUT", _number(env, "GLOO_TIMEOUT_SECONDS")),
             elastic=_flag(env, "BYTEPS_ELASTIC"),
             elastic_min_workers=_int(env, "BYTEPS_ELASTIC_MIN_WORKERS"),
+            elastic_max_workers=_int(env, "BYTEPS_ELASTIC_MAX_WORKERS", None),
             elastic_timeout=_number(env, "BYTEPS_ELASTIC_TIMEOUT"),
+            elastic_reset_limit=_int(env, "BYTEPS_ELASTIC_RESET_LIMIT", None),
             job_token=_text(env, "BYTEPS_JOB_TOKEN"),
             max_tensor_bytes=_int(env, "BYTEPS_MAX_TENSOR_BYTES"),
             listen_any=_flag(env, "BYTEPS_LISTEN_ANY"),

@@ -144,8 +144,7 @@ class SchedulerLink:
     def start_monitor(self, on_abort: Callable[[str], None],
                       on_notice: Callable[[dict], None]) -> None:
         """Heartbeats from a background thread; `on_abort` runs if the job fails, and
-        `on_notice` with an elastic job's reform and hosts_updated messages. After a
-        reform the thread ends: this node's generation is over."""
+        `on_notice` with an elastic job's reform and hosts_updated messages."""
         wake_recv = self._context.socket(zmq.PAIR)
         wake_recv.bind(f"inproc://wake-{id(self)}")
         self._wake_send = self._context.socket(zmq.PAIR)
@@ -165,9 +164,9 @@ class SchedulerLink:
                         on_abort(str(message.get("reason")))
                         return
                     if message["type"] in ("reform", "hosts_updated"):
+                        # After a reform, heartbeats go on until this node registers
+                        # again: the scheduler waits for it as long as it lives.
                         on_notice(message)
-                        if message["type"] == "reform":
-                            return
                 if woken:
                     farewell = wake.recv_json()
                     if farewell is not None:

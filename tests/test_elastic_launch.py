@@ -1,0 +1,116 @@
+"""bpslaunch's elastic options, through whole jobs: the reset limit, hosts that a
+discovery script adds and removes, and the blacklist of hosts whose workers failed
+(Horovod's elastic integration scenarios, in our words)."""
+
+import os
+import subprocess
+import time
+
+import pytest
+from conftest import LAUNCH, base_env, finish, worker_command
+from conftest import marked_json as reports
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+def test_an_elastic_job_within_and_past_its_reset_limit(procs, limit):
+    # Two workers of four die one after the other, so the job re-forms twice: a limit
+    # of 1 ends it, a limit of 2 lets it finish.
+    status, output = procs.launch(4, "elastic_training.py", "60", "0.02", num_servers=1,
+                                  extra=["--min-np", "2", "--reset-limit", str(limit)],
+                                  timeout=150, ELASTIC_DIE="1@15,2@30")
+    assert output.count("DYING") == limit, output
+    if limit == 1:
+        assert status != 0, output
+        assert "BYTEPS_ELASTIC_RESET_LIMIT=1 (--reset-limit) allows no more" in output, output
+        return
+    assert status == 0, output
+    got = reports(output)
+    assert sorted(got) == [0, 1], output
+    for report in got.values():
+        assert report["sizes"] == [4, 3, 2] and report["weight"] == 60.0, report
+
+
+class DiscoveredJob:
+    """bpslaunch with a discovery script that prints a file the test rewrites."""
+
+    def __init__(self, procs, tmp_path, hosts: str, *options: str, steps: int = 200, **env):
+        self.hosts_file = tmp_path / "hosts"
+        self.set_hosts(hosts)
+        script = tmp_path / "discover.sh"
+        script.write_text(f"#!/bin/sh\ncat {self.hosts_file}\n")
+        script.chmod(0o755)
+        command = [*LAUNCH, "--host-discovery-script", str(script), *options,
+                   *worker_command("elastic_training.py", str(steps), "0.05")]
+        self.process = procs.start(command, base_env(**env))
+        self.lines: list[str] = []
+
+    def set_hosts(self, hosts: str) -> None:
+        self.hosts_file.write_text(hosts.replace(",", "\n") + "\n")
+
+    def wait_for(self, text: str, count: int = 1, timeout: float = 90) -> None:
+        """Reads the job's output until `text` appeared `count` times."""
+        deadline = time.monotonic() + timeout
+        while sum(text in line for line in self.lines) < count:
+            assert time.monotonic() < deadline, "\n".join(self.lines)
+            line = self.process.stdout.readline()
+            assert line, "\n".join(self.lines)
+            self.lines.append(line.rstrip("\n"))
+
+    def finish(self, timeout: float = 120) -> tuple[int, str]:
+        status, rest = finish(self.process, timeout)
+        return status, "\n".join(self.lines) + "\n" + rest
+
+
+def test_hosts_added_then_removed_by_the_discovery_script(procs, tmp_path):
+    # Two slots, then a second host doubles the job, then it goes away again: three
+    # generations, 2 -> 4 -> 2 workers, with every sum checked against the size.
+    job = DiscoveredJob(procs, tmp_path, "localhost:2", "--min-np", "2", "--max-np", "4",
+                        steps=300)
+    job.wait_for("COMMIT", 2)
+    job.set_hosts("localhost:2,127.0.0.1:2")
+    job.wait_for("size 4", 2)
+    job.wait_for("COMMIT", 8)
+    job.set_hosts("localhost:2")
+    job.wait_for("is no longer listed by the host discovery script")
+    status, output = job.finish()
+    assert status == 0, output
+    got = reports(output)
+    assert sorted(got) == [0, 1], output
+    for report in got.values():
+        assert report["sizes"] == [2, 4, 2] and report["weight"] == 300.0, report
+
+
+def test_a_failed_host_is_blacklisted_for_its_cooldown_and_then_used_again(procs, tmp_path):
+    job = DiscoveredJob(procs, tmp_path, "localhost:1,127.0.0.1:1", "--min-np", "1",
+                        "--blacklist-cooldown-range", "2", "2", steps=250,
+                        ELASTIC_DIE="127.0.0.1@20")
+    job.wait_for("DYING")
+    job.wait_for("host 127.0.0.1 is blacklisted")
+    status, output = job.finish()
+    assert status == 0, output
+    assert "for 2 s" in output, output
+    got = reports(output)
+    assert sorted(got) == [0, 1], output
+    # The survivor went on alone, and took in a new worker on the host once its
+    # cooldown ended; that one started from the survivor's state.
+    assert got[0]["sizes"] == [2, 1, 2] and got[0]["weight"] == 250.0, got
+    assert got[1]["sizes"] == [2] and got[1]["weight"] == 250.0, got
+
+
+def test_every_worker_failing_ends_the_job_with_a_message(procs, tmp_path):
+    job = DiscoveredJob(procs, tmp_path, "localhost:1,127.0.0.1:1", "--min-np", "1",
+                        steps=100, ELASTIC_DIE="localhost@10,127.0.0.1@10")
+    status, output = job.finish()
+    assert status != 0, output
+    assert "every worker failed" in output, output
+
+
+def test_elastic_options_are_checked_before_anything_starts():
+    for options, message in (
+            (["-np", "1", "--reset-limit", "2"], "--reset-limit is for elastic jobs"),
+            (["-np", "4", "--min-np", "5"], "elastic sizes must satisfy"),
+            (["--host-discovery-script", "true", "-H", "localhost:2"], "give no -H")):
+        done = subprocess.run([*LAUNCH, *options, "true"], env=base_env(), capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 2 and message in done.stderr, (options, done.stderr)
+    assert os.path.exists(LAUNCH[0])

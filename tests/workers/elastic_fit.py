@@ -1,0 +1,58 @@
+"""model.fit inside elastic.run, as Horovod's Keras elastic example writes it, in a job
+that loses a worker: the per-worker batch and steps follow the job's size (a global
+batch of 24), the learning rate is scaled at each reset, and the epoch resumes from
+the last commit. Prints EPOCH lines as epochs begin and a REPORT at the end."""
+
+import json
+
+import keras
+import numpy as np
+
+import tf_bps.keras as bps
+
+bps.init()
+EPOCHS, GLOBAL_BATCH, SAMPLES = 4, 24, 480
+rng = np.random.default_rng(7)  # the same data everywhere: each worker takes its shard
+x = rng.normal(size=(SAMPLES, 8)).astype("float32")
+y = (x @ rng.normal(size=(8, 1))).astype("float32")
+
+keras.utils.set_random_seed(bps.rank())  # different starts: the sync makes them equal
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(1)])
+optimizer = bps.DistributedOptimizer(keras.optimizers.SGD(0.01))
+model.compile(optimizer=optimizer, loss="mse")
+state = bps.elastic.KerasState(model, batch=0, epoch=0)
+shapes = []  # (size, per-worker batch, steps) of each fit
+
+
+def scale_learning_rate():
+    model.optimizer.learning_rate.assign(0.01 * bps.size() / 3)
+
+
+state.register_reset_callbacks([scale_learning_rate])
+
+
+class Announce(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        print(f"EPOCH {state.epoch} rank {bps.rank()} size {bps.size()}", flush=True)
+
+
+@bps.elastic.run
+def train(state):
+    size, rank = bps.size(), bps.rank()
+    batch = GLOBAL_BATCH // size
+    steps = SAMPLES // GLOBAL_BATCH
+    shapes.append([size, batch, steps])
+    model.fit(x[rank::size], y[rank::size], batch_size=batch, steps_per_epoch=steps,
+              epochs=EPOCHS - state.epoch, verbose=0, shuffle=False,
+              callbacks=[Announce(), bps.elastic.CommitStateCallback(state, batches_per_commit=5),
+                         bps.elastic.UpdateBatchStateCallback(state),
+                         bps.elastic.UpdateEpochStateCallback(state)])
+
+
+train(state)
+loss = float(model.evaluate(x, y, verbose=0))
+print("REPORT " + json.dumps({"rank": bps.rank(), "shapes": shapes, "epoch": state.epoch,
+                              "loss": loss,
+                              "weights": [w.tolist() for w in model.get_weights()]}),
+      flush=True)
+bps.shutdown()

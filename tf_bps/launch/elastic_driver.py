@@ -1,0 +1,175 @@
+"""bpslaunch's elastic side (--host-discovery-script): keeps a job's workers on the
+hosts a discovery script lists, as horovodrun's elastic driver does.
+
+The scheduler and the servers run on the launcher's machine and stay up for the
+whole job; workers come and go. Every second the driver runs the discovery script:
+on a host that appeared (or came back from the blacklist) it starts workers while
+the job has fewer than --max-np, and the workers already training take them in at
+their next commit; the workers of a host that disappeared are ended, and the others
+re-form without them. A worker that fails puts its host on the blacklist (for good,
+or for a time drawn from --blacklist-cooldown-range) and its host's other workers
+are ended too. The scheduler ends the job when fewer than --min-np workers are left
+for --elastic-timeout seconds, or past --reset-limit re-formings; the launcher ends
+it when every worker failed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tf_bps.launch import remote
+from tf_bps.launch.discovery import Blacklist, DiscoveryError, discover_hosts
+from tf_bps.launch.hosts import Host
+from tf_bps.launch.supervisor import Child, JobSupervisor, ProcessPlan
+
+DISCOVERY_INTERVAL_S = 1.0
+
+
+@dataclass
+class ElasticSettings:
+    script: str  # --host-discovery-script
+    default_slots: int  # --slots-per-host
+    initial: int  # -np (default --min-np): workers to start with, at least
+    min_np: int
+    max_np: int | None
+    timeout: float  # --elastic-timeout
+    cooldown: tuple[float, float] | None  # --blacklist-cooldown-range
+
+
+@dataclass
+class _Worker:
+    host: str
+    child: Child
+    ending: bool = False  # ended by the driver: its exit is no failure
+
+
+class ElasticDriver:
+    """Starts and ends an elastic job's workers as its hosts come and go.
+    `worker_plan(host, index, local)` is the process of the job's `index`-th worker
+    started, on `host` (`local`: this machine)."""
+
+    def __init__(self, supervisor: JobSupervisor, settings: ElasticSettings,
+                 worker_plan: Callable[[str, int, bool], ProcessPlan],
+                 ssh: remote.SshOptions, base_env: dict[str, str]):
+        self._supervisor = supervisor
+        self._settings = settings
+        self._worker_plan = worker_plan
+        self._ssh = ssh
+        self._env = base_env
+        self._blacklist = Blacklist(settings.cooldown)
+        self._lock = threading.Lock()
+        self._workers: dict[int, _Worker] = {}  # by id() of the child
+        self._started = 0
+        self._finished = False  # a worker succeeded: the training is over
+        self._stop = threading.Event()
+        self._last_problem = ""
+        supervisor.worker_exited = self._on_worker_exit
+
+    def first_hosts(self) -> list[Host]:
+        """Waits until the script lists slots for -np workers (--elastic-timeout)."""
+        settings = self._settings
+        deadline = time.monotonic() + settings.timeout
+        while True:
+            hosts = self._discover()
+            slots = sum(host.slots for host in hosts or [])
+            if slots >= settings.initial:
+                return hosts
+            if time.monotonic() >= deadline:
+                raise DiscoveryError(
+                    f"the host discovery script lists {slots} slot(s), fewer than the "
+                    f"{settings.initial} worker(s) to start with (-np/--min-np), and no more "
+                    f"came within --elastic-timeout={settings.timeout:g} s")
+            time.sleep(DISCOVERY_INTERVAL_S)
+
+    def start_workers(self, hosts: list[Host]) -> None:
+        """Fills the free slots of `hosts`, in order, while the job has fewer than
+        --max-np workers."""
+        most = self._settings.max_np
+        with self._lock:
+            running = self._running_by_host()
+            count = sum(running.values())
+            for host in hosts:
+                for _ in range(host.slots - running.get(host.name, 0)):
+                    if most is not None and count >= most:
+                        return
+                    self._start(host.name)
+                    count += 1
+
+    def run(self) -> None:
+        """Polls the discovery script until stop(); from a thread of its own."""
+        while not self._stop.wait(DISCOVERY_INTERVAL_S):
+            hosts = self._discover()
+            if hosts is None or self._finished:
+                continue
+            available = [host for host in hosts if not self._blacklist.blocks(host.name)]
+            names = {host.name for host in available}
+            with self._lock:
+                gone = {w.host for w in self._workers.values() if w.host not in names}
+            for host in sorted(gone):
+                self._end_host(host, "is no longer listed by the host discovery script")
+            self.start_workers(available)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _discover(self) -> list[Host] | None:
+        """The script's hosts; None (said once per distinct problem) when it failed."""
+        try:
+            hosts = discover_hosts(self._settings.script, self._settings.default_slots)
+        except DiscoveryError as error:
+            if str(error) != self._last_problem:
+                self._supervisor.report(f"{error}; keeping the hosts as they were")
+                self._last_problem = str(error)
+            return None
+        self._last_problem = ""
+        return hosts
+
+    def _running_by_host(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for worker in self._workers.values():
+            if not worker.ending and worker.child.process.poll() is None:
+                counts[worker.host] = counts.get(worker.host, 0) + 1
+        return counts
+
+    def _start(self, host: str) -> None:
+        """Starts the next worker on `host` (needs the lock)."""
+        local = remote.is_this_machine(host)
+        plan = self._worker_plan(host, self._started, local)
+        self._started += 1
+        if local:
+            child = self._supervisor.start(plan.label, plan.command, {**self._env, **plan.env},
+                                           is_worker=True, prefix=plan.prefix)
+        else:
+            plan.env = {**remote.forwarded_environment(self._env), **plan.env}
+            child = self._supervisor.start(plan.label, remote.agent_command(host, self._ssh),
+                                           self._env, is_worker=True,
+                                           stdin=remote.encode_plan([plan]))
+        self._workers[id(child)] = _Worker(host, child)
+
+    def _end_host(self, host: str, why: str) -> None:
+        with self._lock:
+            ending = [w for w in self._workers.values() if w.host == host and not w.ending]
+            for worker in ending:
+                worker.ending = True
+        if ending:
+            self._supervisor.report(f"host {host} {why}: ending its {len(ending)} worker(s)")
+        for worker in ending:
+            self._supervisor.end(worker.child)
+
+    def _on_worker_exit(self, child: Child, status: int) -> None:
+        with self._lock:
+            worker = self._workers.pop(id(child), None)
+        if worker is None or worker.ending:
+            return
+        if status == 0:
+            self._finished = True
+            return
+        seconds = self._blacklist.add(worker.host)
+        self._end_host(worker.host, f"is blacklisted ({child.label} failed with status "
+                       f"{status}) " + ("for good" if seconds is None else
+                                        f"for {seconds:.0f} s"))
