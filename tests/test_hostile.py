@@ -81,12 +81,12 @@ def test_the_scheduler_survives_garbage_and_refuses_strangers(procs):
     assert "does not know this job's token" in log, log
 
 
-HEADER = struct.Struct("<IBBBBIIIB3xiIQQqQ")  # custom_ops/wire/protocol.h: FrameHeader
-MAGIC, HELLO = 0x32535042, 1
+HEADER = struct.Struct("<IBBBBIIIB3xiIQQqQII")  # custom_ops/wire/protocol.h: FrameHeader
+MAGIC, HELLO = 0x33535042, 1
 
 
 def _frame(frame_type: int, rank: int = 0, length: int = 0) -> bytes:
-    return HEADER.pack(MAGIC, frame_type, 0, 0, 0, rank, 0, 0, 0, -1, 0, 0, 0, 0, length)
+    return HEADER.pack(MAGIC, frame_type, 0, 0, 0, rank, 0, 0, 0, -1, 0, 0, 0, 0, length, 0, 0)
 
 
 def _wait_for(process, pattern: str) -> re.Match:
@@ -132,7 +132,7 @@ def test_a_server_drops_strangers_and_keeps_serving(procs):
     # It listens on the address it advertises (127.0.0.1 here), not on every interface.
     assert _listening_addresses(port) == ["127.0.0.1"]
     address = ("127.0.0.1", port)
-    for frame in (b"\x00" * 64,  # not a frame
+    for frame in (b"\x00" * HEADER.size,  # not a frame
                   _frame(HELLO, rank=0, length=48) + os.urandom(48),  # a guessed proof
                   _frame(HELLO, rank=99),  # a rank outside the job
                   _frame(7, rank=1, length=1 << 40)):  # not a Hello first

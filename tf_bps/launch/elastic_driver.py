@@ -170,6 +170,7 @@ class ElasticDriver:
             self._finished = True
             return
         seconds = self._blacklist.add(worker.host)
-        self._end_host(worker.host, f"is blacklisted ({child.label} failed with status "
-                       f"{status}) " + ("for good" if seconds is None else
-                                        f"for {seconds:.0f} s"))
+        self._supervisor.report(f"host {worker.host} is blacklisted " +
+                                ("for good" if seconds is None else f"for {seconds:.0f} s") +
+                                f": {child.label} failed with status {status}")
+        self._end_host(worker.host, "is blacklisted")

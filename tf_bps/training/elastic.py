@@ -209,15 +209,22 @@ class TensorFlowKerasState(_VariablesState):
 
 
 # What our collectives raise when the job lost a peer, timed out waiting for one, or
-# a round ended because another worker's operation failed.
+# a round ended because another worker's operation failed. Inside a tf.function
+# (Keras's train step) TensorFlow hands them on as InternalError, saying so.
 _PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
                 tf.errors.AbortedError)
 _OUR_OPS = re.compile(r"Byteps(PushPull|Broadcast|Allgather|Alltoall|Reducescatter|"
                       r"AsyncPushPull)")
+_REPLACED = re.compile(r"originally returned (Unavailable|DeadlineExceeded|Aborted)Error")
 
 
-def _is_ours(error: tf.errors.OpError) -> bool:
-    return bool(_OUR_OPS.search(error.message or "")) or "tf_bps" in (error.message or "")
+def _is_peer_loss(error: tf.errors.OpError) -> bool:
+    """Whether `error` is one of our collectives failing for a lost peer."""
+    message = error.message or ""
+    ours = bool(_OUR_OPS.search(message)) or "tf_bps" in message
+    if isinstance(error, tf.errors.InternalError):
+        return ours and bool(_REPLACED.search(message))
+    return ours and isinstance(error, _PEER_ERRORS)
 
 
 def _reform(cause: Exception) -> None:
@@ -241,8 +248,8 @@ def run_with_reset(func, reset):
                     if not skip_sync:
                         state.sync()
                     return func(state, *args, **kwargs)
-                except _PEER_ERRORS as error:
-                    if not _is_ours(error):
+                except tf.errors.OpError as error:
+                    if not _is_peer_loss(error):
                         raise
                     raise InternalError(str(error.message)) from error
             except InternalError as error:
