@@ -80,6 +80,21 @@ def test_hosts_added_then_removed_by_the_discovery_script(procs, tmp_path):
         assert report["sizes"] == [2, 4, 2] and report["weight"] == 300.0, report
 
 
+def test_losing_the_host_of_rank_0_leaves_the_other_host_training(procs, tmp_path):
+    # Horovod's scenario: both workers of the first host (ranks 0 and 1) die at one
+    # step; the job goes from 4 to 2 and its new rank 0 is on the other host.
+    job = DiscoveredJob(procs, tmp_path, "localhost:2,127.0.0.1:2", "--min-np", "2",
+                        steps=100, ELASTIC_DIE="localhost@20")
+    status, output = job.finish(timeout=180)
+    assert status == 0, output
+    assert output.count("DYING") == 2, output
+    got = reports(output)
+    assert sorted(got) == [0, 1], output
+    for report in got.values():
+        assert report["host"] == "127.0.0.1" and report["weight"] == 100.0, report
+        assert report["sizes"][0] == 4 and report["sizes"][-1] == 2, report
+
+
 def test_a_failed_host_is_blacklisted_for_its_cooldown_and_then_used_again(procs, tmp_path):
     job = DiscoveredJob(procs, tmp_path, "localhost:1,127.0.0.1:1", "--min-np", "1",
                         "--blacklist-cooldown-range", "2", "2", steps=250,

@@ -128,6 +128,7 @@ Status SchedulerLink::Register(const std::string& role, const std::string& host,
       .Add("role", role)
       .Add("pid", static_cast<int64_t>(getpid()))
       .Add("host", host)
+      .Add("nonce", challenge["nonce"].str())  // The scheduler keeps no challenge.
       .Add("proof", ControlProof(options_.token, "node", challenge["nonce"].str()));
   status = Send(fields.Finish());
   if (status.ok()) status = NextReply(deadline, timeout_s, "book", book);

@@ -62,6 +62,7 @@ resets = []
 state.register_reset_callbacks([lambda: resets.append(bps.size())])
 train(state)
 print("REPORT " + json.dumps({"rank": bps.rank(), "size": bps.size(), "step": state.step,
+                              "host": os.environ.get("HOROVOD_HOSTNAME"),
                               "weight": float(weight.numpy()), "sizes": seen,
                               "resets": resets}), flush=True)
 bps.shutdown()

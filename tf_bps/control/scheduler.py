@@ -21,16 +21,15 @@ from dataclasses import dataclass, field
 
 import zmq
 
+from tf_bps.control.challenges import Challenges
 from tf_bps.runtime.config import Config, ConfigError, configure_logging, is_local_address
-from tf_bps.runtime.rendezvous import new_nonce, proof, proof_matches
+from tf_bps.runtime.rendezvous import proof, proof_matches
 
 log = logging.getLogger("tf_bps.scheduler")
 
 # A node's messages are small JSON objects; anything larger is not one of ours, and
 # ZeroMQ drops the connection that sends it before allocating it.
 MAX_MESSAGE_BYTES = 64 * 1024
-# Challenges waiting for their registration; strangers cannot grow this without bound.
-MAX_PENDING_CHALLENGES = 1024
 
 
 @dataclass
@@ -135,7 +134,7 @@ class Scheduler:
         local = is_local_address(address) and not config.listen_any
         self._socket.bind(f"tcp://{address if local else '*'}:{port}")
         self._nodes: dict[bytes, Node] = {}  # this generation's, by connection
-        self._challenges: dict[bytes, str] = {}  # connection -> the nonce it must sign
+        self._challenges = Challenges()  # stateless: a flood of hellos evicts nothing
         self._generation = 0
         # Workers that asked to join an elastic job, waiting for the next generation.
         self._joining: list[Node] = []
@@ -191,6 +190,12 @@ class Scheduler:
             nodes += [*gathering.servers, *gathering.workers, *gathering.survivors.values()]
         return nodes
 
+    def _registered(self, identity: bytes) -> bool:
+        """Whether the connection `identity` registered for the coming generation."""
+        gathering = self._gathering
+        waiting = [*self._joining, *(gathering.servers + gathering.workers if gathering else [])]
+        return any(node.identity == identity for node in waiting)
+
     # -- registration ---------------------------------------------------------------
 
     def _expected_workers(self, workers: list[Node]) -> int:
@@ -204,12 +209,13 @@ class Scheduler:
         the job or taken. Later generations (`gathering` not the first, or None between
         two) number their nodes when their books go out."""
         config = self._config
-        nonce = self._challenges.pop(identity, None)
-        if nonce is None or not proof_matches(config.job_token, "node", nonce,
-                                              message.get("proof")):
-            return None, (f"a node on {str(message.get('host'))[:64]} (pid "
-                          f"{str(message.get('pid'))[:16]}) does not know this job's token "
-                          "(BYTEPS_JOB_TOKEN)")
+        who = f"a node on {str(message.get('host'))[:64]} (pid {str(message.get('pid'))[:16]})"
+        nonce = message.get("nonce")
+        stale = self._challenges.check(identity, nonce)
+        if stale:
+            return None, f"the registration of {who} {stale}"
+        if not proof_matches(config.job_token, "node", nonce, message.get("proof")):
+            return None, f"{who} does not know this job's token (BYTEPS_JOB_TOKEN)"
 
         def number(key: str, low: int, high: int) -> int | None:
             value = message.get(key)
@@ -267,9 +273,7 @@ class Scheduler:
         if not isinstance(theirs, str) or len(theirs) > 64:
             log.warning("dropped a malformed hello")
             return
-        if len(self._challenges) >= MAX_PENDING_CHALLENGES:
-            self._challenges.pop(next(iter(self._challenges)))  # the oldest
-        self._challenges[identity] = mine = new_nonce()
+        mine = self._challenges.issue(identity)
         self._send(identity, {"type": "challenge", "nonce": mine,
                               "proof": proof(self._config.job_token, "scheduler", theirs)})
 
@@ -301,6 +305,8 @@ class Scheduler:
             if message["type"] != "register":
                 self._hear_from_the_last_generation(identity, message, gathering)
                 continue
+            if self._registered(identity):
+                continue  # Said twice; a challenge is good for a minute, not for once.
             node, refusal = self._registration(identity, message, gathering)
             if refusal:
                 self._refuse(identity, refusal)
@@ -473,10 +479,9 @@ class Scheduler:
         if kind == "hello":
             self._challenge(identity, message)
             return
-        if kind != "register":
+        if kind != "register" or self._registered(identity):
             return  # Heartbeats and farewells of nodes of an earlier generation.
         if not self._config.elastic:
-            self._challenges.pop(identity, None)
             self._refuse(identity, "the job has already started: every node of it has "
                          "registered")
             return

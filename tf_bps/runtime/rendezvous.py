@@ -80,8 +80,10 @@ class SchedulerLink:
             raise RendezvousError(
                 f"the scheduler at {self._endpoint} does not know this job's token "
                 "(BYTEPS_JOB_TOKEN): it is not this job's scheduler")
+        # The challenge goes back with its proof: the scheduler keeps none (challenges.py).
+        nonce = str(challenge.get("nonce"))
         message = {"type": "register", "role": role, "pid": os.getpid(), "host": host,
-                   "proof": proof(self._config.job_token, "node", str(challenge.get("nonce"))),
+                   "nonce": nonce, "proof": proof(self._config.job_token, "node", nonce),
                    **fields}
         self._socket.send_json(message)
         book = self._next_reply(deadline, "book")
