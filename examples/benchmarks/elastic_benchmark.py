@@ -3,8 +3,8 @@ hosts a discovery script lists (bpslaunch --host-discovery-script), through faul
 
     python examples/benchmarks/elastic_benchmark.py [--hosts 4] [--batches-per-commit 5]
 
-The job starts on --hosts - 1 hosts (127.0.0.1, 127.0.0.2, ...: this machine under
-several names, one worker each); then, in turn, a worker is killed (SIGKILL), a worker
+The job starts on --hosts hosts (127.0.0.1, 127.0.0.2, ...: this machine under several
+names, one worker each); then, in turn, a worker is killed (SIGKILL), a worker
 is frozen (SIGSTOP, found only by its silence: PS_HEARTBEAT_TIMEOUT), and a host is
 added to the discovery script's list. For each fault the script prints the seconds from
 the fault to the next completed step of the re-formed job, the steps lost (trained
@@ -125,7 +125,6 @@ def fault(job: Job, name: str, act, size_after: int, results: list) -> None:
     """Applies `act`, then measures the recovery of the job to `size_after` workers."""
     before = job.steps()
     size_before = int(before[-1][1])
-    last_step = max(s for _, _, s, _ in before)
     started = time.time()
     act()
     job.wait(lambda: any(s == size_after and t > started for _, s, _, t in job.steps()))
@@ -134,6 +133,8 @@ def fault(job: Job, name: str, act, size_after: int, results: list) -> None:
     resumed_at = first[2] - 1  # the step before the first one of the re-formed job
     job.wait(lambda: sum(1 for _, s, _, t in job.steps()
                          if s == size_after and t > started) >= 20 * size_after)
+    # Read now: the lines printed before the fault may have reached us after it.
+    last_step = max(g for _, _, g, t in job.steps() if t <= started)
     results.append({
         "fault": name, "seconds_to_next_step": round(first[3] - started, 2),
         "steps_lost": int(max(0, last_step - resumed_at)),
@@ -169,16 +170,16 @@ def main() -> int:
            "TF_CPP_MIN_LOG_LEVEL": "3"}
     with tempfile.TemporaryDirectory() as folder:
         hosts_file = os.path.join(folder, "hosts")
-        names = [f"127.0.0.{i + 1}" for i in range(args.hosts)]
+        names = [f"127.0.0.{i + 1}" for i in range(args.hosts + 1)]  # the last comes later
         with open(hosts_file, "w") as listing:
             listing.write("".join(f"{name}:1\n" for name in names[:-1]))
         command = [sys.executable, "-m", "tf_bps.launch", "--host-discovery-script",
-                   f"cat {hosts_file}", "--min-np", "1", "--max-np", str(args.hosts),
+                   f"cat {hosts_file}", "--min-np", "1", "--max-np", str(args.hosts + 1),
                    sys.executable, os.path.abspath(__file__), "--worker"]
         job = Job(command, env)
         results: list[dict] = []
         try:
-            start = args.hosts - 1
+            start = args.hosts
             job.wait(lambda: len(job.steps()) >= 30 * start)
             fault(job, "worker killed", lambda: os.kill(job.pids[names[-2]], signal.SIGKILL),
                   start - 1, results)
