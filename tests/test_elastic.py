@@ -7,7 +7,7 @@ import signal
 import time
 
 import pytest
-from conftest import finish
+from conftest import LAUNCH, base_env, finish
 from conftest import marked_json as reports
 
 
@@ -212,4 +212,49 @@ def test_suspend_and_resume_as_in_byteps(procs):
     assert got[0]["told"] == ""
     assert "re-formed as 2 worker(s) and 1 server(s)" in got[1]["told"], got[1]
     status, output = finish(job["scheduler"], timeout=30)
+    assert status == 0, output
+
+
+def test_a_lost_server_re_forms_the_job_on_the_others(procs):
+    # Its keys go to the other server (the new address book's plan); the workers go
+    # back to their last commit and train on, every sum still right.
+    job = procs.start_job_by_role(2, 2, "elastic_training.py", "120", "0.05", BYTEPS_ELASTIC=1,
+                                  PS_HEARTBEAT_INTERVAL=0.5, PS_HEARTBEAT_TIMEOUT=3)
+    _wait_until_ready(job["worker0"], job["worker1"])
+    time.sleep(1.0)
+    procs.end(job["server1"])
+    for name in ("worker0", "worker1"):
+        status, output = finish(job[name], timeout=90)
+        assert status == 0, output
+        [report] = reports(output).values()
+        assert report["sizes"] == [2] and report["resets"] == [2], report
+        assert report["weight"] == 120.0, report
+    status, output = finish(job["scheduler"], timeout=30)
+    assert status == 0 and "re-formed as generation 1: 2 worker(s), 1 server(s)" in output, output
+
+
+def test_losing_the_last_server_ends_the_job_naming_it(procs):
+    job = procs.start_job_by_role(2, 1, "elastic_training.py", "1000", "0.05", BYTEPS_ELASTIC=1,
+                                  PS_HEARTBEAT_INTERVAL=0.5, PS_HEARTBEAT_TIMEOUT=3)
+    _wait_until_ready(job["worker0"], job["worker1"])
+    procs.end(job["server0"])
+    status, output = finish(job["scheduler"], timeout=60)
+    assert status == 1 and "it was the job's last server" in output, output
+    for name in ("worker0", "worker1"):
+        status, output = finish(job[name], timeout=60)
+        assert status != 0 and "last server" in output, output
+
+
+def test_a_server_that_asks_to_join_takes_its_share_at_the_next_commit(procs):
+    job = procs.start_job_by_role(2, 1, "elastic_training.py", "100", "0.05", BYTEPS_ELASTIC=1)
+    _wait_until_ready(job["worker0"], job["worker1"])
+    extra = procs.start(LAUNCH, base_env(DMLC_ROLE="server", **procs.job_env))
+    for name in ("worker0", "worker1"):
+        status, output = finish(job[name], timeout=90)
+        assert status == 0, output
+        [report] = reports(output).values()
+        assert report["sizes"] == [2] and report["weight"] == 100.0, report
+    status, output = finish(job["scheduler"], timeout=30)
+    assert status == 0 and "re-formed as generation 1: 2 worker(s), 2 server(s)" in output, output
+    status, output = finish(extra, timeout=30)
     assert status == 0, output

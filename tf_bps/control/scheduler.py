@@ -237,10 +237,7 @@ class Scheduler:
         node.merge_mode = message.get("local_merge") if message.get("local_merge") in (
             "auto", "1") else "0"
         if gathering is None or not gathering.first:
-            if role == "server" and (gathering is None or node.process not in gathering.survivors):
-                return None, (f"a server from {host} (pid {pid}) cannot join a running job: "
-                              "only workers can")
-            return node, ""
+            return node, ""  # An elastic job's: workers and servers may join.
         servers, workers = gathering.servers, gathering.workers
         if role == "server":
             if len(servers) >= config.num_server:
@@ -336,13 +333,13 @@ class Scheduler:
         if gathering.first:
             return (len(gathering.servers) >= config.num_server and
                     len(gathering.workers) >= self._expected_workers(gathering.workers))
-        return not gathering.missing() and \
+        return not gathering.missing() and bool(gathering.servers) and \
             len(gathering.workers) >= config.elastic_min_workers
 
     def _can_form_without_the_missing(self, gathering: _Gathering) -> bool:
         """At a re-forming's deadline: survivors that did not register again are left
-        behind, if every server and enough workers did."""
-        if gathering.first or any(n.role == "server" for n in gathering.missing()):
+        behind, if a server and enough workers did."""
+        if gathering.first or not gathering.servers:
             return False
         if len(gathering.workers) < self._config.elastic_min_workers:
             return False
@@ -362,9 +359,10 @@ class Scheduler:
                     "every node reaches the scheduler")
         missing = ", ".join(node.describe() for node in gathering.missing()) or "none"
         return (f"the job could not re-form ({gathering.reason}): {len(workers)} worker(s) "
-                f"registered within BYTEPS_ELASTIC_TIMEOUT={config.elastic_timeout:g} s, and "
-                f"it needs at least BYTEPS_ELASTIC_MIN_WORKERS={config.elastic_min_workers}; "
-                f"of the last generation, missing: {missing}")
+                f"and {len(servers)} server(s) registered within BYTEPS_ELASTIC_TIMEOUT="
+                f"{config.elastic_timeout:g} s, and it needs a server and at least "
+                f"BYTEPS_ELASTIC_MIN_WORKERS={config.elastic_min_workers} worker(s); of the "
+                f"last generation, missing: {missing}")
 
     def _hear_from_the_last_generation(self, identity: bytes, message: dict,
                                        gathering: _Gathering) -> None:
@@ -393,10 +391,14 @@ class Scheduler:
         now = time.monotonic()
         for node in gathering.missing():
             silent = now - node.last_seen
-            if node.role == "worker" and silent > self._config.heartbeat_timeout:
-                log.warning("%s sent no heartbeat for %.0f s while the job re-formed; it has "
-                            "probably died", node.describe(), silent)
+            if silent > self._config.heartbeat_timeout:
+                why = (f"{node.describe()} sent no heartbeat for {silent:.0f} s while the job "
+                       "re-formed; it has probably died")
+                log.warning("%s", why)
                 del gathering.survivors[node.process]
+                servers = [n for n in gathering.survivors.values() if n.role == "server"]
+                if node.role == "server" and not servers and not gathering.servers:
+                    raise JobFailed(f"{why}; it was the job's last server")
 
     def _form(self, gathering: _Gathering) -> None:
         """Numbers the generation's nodes and sends their address books."""
@@ -445,9 +447,12 @@ class Scheduler:
 
     def _lose(self, lost: list[Node], reason: str) -> None:
         """Workers or servers are gone: the job fails, or an elastic one re-forms
-        without the lost workers."""
-        if not self._config.elastic or any(node.role == "server" for node in lost):
+        without them while it has a server left."""
+        if not self._config.elastic:
             raise JobFailed(reason)
+        servers = [n for n in self._nodes.values() if n.role == "server" and n not in lost]
+        if not servers:
+            raise JobFailed(f"{reason}; it was the job's last server")
         self._reform(reason, lost)
 
     def _reform(self, reason: str, lost: list[Node]) -> None:
@@ -461,9 +466,7 @@ class Scheduler:
         survivors = {node.process: node for node in self._nodes.values()
                      if node.identity not in lost_ids and not node.done}
         log.warning("the job re-forms: %s", reason)
-        now = time.monotonic()
         for node in survivors.values():
-            node.last_seen = now
             self._send(node.identity, {"type": "reform", "reason": reason,
                                        "generation": self._generation + 1})
         self._nodes = {}
@@ -491,8 +494,8 @@ class Scheduler:
             return
         member = next((n for n in self._nodes.values() if n.process == node.process), None)
         most = self._config.elastic_max_workers
-        workers = sum(n.role == "worker" for n in self._nodes.values()) + len(self._joining)
-        if member is None and most is not None and workers >= most:
+        workers = sum(n.role == "worker" for n in [*self._nodes.values(), *self._joining])
+        if member is None and node.role == "worker" and most is not None and workers >= most:
             self._refuse(identity, f"the job has {workers} worker(s), as many as "
                          f"BYTEPS_ELASTIC_MAX_WORKERS={most} (--max-np) allows")
             return
@@ -504,11 +507,12 @@ class Scheduler:
         self._announce_joiners()
 
     def _announce_joiners(self) -> None:
-        """Workers asking to join are taken in when the job's workers re-form, which
-        they do together at their next commit (elastic.State.check_host_updates)."""
+        """Workers and servers asking to join are taken in when the job's workers
+        re-form, which they do together at their next commit
+        (elastic.State.check_host_updates)."""
         node = self._joining[-1]
-        log.info("a worker on %s (pid %d) asks to join; the workers re-form at their next "
-                 "commit", node.host, node.pid)
+        log.info("a %s on %s (pid %d) asks to join; the workers re-form at their next "
+                 "commit", node.role, node.host, node.pid)
         for worker in self._nodes.values():
             if worker.role == "worker":
                 self._send(worker.identity, {"type": "hosts_updated", "added": True,

@@ -232,6 +232,11 @@ class JobSupervisor:
                     continue
                 if status == 0 or helpers_deadline is not None:
                     continue  # The workers are done; their results stand.
+                if self.elastic and child.label != "scheduler":
+                    # Its scheduler re-forms an elastic job without it, or ends it.
+                    self.report(f"{child.label} exited with status {status}; the elastic "
+                                "job goes on without it")
+                    continue
                 if only_helpers:
                     self.report(f"{child.label} exited with status {status}; ending the job")
                     return status
