@@ -122,6 +122,8 @@ PYBIND11_MODULE(_bps_worker, m) {
       },
       "Blocks until every worker has joined; returns the last rank to join.");
   m.def("failure", &Failure, "Why the worker can no longer communicate; empty while healthy.");
+  m.def("lost_server", &bps_worker_lost_server,
+        "The index of the first server that went away without a word, or -1.");
   m.def(
       "shutdown",
       [] {

@@ -240,6 +240,12 @@ void bps_worker_abort(const char* reason) {
   if (worker) worker->Abort(reason ? reason : "aborted");
 }
 
+int bps_worker_lost_server(void) {
+  std::shared_ptr<bps::Worker> worker;
+  bps::CurrentWorker(&worker);
+  return worker ? worker->lost_server() : -1;
+}
+
 int bps_worker_failure(char* buf, int capacity) {
   std::shared_ptr<bps::Worker> worker;
   bps::CurrentWorker(&worker);

@@ -57,6 +57,9 @@ typedef struct bps_worker_config {
 } bps_worker_config;
 int bps_worker_init(const bps_worker_config* config);
 void bps_worker_abort(const char* reason);
+/* The index (in the config's servers) of the first server that went away without a
+ * word, or -1: an elastic job's scheduler hears of it when the worker registers again. */
+int bps_worker_lost_server(void);
 /* Copies why the worker failed (a server died, say; empty when healthy) into buf. */
 int bps_worker_failure(char* buf, int capacity);
 void bps_worker_shutdown(void);

@@ -289,6 +289,8 @@ void ServerLink::ReceiveLoop() {
       }
     }
     if (!status.ok()) {
+      const bool said_why = header.type == static_cast<uint8_t>(FrameType::kBye);
+      if (!owner_->stopping() && !said_why) owner_->OnServerLost(index_);
       if (!owner_->stopping()) owner_->OnLinkFailure(status.message());
       {
         std::lock_guard<std::mutex> lock(receiver_mutex_);

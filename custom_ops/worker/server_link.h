@@ -36,6 +36,9 @@ class ServerLink {
     virtual Timeline* timeline() const = 0;
     // The link broke, or its server said why it stops: the worker fails with `reason`.
     virtual void OnLinkFailure(const std::string& reason) = 0;
+    // Server `server` went away without a word (before OnLinkFailure): it is probably
+    // dead, which an elastic job's scheduler hears when this worker registers again.
+    virtual void OnServerLost(int server) = 0;
     // A partition was answered: links waiting on the push window may go on.
     virtual void OnAnswer() = 0;
     // A gather's sizes arrived (`sizes`: every worker's rows, then an alltoall's split

@@ -545,6 +545,11 @@ void Worker::OnLinkFailure(const std::string& reason) {
   Abort(reason);
 }
 
+void Worker::OnServerLost(int server) {
+  int none = -1;
+  lost_server_.compare_exchange_strong(none, server);
+}
+
 void Worker::Abort(const std::string& reason) {
   start_cancel_.Cancel(reason);
   const Status status = Status::Error(ErrorKind::kPeerGone, reason);

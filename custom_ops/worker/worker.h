@@ -114,6 +114,9 @@ class Worker : public ServerLink::Owner, public LocalMerge::Owner {
 
   // What the links and the merge report and ask (ServerLink::Owner, LocalMerge::Owner).
   void OnLinkFailure(const std::string& reason) override;
+  void OnServerLost(int server) override;
+  // The first server that went away without a word, or -1.
+  int lost_server() const { return lost_server_.load(); }
   void OnAnswer() override;
   Status StartGatherData(const std::shared_ptr<Task>& task,
                          const std::vector<char>& sizes) override;
@@ -188,6 +191,7 @@ class Worker : public ServerLink::Owner, public LocalMerge::Owner {
   Status fatal_ = Status::OK();
 
   std::atomic<bool> stopping_{false};
+  std::atomic<int> lost_server_{-1};
   Cancellation start_cancel_;  // An abort during Start() ends its connection attempts.
   std::mutex watchdog_mutex_;
   std::condition_variable watchdog_cv_;

@@ -46,6 +46,8 @@ class Node:
     done: bool = False
     # Its rank in the generation before, when it survived one; -1 for a newcomer.
     previous_rank: int = -1
+    # A worker registering again names the server ("host:port") it saw go away.
+    saw_lost: str = ""
 
     @property
     def process(self) -> tuple[str, int]:
@@ -176,10 +178,22 @@ class Scheduler:
             log.error("%s", error)
             for node in self._everyone():
                 self._send(node.identity, {"type": "abort", "reason": str(error)})
+            if self._config.elastic:
+                self._turn_away(str(error))
             return 1
         finally:
             self._socket.close()
             self._context.term()
+
+    def _turn_away(self, reason: str) -> None:
+        """An elastic job's workers may be between two registrations when it fails:
+        for a heartbeat timeout, whoever says anything hears why, instead of waiting
+        for an address book that will never come."""
+        deadline = time.monotonic() + self._config.heartbeat_timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            received = self._receive(remaining)
+            if received is not None:
+                self._send(received[0], {"type": "abort", "reason": reason})
 
     def _everyone(self) -> list[Node]:
         """Every node that may still listen: this generation's, those asking to join,
@@ -234,6 +248,8 @@ class Scheduler:
         if role == "worker" and (local_size is None or local_rank is None):
             return None, f"a malformed worker registration from {host} (pid {pid})"
         node.local_size = local_size or 1
+        lost = message.get("lost_server")
+        node.saw_lost = lost[:300] if isinstance(lost, str) else ""
         node.merge_mode = message.get("local_merge") if message.get("local_merge") in (
             "auto", "1") else "0"
         if gathering is None or not gathering.first:
@@ -326,6 +342,12 @@ class Scheduler:
     def _admit(gathering: _Gathering, node: Node) -> None:
         if node.process in gathering.survivors:
             node.previous_rank = gathering.survivors[node.process].rank
+            # A survivor saw a server go away without a word: no use waiting for it.
+            for key, other in list(gathering.survivors.items()):
+                if other.role == "server" and f"{other.host}:{other.port}" == node.saw_lost:
+                    log.warning("%s is lost as well, says %s", other.describe(),
+                                gathering.survivors[node.process].describe())
+                    del gathering.survivors[key]
         (gathering.servers if node.role == "server" else gathering.workers).append(node)
 
     def _complete(self, gathering: _Gathering) -> bool:
@@ -501,8 +523,11 @@ class Scheduler:
             return
         self._joining.append(node)
         if member is not None:
-            self._reform(f"{member.describe()} left generation {self._generation} and "
-                         "registered again", [])
+            lost = [n for n in self._nodes.values()
+                    if n.role == "server" and f"{n.host}:{n.port}" == node.saw_lost]
+            why = f" after {lost[0].describe()} went away" if lost else ""
+            self._lose(lost, f"{member.describe()} left generation {self._generation} and "
+                       f"registered again{why}")
             return
         self._announce_joiners()
 

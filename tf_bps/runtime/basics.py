@@ -76,7 +76,7 @@ def init(comm=None, process_sets=None) -> None:
         process_sets_module.add_process_set(process_set)
 
 
-def _join() -> None:
+def _join(lost_server: str | None = None) -> None:
     global _job, _cluster_helpers
     with _lock:
         if _job is not None:
@@ -99,9 +99,11 @@ def _join() -> None:
         else:
             link = SchedulerLink(config)
             try:
+                extra = {"lost_server": lost_server} if lost_server else {}
                 book = link.register("worker", worker_id=config.worker_id,
                                      local_rank=config.local_rank, local_size=config.local_size,
-                                     local_merge=config.local_merge if config.enable_ipc else "0")
+                                     local_merge=config.local_merge if config.enable_ipc else "0",
+                                     **extra)
                 # Heartbeats and the job's abort from here on: connecting to the servers
                 # may take a while, and an abort must stop it.
                 link.start_monitor(on_abort=_on_abort, on_notice=_on_notice)
@@ -169,9 +171,12 @@ def add_host_listener(listener) -> None:
 def reform() -> None:
     """Leaves this generation of an elastic job and registers for the next: the
     scheduler numbers the workers anew (survivors keep their order). Collectives in
-    flight have failed; the caller restores or syncs its state afterwards."""
-    _leave("re-form")
-    _join()
+    flight have failed; the caller restores or syncs its state afterwards. A server
+    that went away without a word is named to the scheduler, which then need not wait
+    for its silence to know."""
+    lost = core.worker_lost_server()
+    job = _leave("re-form")
+    _join(lost_server=job.servers[lost] if 0 <= lost < len(job.servers) else None)
 
 
 def suspend() -> None:

@@ -93,6 +93,12 @@ def worker_abort(reason: str) -> None:
     worker_engine().abort(reason)
 
 
+def worker_lost_server() -> int:
+    """The index (in the address book) of the first server that went away without a
+    word, or -1."""
+    return worker_engine().lost_server()
+
+
 def worker_failure() -> str:
     """Why the worker can no longer communicate; empty while it is healthy."""
     return worker_engine().failure()
