@@ -17,11 +17,11 @@ import logging
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
 
 import zmq
 
 from tf_bps.control.challenges import Challenges
+from tf_bps.control.membership import Gathering, Node, address_books
 from tf_bps.runtime.config import Config, ConfigError, configure_logging, is_local_address
 from tf_bps.runtime.rendezvous import proof, proof_matches
 
@@ -32,94 +32,8 @@ log = logging.getLogger("tf_bps.scheduler")
 MAX_MESSAGE_BYTES = 64 * 1024
 
 
-@dataclass
-class Node:
-    identity: bytes
-    role: str
-    host: str
-    pid: int
-    port: int = 0
-    local_size: int = 1
-    merge_mode: str = "0"  # BYTEPS_LOCAL_MERGE: auto, 1 or 0 (_merges)
-    rank: int = -1
-    last_seen: float = 0.0
-    done: bool = False
-    # Its rank in the generation before, when it survived one; -1 for a newcomer.
-    previous_rank: int = -1
-    # A worker registering again names the server ("host:port") it saw go away.
-    saw_lost: str = ""
-
-    @property
-    def process(self) -> tuple[str, int]:
-        """What names the process across generations (it registers anew in each)."""
-        return self.host, self.pid
-
-    def describe(self) -> str:
-        name = f"worker rank {self.rank}" if self.role == "worker" else f"server {self.rank}"
-        return f"{name} (pid {self.pid} on {self.host})"
-
-
 class JobFailed(RuntimeError):
-    pass
-
-
-def _local_placement(workers: list[Node]) -> dict[int, tuple[int, int]]:
-    """rank -> (local rank, local size): each worker's index, in rank order, among the
-    workers that advertise the same host, and their count. This is what pins one GPU
-    per process, whatever started the workers (bpslaunch -np, BYTEPS_LOCAL_* or a
-    cluster manager)."""
-    by_host: dict[str, list[int]] = {}
-    for worker in sorted(workers, key=lambda w: w.rank):
-        by_host.setdefault(worker.host, []).append(worker.rank)
-    return {rank: (index, len(ranks)) for ranks in by_host.values()
-            for index, rank in enumerate(ranks)}
-
-
-def _merges(worker: Node, server_hosts: list[str]) -> bool:
-    """Whether `worker` merges: always with BYTEPS_LOCAL_MERGE=1; by default only where
-    a server is on another host. A merge costs a copy and a hop through the leader, and
-    pays for them in the bytes it keeps off a network link; with every server on the
-    workers' host it saves none (push_pull_benchmark.py, 2 workers and 2 servers on
-    one machine, 64 MB, runs alternated: 1.62 and 1.78 GB/s merged, 1.90 and 1.73 GB/s
-    not)."""
-    if worker.merge_mode == "1":
-        return True
-    return worker.merge_mode == "auto" and any(host != worker.host for host in server_hosts)
-
-
-def _merge_groups(workers: list[Node], server_hosts: list[str]) -> list[int]:
-    """By rank, a number per group of workers that merge push_pull partitions before
-    pushing them (custom_ops/worker/local_merge.h): those of one host that all merge
-    (_merges); a worker that does not is a group of its own. Workers and servers get
-    the same numbers, so the servers count a host's merged push for exactly its group."""
-    numbers: dict[str, int] = {}
-    groups = []
-    for worker in sorted(workers, key=lambda w: w.rank):
-        key = worker.host if _merges(worker, server_hosts) else f"rank {worker.rank}"
-        groups.append(numbers.setdefault(key, len(numbers)))
-    return groups
-
-
-@dataclass
-class _Gathering:
-    """The registrations of one generation, until its address books go out."""
-
-    number: int
-    deadline: float
-    # A re-forming: the last generation's nodes still expected, by process; each
-    # registers anew. Empty for the first generation, which counts by its ids.
-    survivors: dict[tuple[str, int], Node]
-    reason: str = ""
-    servers: list[Node] = field(default_factory=list)
-    workers: list[Node] = field(default_factory=list)
-
-    @property
-    def first(self) -> bool:
-        return self.number == 0
-
-    def missing(self) -> list[Node]:
-        joined = {node.process for node in self.servers + self.workers}
-        return [node for key, node in self.survivors.items() if key not in joined]
+    """The job cannot go on; every node hears why."""
 
 
 class Scheduler:
@@ -140,7 +54,7 @@ class Scheduler:
         self._generation = 0
         # Workers that asked to join an elastic job, waiting for the next generation.
         self._joining: list[Node] = []
-        self._gathering: _Gathering | None = None  # while a generation registers
+        self._gathering: Gathering | None = None  # while a generation registers
 
     def _send(self, identity: bytes, message: dict) -> None:
         self._socket.send_multipart([identity, zmq.utils.jsonapi.dumps(message)])
@@ -171,7 +85,7 @@ class Scheduler:
                         "ports can join it (bpslaunch -np sets one; set the same on every "
                         "node of a job started role by role)")
         try:
-            self._rendezvous(_Gathering(0, time.monotonic() + self._config.op_timeout, {}))
+            self._rendezvous(Gathering(0, time.monotonic() + self._config.op_timeout, {}))
             self._supervise()
             return 0
         except JobFailed as error:
@@ -217,7 +131,7 @@ class Scheduler:
         return self._config.num_worker * (workers[0].local_size if workers else 1)
 
     def _registration(self, identity: bytes, message: dict,
-                      gathering: _Gathering | None) -> tuple[Node | None, str]:
+                      gathering: Gathering | None) -> tuple[Node | None, str]:
         """The node a registration describes, or why it is refused: a malformed message;
         in the first generation a server beyond DMLC_NUM_SERVER, a worker rank outside
         the job or taken. Later generations (`gathering` not the first, or None between
@@ -294,7 +208,7 @@ class Scheduler:
         log.warning("refused a registration: %s", refusal)
         self._send(identity, {"type": "abort", "reason": refusal})
 
-    def _rendezvous(self, gathering: _Gathering) -> None:
+    def _rendezvous(self, gathering: Gathering) -> None:
         """Gathers one generation's registrations and sends its address books."""
         config = self._config
         self._gathering = gathering
@@ -339,7 +253,7 @@ class Scheduler:
             raise JobFailed(self._unfinished(gathering))
 
     @staticmethod
-    def _admit(gathering: _Gathering, node: Node) -> None:
+    def _admit(gathering: Gathering, node: Node) -> None:
         if node.process in gathering.survivors:
             node.previous_rank = gathering.survivors[node.process].rank
             # A survivor saw a server go away without a word: no use waiting for it.
@@ -350,7 +264,7 @@ class Scheduler:
                     del gathering.survivors[key]
         (gathering.servers if node.role == "server" else gathering.workers).append(node)
 
-    def _complete(self, gathering: _Gathering) -> bool:
+    def _complete(self, gathering: Gathering) -> bool:
         config = self._config
         if gathering.first:
             return (len(gathering.servers) >= config.num_server and
@@ -358,7 +272,7 @@ class Scheduler:
         return not gathering.missing() and bool(gathering.servers) and \
             len(gathering.workers) >= config.elastic_min_workers
 
-    def _can_form_without_the_missing(self, gathering: _Gathering) -> bool:
+    def _can_form_without_the_missing(self, gathering: Gathering) -> bool:
         """At a re-forming's deadline: survivors that did not register again are left
         behind, if a server and enough workers did."""
         if gathering.first or not gathering.servers:
@@ -370,7 +284,7 @@ class Scheduler:
                         "goes on without it", node.describe())
         return True
 
-    def _unfinished(self, gathering: _Gathering) -> str:
+    def _unfinished(self, gathering: Gathering) -> str:
         config = self._config
         workers, servers = gathering.workers, gathering.servers
         if gathering.first:
@@ -387,7 +301,7 @@ class Scheduler:
                 f"last generation, missing: {missing}")
 
     def _hear_from_the_last_generation(self, identity: bytes, message: dict,
-                                       gathering: _Gathering) -> None:
+                                       gathering: Gathering) -> None:
         """While the job re-forms, the survivors' links of the last generation still
         heartbeat until they register again; one that falls silent, says it failed, or
         that a server names as lost is no use waiting for."""
@@ -409,7 +323,7 @@ class Scheduler:
                         str(message.get("reason", "it finished"))[:200])
             del gathering.survivors[node.process]
 
-    def _drop_silent_survivors(self, gathering: _Gathering) -> None:
+    def _drop_silent_survivors(self, gathering: Gathering) -> None:
         now = time.monotonic()
         for node in gathering.missing():
             silent = now - node.last_seen
@@ -422,48 +336,22 @@ class Scheduler:
                 if node.role == "server" and not servers and not gathering.servers:
                     raise JobFailed(f"{why}; it was the job's last server")
 
-    def _form(self, gathering: _Gathering) -> None:
+    def _form(self, gathering: Gathering) -> None:
         """Numbers the generation's nodes and sends their address books."""
-        def order(node: Node) -> tuple[int, int]:
-            # Survivors keep their order (and so rank 0 stays where it was, if it lives).
-            return (0, node.previous_rank) if node.previous_rank >= 0 else (1, 0)
-
-        servers, workers = gathering.servers, gathering.workers
-        if not gathering.first:
-            servers.sort(key=order)
-            workers.sort(key=order)
-            for rank, node in enumerate(servers):
-                node.rank = rank
-            for rank, node in enumerate(workers):
-                node.rank = rank
+        books = address_books(gathering)
         self._generation = gathering.number
-        self._nodes = {node.identity: node for node in servers + workers}
+        self._nodes = {node.identity: node for node in gathering.servers + gathering.workers}
         now = time.monotonic()
         for node in self._nodes.values():
             node.last_seen = now
-        size = len(workers)
-        addresses = [f"{s.host}:{s.port}" for s in servers]
-        hosts = [w.host for w in sorted(workers, key=lambda w: w.rank)]
-        groups = _merge_groups(workers, [s.host for s in servers])
-        for server in servers:
-            self._send(server.identity, {"type": "book", "server_id": server.rank,
-                                         "num_workers": size, "servers": addresses,
-                                         "merge_groups": groups,
-                                         "generation": gathering.number})
-        local = _local_placement(workers)
-        for worker in workers:
-            local_rank, local_size = local[worker.rank]
-            self._send(worker.identity, {"type": "book", "rank": worker.rank, "size": size,
-                                         "local_rank": local_rank, "local_size": local_size,
-                                         "servers": addresses, "workers": hosts,
-                                         "merge_with": [r for r in range(size)
-                                                        if groups[r] == groups[worker.rank]],
-                                         "generation": gathering.number})
+        for identity, book in books:
+            self._send(identity, book)
+        size, servers = len(gathering.workers), len(gathering.servers)
         if gathering.first:
-            log.info("job started: %d worker(s), %d server(s)", size, len(servers))
+            log.info("job started: %d worker(s), %d server(s)", size, servers)
         else:
             log.warning("job re-formed as generation %d: %d worker(s), %d server(s)",
-                     gathering.number, size, len(servers))
+                        gathering.number, size, servers)
 
     # -- membership changes (BYTEPS_ELASTIC) ------------------------------------------
 
@@ -493,7 +381,7 @@ class Scheduler:
                                        "generation": self._generation + 1})
         self._nodes = {}
         deadline = time.monotonic() + self._config.elastic_timeout
-        self._rendezvous(_Gathering(self._generation + 1, deadline, survivors, reason))
+        self._rendezvous(Gathering(self._generation + 1, deadline, survivors, reason))
 
     def _from_outsider(self, identity: bytes, message: dict) -> None:
         """A message from a connection of no node of this generation: a hello, or a

@@ -24,7 +24,7 @@ class _Job:
     config: Config
     rank: int
     size: int
-    local_rank: int  # Among the workers on this host (see scheduler._local_placement).
+    local_rank: int  # Among the workers on this host (see membership._local_placement).
     local_size: int
     link: SchedulerLink | None  # None on the single-worker local path.
     worker_hosts: tuple[str, ...] = ()  # By rank; empty on the local path.
