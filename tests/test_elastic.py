@@ -258,3 +258,26 @@ def test_a_server_that_asks_to_join_takes_its_share_at_the_next_commit(procs):
     assert status == 0 and "re-formed as generation 1: 2 worker(s), 2 server(s)" in output, output
     status, output = finish(extra, timeout=30)
     assert status == 0, output
+
+
+def test_asynchronous_training_survives_a_lost_server(procs):
+    # The servers hold the parameters here: the job re-forms on the other server, whose
+    # store is seeded again by rank 0's first push, and training goes on.
+    job = procs.start_job_by_role(2, 2, "elastic_fit.py", BYTEPS_ELASTIC=1, BYTEPS_ENABLE_ASYNC=1)
+    for line in job["worker0"].stdout:
+        if line.startswith("EPOCH 1"):
+            break
+    procs.end(job["server1"])
+    got = {}
+    for name in ("worker0", "worker1"):
+        status, output = finish(job[name], timeout=120)
+        assert status == 0, output
+        got.update(reports(output))
+    for report in got.values():
+        assert report["shapes"] == [[2, 12, 20], [2, 12, 20]], report
+        # Asynchronous updates of this model learn more slowly than synchronous ones
+        # (about half the loss in 4 epochs, with or without the fault): it learned on.
+        assert report["epoch"] == 4, report
+        assert report["loss"] < 0.8 * report["initial_loss"], report
+    status, output = finish(job["scheduler"], timeout=30)
+    assert status == 0 and "re-formed as generation 1: 2 worker(s), 1 server(s)" in output, output

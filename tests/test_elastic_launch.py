@@ -62,8 +62,8 @@ class DiscoveredJob:
 
 
 def test_hosts_added_then_removed_by_the_discovery_script(procs, tmp_path):
-    # Two slots, then a second host doubles the job, then it goes away again: three
-    # generations, 2 -> 4 -> 2 workers, with every sum checked against the size.
+    # Two slots, then a second host doubles the job, then it goes away again: 2 -> 4 -> 2
+    # workers, with every sum checked against the size.
     job = DiscoveredJob(procs, tmp_path, "localhost:2", "--min-np", "2", "--max-np", "4",
                         steps=300)
     job.wait_for("COMMIT", 2)
@@ -77,7 +77,10 @@ def test_hosts_added_then_removed_by_the_discovery_script(procs, tmp_path):
     got = reports(output)
     assert sorted(got) == [0, 1], output
     for report in got.values():
-        assert report["sizes"] == [2, 4, 2] and report["weight"] == 300.0, report
+        # The second host's two workers join together, or one commit apart when one
+        # starts TensorFlow later than the other.
+        assert report["sizes"] in ([2, 4, 2], [2, 3, 4, 2]), report
+        assert report["weight"] == 300.0, report
 
 
 def test_losing_the_host_of_rank_0_leaves_the_other_host_training(procs, tmp_path):

@@ -20,6 +20,7 @@ keras.utils.set_random_seed(bps.rank())  # different starts: the sync makes them
 model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(1)])
 optimizer = bps.DistributedOptimizer(keras.optimizers.SGD(0.01))
 model.compile(optimizer=optimizer, loss="mse")
+initial_loss = float(model.evaluate(x, y, verbose=0))
 state = bps.elastic.KerasState(model, batch=0, epoch=0)
 shapes = []  # (size, per-worker batch, steps) of each fit
 
@@ -52,7 +53,7 @@ def train(state):
 train(state)
 loss = float(model.evaluate(x, y, verbose=0))
 print("REPORT " + json.dumps({"rank": bps.rank(), "shapes": shapes, "epoch": state.epoch,
-                              "loss": loss,
+                              "loss": loss, "initial_loss": initial_loss,
                               "weights": [w.tolist() for w in model.get_weights()]}),
       flush=True)
 bps.shutdown()
