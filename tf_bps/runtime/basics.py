@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import weakref
 from dataclasses import dataclass, field
 
 from tf_bps.runtime import core
@@ -159,13 +160,17 @@ def _on_notice(message: dict) -> None:
         # re-forms (reform()).
         core.worker_abort(f"the job is re-forming: {message.get('reason')}")
         return
-    for listener in list(_host_listeners):
-        listener(float(message.get("timestamp", 0)), bool(message.get("added")))
+    _host_listeners[:] = [ref for ref in _host_listeners if ref() is not None]
+    for ref in list(_host_listeners):
+        listener = ref()
+        if listener is not None:
+            listener(float(message.get("timestamp", 0)), bool(message.get("added")))
 
 
 def add_host_listener(listener) -> None:
-    """`listener(timestamp, added)` hears each change of the job's hosts."""
-    _host_listeners.append(listener)
+    """`listener(timestamp, added)`, a bound method, hears each change of the job's
+    hosts for as long as its object lives."""
+    _host_listeners.append(weakref.WeakMethod(listener))
 
 
 def reform() -> None:
