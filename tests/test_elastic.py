@@ -96,11 +96,14 @@ def _resets(output: str) -> list[str]:
     return [line for line in output.splitlines() if line.startswith("RESET")]
 
 
-def test_losing_rank_0_re_forms_the_job_with_the_survivors_renumbered(procs):
+@pytest.mark.parametrize("merge", ["0", "1"])
+def test_losing_rank_0_re_forms_the_job_with_the_survivors_renumbered(procs, merge):
     # Horovod's "rank 0 killed" scenario: the survivors go on as a job of 2, the new
     # rank 0 is the oldest survivor, and every sum after the loss counts 2 workers
-    # (elastic_training.py checks each one).
-    job = procs.start_job_by_role(3, 1, "elastic_training.py", "120", "0.05", BYTEPS_ELASTIC=1)
+    # (elastic_training.py checks each one). Merged, the host's workers sum among
+    # themselves first, with rank 0 leading some partitions when it dies.
+    job = procs.start_job_by_role(3, 1, "elastic_training.py", "120", "0.05", BYTEPS_ELASTIC=1,
+                                  BYTEPS_LOCAL_MERGE=merge)
     _wait_until_ready(job["worker0"], job["worker1"], job["worker2"])
     time.sleep(1.0)
     procs.end(job["worker0"])
