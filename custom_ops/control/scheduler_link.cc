@@ -87,16 +87,15 @@ Status SchedulerLink::NextReply(Clock::time_point deadline, double timeout_s,
     Status status = dealer_->Receive(MillisecondsUntil(deadline), &text, &received);
     if (!status.ok()) return status;
     if (!received || Clock::now() >= deadline)
-      return Status::Error(ErrorKind::kTimeout,
-                           "no " + std::string(type == "book" ? "address book" : "answer") +
-                               " from the scheduler at " + endpoint_ + " within " +
-                               FormatG(timeout_s) +
-                               (registered_ ? " s of the job re-forming (BYTEPS_ELASTIC_TIMEOUT)"
-                                            : " s (is it running, and have all " +
-                                                  std::to_string(options_.num_workers) +
-                                                  " worker(s) and " +
-                                                  std::to_string(options_.num_servers) +
-                                                  " server(s) started? see BYTEPS_OP_TIMEOUT)"));
+      return Status::Error(
+          ErrorKind::kTimeout,
+          "no " + std::string(type == "book" ? "address book" : "answer") +
+              " from the scheduler at " + endpoint_ + " within " + FormatG(timeout_s) +
+              (registered_
+                   ? " s of the job re-forming (BYTEPS_ELASTIC_TIMEOUT)"
+                   : " s (is it running, and have all " + std::to_string(options_.num_workers) +
+                         " worker(s) and " + std::to_string(options_.num_servers) +
+                         " server(s) started? see BYTEPS_OP_TIMEOUT)"));
     if (!Json::Parse(text, reply).ok()) continue;  // Not one of its messages.
     const std::string& kind = (*reply)["type"].str();
     if (kind == type) return Status::OK();
@@ -111,8 +110,7 @@ Status SchedulerLink::Register(const std::string& role, const std::string& host,
   // The first: one BYTEPS_OP_TIMEOUT from the first connection attempt, as on the
   // Python side; a re-forming: one BYTEPS_ELASTIC_TIMEOUT from now.
   const double timeout_s = registered_ ? options_.reform_timeout_s : options_.timeout_s;
-  const Clock::time_point deadline =
-      (registered_ ? Clock::now() : started_) + Seconds(timeout_s);
+  const Clock::time_point deadline = (registered_ ? Clock::now() : started_) + Seconds(timeout_s);
   std::string mine;
   Status status = NewNonce(&mine);
   if (status.ok()) status = Send(JsonWriter().Add("type", "hello").Add("nonce", mine).Finish());

@@ -119,10 +119,11 @@ Status Connection::ReceiveHeader(FrameHeader* header, bool* eof) {
     return Status::Error("garbled frame from " + peer_ +
                          " (is it a tf_bps peer of the same version?)");
   if (header->generation != generation_)
-    return Status::Error(ErrorKind::kAborted,
-                         peer_ + " sent a frame of job generation " +
-                             std::to_string(header->generation) + " to a connection of generation " +
-                             std::to_string(generation_) + ": the job has re-formed since");
+    return Status::Error(ErrorKind::kAborted, peer_ + " sent a frame of job generation " +
+                                                  std::to_string(header->generation) +
+                                                  " to a connection of generation " +
+                                                  std::to_string(generation_) +
+                                                  ": the job has re-formed since");
   return Status::OK();
 }
 

@@ -155,10 +155,9 @@ Status ConnectToServer(const ServerAddress& address, const std::string& peer,
   for (int tries = 1;; ++tries) {
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    Status status =
-        ConnectOnce(address, peer, token, rank,
-                    static_cast<int>(std::max<int64_t>(left.count(), 1)), out, cancel, slots,
-                    generation);
+    Status status = ConnectOnce(address, peer, token, rank,
+                                static_cast<int>(std::max<int64_t>(left.count(), 1)), out, cancel,
+                                slots, generation);
     if (status.ok() || status.kind() != ErrorKind::kPeerGone) return status;
     // Turned away: strangers may hold the server's waiting room. They are cut at
     // its deadline, so try again until ours.

@@ -268,6 +268,7 @@ void ServerLink::SendJoin() {
 }
 
 void ServerLink::ReceiveLoop() {
+  bool said_why = false;  // The server said Bye: it stops, it is not lost.
   while (true) {
     FrameHeader header;
     DataReader payload;
@@ -283,13 +284,13 @@ void ServerLink::ReceiveLoop() {
         std::string why(header.length, '\0');
         status = payload.Read(why.data(), why.size());
         if (status.ok()) status = Status::Error(description() + " is stopping: " + why);
+        said_why = true;
       } else {
         status = Status::Error("unexpected frame type " + std::to_string(header.type) + " from " +
                                description());
       }
     }
     if (!status.ok()) {
-      const bool said_why = header.type == static_cast<uint8_t>(FrameType::kBye);
       if (!owner_->stopping() && !said_why) owner_->OnServerLost(index_);
       if (!owner_->stopping()) owner_->OnLinkFailure(status.message());
       {

@@ -68,9 +68,9 @@ Status Worker::Start() {
     const std::string peer = "server " + std::to_string(i) + " (" + address.host + ":" +
                              std::to_string(address.port) + ")";
     std::unique_ptr<Channel> channel;
-    Status status = ConnectToServer(address, peer, options_.token, options_.rank,
-                                    options_.timeout_ms, &channel, &start_cancel_, slots_,
-                                    options_.generation);
+    Status status =
+        ConnectToServer(address, peer, options_.token, options_.rank, options_.timeout_ms, &channel,
+                        &start_cancel_, slots_, options_.generation);
     if (status.kind() == ErrorKind::kAborted) return status;  // The job's abort, as it came.
     if (!status.ok())
       return Status::Error(ErrorKind::kPeerGone, "worker " + std::to_string(options_.rank) +

@@ -654,8 +654,8 @@ void TestGenerations() {
   EXPECT(server.Serve({0}, 2).ok());
   for (bool same_host : {false, true}) {
     std::unique_ptr<Channel> channel;
-    Status stale = ConnectToServer(ServerAddress{"127.0.0.1", port, same_host}, "server", kToken,
-                                   0, 2000, &channel, nullptr, nullptr, 1);
+    Status stale = ConnectToServer(ServerAddress{"127.0.0.1", port, same_host}, "server", kToken, 0,
+                                   2000, &channel, nullptr, nullptr, 1);
     EXPECT(!stale.ok());
   }
   std::unique_ptr<Channel> channel;
