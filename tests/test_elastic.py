@@ -116,7 +116,7 @@ def test_losing_rank_0_re_forms_the_job_with_the_survivors_renumbered(procs, mer
         assert report["size"] == 2 and report["step"] == 120, report
         assert report["sizes"] == [3, 2] and report["resets"] == [2], report
         # Every step counted once: restored to the last commit, then trained on.
-        assert report["weight"] == 120.0, report
+        assert report["restores"] == 1 and report["weight"] == 120.0, report
     # Old rank 1 is the new rank 0, old rank 2 the new rank 1.
     assert _resets(got["worker1"])[0].startswith("RESET rank 0 size 2")
     assert _resets(got["worker2"])[0].startswith("RESET rank 1 size 2")

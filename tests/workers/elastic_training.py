@@ -34,6 +34,13 @@ def on_reset():
 
 
 state.register_reset_callbacks([on_reset])
+# run() restores after a lost peer and syncs after a change that added workers; a
+# host that leaves costs neither. (A sync restores what it received, so it counts in
+# both lists.)
+restores, syncs = [], []
+restore, sync = state.restore, state.sync
+state.restore = lambda: (restores.append(state.step), restore())
+state.sync = lambda: (syncs.append(state.step), sync())
 print(f"READY rank {bps.rank()}", flush=True)
 
 
@@ -64,5 +71,6 @@ train(state)
 print("REPORT " + json.dumps({"rank": bps.rank(), "size": bps.size(), "step": state.step,
                               "host": os.environ.get("HOROVOD_HOSTNAME"),
                               "weight": float(weight.numpy()), "sizes": seen,
-                              "resets": resets}), flush=True)
+                              "resets": resets, "restores": len(restores) - len(syncs),
+                              "syncs": len(syncs)}), flush=True)
 bps.shutdown()

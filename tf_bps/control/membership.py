@@ -23,6 +23,8 @@ class Node:
     previous_rank: int = -1
     # A worker registering again names the server ("host:port") it saw go away.
     saw_lost: str = ""
+    name: str = ""  # what the elastic launcher calls a worker (BYTEPS_ELASTIC_WORKER_NAME)
+    leaving: bool = False  # its host left the job: it goes at the workers' next commit
 
     @property
     def process(self) -> tuple[str, int]:

@@ -55,6 +55,10 @@ class Scheduler:
         # Workers that asked to join an elastic job, waiting for the next generation.
         self._joining: list[Node] = []
         self._gathering: Gathering | None = None  # while a generation registers
+        # An elastic launcher's connections (--host-discovery-script), and the workers
+        # it let go (by process), which must not register again.
+        self._launchers: set[bytes] = set()
+        self._let_go: set[tuple[str, int]] = set()
 
     def _send(self, identity: bytes, message: dict) -> None:
         self._socket.send_multipart([identity, zmq.utils.jsonapi.dumps(message)])
@@ -153,8 +157,8 @@ class Scheduler:
         role, host = message.get("role"), message.get("host")
         pid = number("pid", 1, 2**31)
         port = number("port", 1, 65535) if role == "server" else 0  # Workers listen on none.
-        if role not in ("server", "worker") or not isinstance(host, str) or not host or \
-                len(host) > 255 or pid is None or port is None:
+        if role not in ("server", "worker", "launcher") or not isinstance(host, str) or \
+                not host or len(host) > 255 or pid is None or port is None:
             return None, f"a malformed registration: {str(message)[:200]}"
         node = Node(identity, role, host, pid, port=port, last_seen=time.monotonic())
         local_size = number("local_size", 1, 4096)
@@ -162,8 +166,14 @@ class Scheduler:
         if role == "worker" and (local_size is None or local_rank is None):
             return None, f"a malformed worker registration from {host} (pid {pid})"
         node.local_size = local_size or 1
-        lost = message.get("lost_server")
+        lost, name = message.get("lost_server"), message.get("name")
         node.saw_lost = lost[:300] if isinstance(lost, str) else ""
+        node.name = name[:300] if isinstance(name, str) else ""
+        if node.process in self._let_go:
+            return None, (f"the worker on {host} (pid {pid}) was let go: its host left the "
+                          "job (the discovery script no longer lists it)")
+        if role == "launcher":
+            return node, ""
         node.merge_mode = message.get("local_merge") if message.get("local_merge") in (
             "auto", "1") else "0"
         if gathering is None or not gathering.first:
@@ -237,6 +247,10 @@ class Scheduler:
             node, refusal = self._registration(identity, message, gathering)
             if refusal:
                 self._refuse(identity, refusal)
+                continue
+            if node.role == "launcher":
+                self._launchers.add(identity)
+                self._send(identity, {"type": "book"})
                 continue
             if node.rank < 0 and gathering.first:
                 self._joining.append(node)
@@ -374,7 +388,7 @@ class Scheduler:
                             f"BYTEPS_ELASTIC_RESET_LIMIT={limit} (--reset-limit) allows no more")
         lost_ids = {node.identity for node in lost}
         survivors = {node.process: node for node in self._nodes.values()
-                     if node.identity not in lost_ids and not node.done}
+                     if node.identity not in lost_ids and not node.done and not node.leaving}
         log.warning("the job re-forms: %s", reason)
         for node in survivors.values():
             self._send(node.identity, {"type": "reform", "reason": reason,
@@ -392,6 +406,9 @@ class Scheduler:
         if kind == "hello":
             self._challenge(identity, message)
             return
+        if kind == "let_go" and identity in self._launchers:
+            self._let_workers_go(message.get("names"))
+            return
         if kind != "register" or self._registered(identity):
             return  # Heartbeats and farewells of nodes of an earlier generation.
         if not self._config.elastic:
@@ -401,6 +418,10 @@ class Scheduler:
         node, refusal = self._registration(identity, message, None)
         if refusal:
             self._refuse(identity, refusal)
+            return
+        if node.role == "launcher":
+            self._launchers.add(identity)
+            self._send(identity, {"type": "book"})
             return
         member = next((n for n in self._nodes.values() if n.process == node.process), None)
         most = self._config.elastic_max_workers
@@ -418,6 +439,22 @@ class Scheduler:
                        f"registered again{why}")
             return
         self._announce_joiners()
+
+    def _let_workers_go(self, names: object) -> None:
+        """The launcher's discovery script no longer lists these workers' host: every
+        worker hears that hosts were removed and stops at its next commit, and the job
+        re-forms without them, with no restore and no sync (Horovod's removals)."""
+        names = set(names) if isinstance(names, list) else set()
+        leaving = [n for n in self._nodes.values() if n.role == "worker" and n.name in names]
+        for node in leaving:
+            node.leaving = True
+            self._let_go.add(node.process)  # It registers again at the commit: refused.
+            log.warning("%s leaves at the next commit: its host left the job", node.describe())
+        if leaving:
+            for worker in self._nodes.values():
+                if worker.role == "worker":
+                    self._send(worker.identity, {"type": "hosts_updated", "added": False,
+                                                 "timestamp": time.time()})
 
     def _announce_joiners(self) -> None:
         """Workers and servers asking to join are taken in when the job's workers

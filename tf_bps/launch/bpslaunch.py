@@ -202,11 +202,12 @@ def _launch_discovered(args: argparse.Namespace, ssh: SshOptions, elastic: dict[
         # The first generation numbers its workers by DMLC_WORKER_ID; later ones by
         # their order of arrival, whatever their id.
         env = {**job, "DMLC_ROLE": "worker", "HOROVOD_HOSTNAME": host,
+               "BYTEPS_ELASTIC_WORKER_NAME": f"{host}#{index}",
                "DMLC_WORKER_ID": str(index if index < int(job["DMLC_NUM_WORKER"]) else 0)}
         return ProcessPlan(f"worker {index} on {host}", args.command, env, is_worker=True,
                            prefix=f"[{host}#{index}]: ")
 
-    driver = ElasticDriver(supervisor, settings, worker_plan, ssh, base)
+    driver = ElasticDriver(supervisor, settings, worker_plan, ssh, base, job)
     try:
         hosts = driver.first_hosts()
         every_host_local = all(remote.is_this_machine(host.name) for host in hosts)

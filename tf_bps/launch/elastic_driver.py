@@ -5,8 +5,10 @@ The scheduler and the servers run on the launcher's machine and stay up for the
 whole job; workers come and go. Every second the driver runs the discovery script:
 on a host that appeared (or came back from the blacklist) it starts workers while
 the job has fewer than --max-np, and the workers already training take them in at
-their next commit; the workers of a host that disappeared are ended, and the others
-re-form without them. A worker that fails puts its host on the blacklist (for good,
+their next commit; the workers of a host that disappeared are let go at their next
+commit (the driver asks the scheduler, and every worker stops there), so the others
+re-form without a restore or a sync, and are ended if they are still there
+LET_GO_GRACE_S later. A worker that fails puts its host on the blacklist (for good,
 or for a time drawn from --blacklist-cooldown-range) and its host's other workers
 are ended too. The scheduler ends the job when fewer than --min-np workers are left
 for --elastic-timeout seconds, or past --reset-limit re-formings; the launcher ends
@@ -20,12 +22,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import zmq
+
 from tf_bps.launch import remote
 from tf_bps.launch.discovery import Blacklist, DiscoveryError, discover_hosts
 from tf_bps.launch.hosts import Host
 from tf_bps.launch.supervisor import Child, JobSupervisor, ProcessPlan
+from tf_bps.runtime.config import Config, ConfigError
+from tf_bps.runtime.rendezvous import RendezvousError, SchedulerLink
 
 DISCOVERY_INTERVAL_S = 1.0
+# How long the workers of a host that left get to reach their next commit.
+LET_GO_GRACE_S = 30.0
 
 
 @dataclass
@@ -43,7 +51,9 @@ class ElasticSettings:
 class _Worker:
     host: str
     child: Child
+    name: str  # BYTEPS_ELASTIC_WORKER_NAME
     ending: bool = False  # ended by the driver: its exit is no failure
+    end_at: float | None = None  # let go: ended then if still running
 
 
 class ElasticDriver:
@@ -53,12 +63,14 @@ class ElasticDriver:
 
     def __init__(self, supervisor: JobSupervisor, settings: ElasticSettings,
                  worker_plan: Callable[[str, int, bool], ProcessPlan],
-                 ssh: remote.SshOptions, base_env: dict[str, str]):
+                 ssh: remote.SshOptions, base_env: dict[str, str], job_env: dict[str, str]):
         self._supervisor = supervisor
         self._settings = settings
         self._worker_plan = worker_plan
         self._ssh = ssh
         self._env = base_env
+        self._job_env = job_env  # the job's variables, complete once it started
+        self._scheduler: SchedulerLink | None = None  # opened at the first let-go
         self._blacklist = Blacklist(settings.cooldown)
         self._lock = threading.Lock()
         self._workers: dict[int, _Worker] = {}  # by id() of the child
@@ -109,11 +121,14 @@ class ElasticDriver:
             with self._lock:
                 gone = {w.host for w in self._workers.values() if w.host not in names}
             for host in sorted(gone):
-                self._end_host(host, "is no longer listed by the host discovery script")
+                self._let_go(host)
+            self._end_overdue()
             self.start_workers(available)
 
     def stop(self) -> None:
         self._stop.set()
+        if self._scheduler is not None:
+            self._scheduler.close(say_done=False)
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -149,7 +164,43 @@ class ElasticDriver:
             child = self._supervisor.start(plan.label, remote.agent_command(host, self._ssh),
                                            self._env, is_worker=True,
                                            stdin=remote.encode_plan([plan]))
-        self._workers[id(child)] = _Worker(host, child)
+        self._workers[id(child)] = _Worker(host, child,
+                                           plan.env.get("BYTEPS_ELASTIC_WORKER_NAME", ""))
+
+    def _let_go(self, host: str) -> None:
+        """Asks the scheduler to let `host`'s workers go at their next commit; they are
+        ended LET_GO_GRACE_S later if still running (or now, if it cannot be asked)."""
+        with self._lock:
+            leaving = [w for w in self._workers.values() if w.host == host and not w.ending]
+            for worker in leaving:
+                worker.ending = True
+                worker.end_at = time.monotonic() + LET_GO_GRACE_S
+        if not leaving:
+            return
+        self._supervisor.report(f"host {host} is no longer listed by the host discovery "
+                                f"script: its {len(leaving)} worker(s) leave at their next "
+                                "commit")
+        try:
+            if self._scheduler is None:
+                self._scheduler = SchedulerLink(Config.from_env({**self._env, **self._job_env}))
+                self._scheduler.register("launcher")
+            self._scheduler.send({"type": "let_go", "names": [w.name for w in leaving]})
+        except (RendezvousError, ConfigError, zmq.ZMQError) as error:
+            self._supervisor.report(f"cannot ask the scheduler to let them go ({error}); "
+                                    "ending them")
+            for worker in leaving:
+                self._supervisor.end(worker.child)
+
+    def _end_overdue(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            overdue = [w for w in self._workers.values() if w.end_at is not None and
+                       w.end_at <= now and w.child.process.poll() is None]
+        for worker in overdue:
+            worker.end_at = None
+            self._supervisor.report(f"{worker.child.label} did not leave within "
+                                    f"{LET_GO_GRACE_S:g} s; ending it")
+            self._supervisor.end(worker.child)
 
     def _end_host(self, host: str, why: str) -> None:
         with self._lock:

@@ -101,6 +101,8 @@ def _join(lost_server: str | None = None) -> None:
             link = SchedulerLink(config)
             try:
                 extra = {"lost_server": lost_server} if lost_server else {}
+                if config.elastic_worker_name:
+                    extra["name"] = config.elastic_worker_name
                 book = link.register("worker", worker_id=config.worker_id,
                                      local_rank=config.local_rank, local_size=config.local_size,
                                      local_merge=config.local_merge if config.enable_ipc else "0",

@@ -288,6 +288,8 @@ class Config:
     elastic_max_workers: int | None  # None: no bound on workers asking to join
     elastic_timeout: float
     elastic_reset_limit: int | None  # re-formings allowed; None: any number
+    # What the elastic launcher calls this worker, to ask the scheduler to let it go.
+    elastic_worker_name: str
     # Every node of a job proves it knows this (bpslaunch makes one per job); empty
     # when a job started role by role sets none, and then nothing is proven.
     job_token: str
@@ -361,6 +363,7 @@ class Config:
             elastic_max_workers=_int(env, "BYTEPS_ELASTIC_MAX_WORKERS", None),
             elastic_timeout=_number(env, "BYTEPS_ELASTIC_TIMEOUT"),
             elastic_reset_limit=_int(env, "BYTEPS_ELASTIC_RESET_LIMIT", None),
+            elastic_worker_name=_text(env, "BYTEPS_ELASTIC_WORKER_NAME"),
             job_token=_text(env, "BYTEPS_JOB_TOKEN"),
             max_tensor_bytes=_int(env, "BYTEPS_MAX_TENSOR_BYTES"),
             listen_any=_flag(env, "BYTEPS_LISTEN_ANY"),
