@@ -203,6 +203,20 @@ class Scheduler:
                           f"{clash[0].host}; check DMLC_WORKER_ID and BYTEPS_LOCAL_RANK")
         return node, ""
 
+    def _accept(self, identity: bytes, message: dict,
+                gathering: Gathering | None) -> Node | None:
+        """The node a registration makes, or None: refused (it hears why), or an
+        elastic launcher's connection, which is answered and kept apart."""
+        node, refusal = self._registration(identity, message, gathering)
+        if refusal:
+            self._refuse(identity, refusal)
+            return None
+        if node.role == "launcher":
+            self._launchers.add(identity)
+            self._send(identity, {"type": "book"})
+            return None
+        return node
+
     def _challenge(self, identity: bytes, message: dict) -> None:
         """Answers a hello: the scheduler's proof for the node's nonce, and a nonce of its
         own for the node to sign in its registration."""
@@ -244,13 +258,8 @@ class Scheduler:
                 continue
             if self._registered(identity):
                 continue  # Said twice; a challenge is good for a minute, not for once.
-            node, refusal = self._registration(identity, message, gathering)
-            if refusal:
-                self._refuse(identity, refusal)
-                continue
-            if node.role == "launcher":
-                self._launchers.add(identity)
-                self._send(identity, {"type": "book"})
+            node = self._accept(identity, message, gathering)
+            if node is None:
                 continue
             if node.rank < 0 and gathering.first:
                 self._joining.append(node)
@@ -415,13 +424,8 @@ class Scheduler:
             self._refuse(identity, "the job has already started: every node of it has "
                          "registered")
             return
-        node, refusal = self._registration(identity, message, None)
-        if refusal:
-            self._refuse(identity, refusal)
-            return
-        if node.role == "launcher":
-            self._launchers.add(identity)
-            self._send(identity, {"type": "book"})
+        node = self._accept(identity, message, None)
+        if node is None:
             return
         member = next((n for n in self._nodes.values() if n.process == node.process), None)
         most = self._config.elastic_max_workers
