@@ -44,7 +44,9 @@ WORKER_SOURCES = [
     "custom_ops/worker/local_merge.cc",
     "custom_ops/worker/local_merge_leader.cc",
     "custom_ops/worker/server_link.cc",
+    "custom_ops/worker/server_routes.cc",
     "custom_ops/worker/worker.cc",
+    "custom_ops/worker/worker_server_loss.cc",
     "custom_ops/worker/c_api.cc",
 ]
 SERVER_ENGINE_SOURCES = [
@@ -102,6 +104,7 @@ UNIT_TEST_PIECES = (COMMON_SOURCES + WIRE_SOURCES + ROUNDS_SOURCES + SERVER_ENGI
     "custom_ops/worker/task.cc",
     "custom_ops/worker/credits.cc",
     "custom_ops/worker/timeline.cc",
+    "custom_ops/worker/server_routes.cc",
     "custom_ops/control/settings.cc",
     "custom_ops/control/json.cc",
 ])

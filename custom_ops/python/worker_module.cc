@@ -32,7 +32,8 @@ void Init(int rank, int size, const std::vector<std::tuple<std::string, int, boo
           long long partition_bytes, long long credit_bytes, int timeout_ms,
           const std::string& token, const std::vector<int>& local_ranks,
           const std::string& local_socket_prefix, const std::string& debug_sample, bool nan_check,
-          bool across_hosts, const std::vector<int>& server_shares, unsigned generation) {
+          bool across_hosts, const std::vector<int>& server_shares, unsigned generation,
+          bool move_lost_servers, int lost_server_wait_ms, int notify_fd) {
   std::vector<bps_server_address> addresses;
   for (const auto& [host, port, same_host] : servers)
     addresses.push_back({host.c_str(), port, same_host ? 1 : 0});
@@ -55,6 +56,9 @@ void Init(int rank, int size, const std::vector<std::tuple<std::string, int, boo
   config.across_hosts = across_hosts ? 1 : 0;
   config.server_shares = server_shares.empty() ? nullptr : server_shares.data();
   config.generation = generation;
+  config.move_lost_servers = move_lost_servers ? 1 : 0;
+  config.lost_server_wait_ms = lost_server_wait_ms;
+  config.notify_fd = notify_fd;
   int result;
   {
     py::gil_scoped_release unlocked;  // Connecting may take up to the timeout.
@@ -82,6 +86,8 @@ PYBIND11_MODULE(_bps_worker, m) {
         py::arg("local_socket_prefix") = "", py::arg("debug_sample") = "",
         py::arg("nan_check") = false, py::arg("across_hosts") = false,
         py::arg("server_shares") = std::vector<int>{}, py::arg("generation") = 0,
+        py::arg("move_lost_servers") = false, py::arg("lost_server_wait_ms") = 0,
+        py::arg("notify_fd") = -1,
         "Connects to the servers ((host, port, same_host) each) and, with several local "
         "ranks, to the other workers of this host.");
   m.def(
@@ -122,8 +128,18 @@ PYBIND11_MODULE(_bps_worker, m) {
       },
       "Blocks until every worker has joined; returns the last rank to join.");
   m.def("failure", &Failure, "Why the worker can no longer communicate; empty while healthy.");
-  m.def("lost_server", &bps_worker_lost_server,
-        "The index of the first server that went away without a word, or -1.");
+  m.def(
+      "lost_servers",
+      [] {
+        std::vector<int> lost(64);
+        const int count = bps_worker_lost_servers(lost.data(), static_cast<int>(lost.size()));
+        lost.resize(std::min<size_t>(count, lost.size()));
+        return lost;
+      },
+      "The indices of the servers that went away without a word, in that order.");
+  m.def(
+      "move_lost_server", [](int server) { Check(bps_worker_move_lost_server(server)); },
+      py::arg("server"), "The scheduler says the server is gone: its partitions move.");
   m.def(
       "shutdown",
       [] {

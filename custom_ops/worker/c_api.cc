@@ -204,6 +204,9 @@ int bps_worker_init(const bps_worker_config* config) {
   options.nan_check = config->nan_check != 0;
   options.across_hosts = config->across_hosts != 0;
   options.generation = config->generation;
+  options.move_lost_servers = config->move_lost_servers != 0;
+  if (config->lost_server_wait_ms > 0) options.lost_server_wait_ms = config->lost_server_wait_ms;
+  options.notify_fd = config->notify_fd;
   status = bps::CopyServers(*config, &options.servers);
   if (!status.ok()) return bps::Fail(status);
   status = bps::CopyShares(config->server_shares, options.servers.size(), &options.server_shares);
@@ -240,10 +243,21 @@ void bps_worker_abort(const char* reason) {
   if (worker) worker->Abort(reason ? reason : "aborted");
 }
 
-int bps_worker_lost_server(void) {
+int bps_worker_lost_servers(int* out, int capacity) {
   std::shared_ptr<bps::Worker> worker;
   bps::CurrentWorker(&worker);
-  return worker ? worker->lost_server() : -1;
+  if (!worker) return 0;
+  const std::vector<int> lost = worker->lost_servers();
+  for (int i = 0; i < capacity && i < static_cast<int>(lost.size()); ++i) out[i] = lost[i];
+  return static_cast<int>(lost.size());
+}
+
+int bps_worker_move_lost_server(int server) {
+  std::shared_ptr<bps::Worker> worker;
+  bps::CurrentWorker(&worker);
+  if (!worker) return bps::Fail(Status::Error(bps::ErrorKind::kShutdown, "tf_bps is not running"));
+  Status status = worker->MoveLostServer(server);
+  return status.ok() ? 0 : bps::Fail(status);
 }
 
 int bps_worker_failure(char* buf, int capacity) {

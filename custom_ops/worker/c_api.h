@@ -54,12 +54,23 @@ typedef struct bps_worker_config {
   /* The job generation of the address book (the scheduler's; 0 until the job first
    * re-forms): servers of another refuse this worker. */
   unsigned int generation;
+  /* An elastic, synchronous job: a lost server's partitions wait for
+   * bps_worker_move_lost_server (at most lost_server_wait_ms) instead of failing. */
+  int move_lost_servers;
+  int lost_server_wait_ms;
+  /* The write end of a non-blocking pipe that gets a byte whenever a server is lost;
+   * -1: none. */
+  int notify_fd;
 } bps_worker_config;
 int bps_worker_init(const bps_worker_config* config);
 void bps_worker_abort(const char* reason);
-/* The index (in the config's servers) of the first server that went away without a
- * word, or -1: an elastic job's scheduler hears of it when the worker registers again. */
-int bps_worker_lost_server(void);
+/* The indices (in the config's servers) of the servers that went away without a word,
+ * in that order: up to `capacity` into `out`; returns how many there are. An elastic
+ * job's scheduler hears of them from the worker. */
+int bps_worker_lost_servers(int* out, int capacity);
+/* The scheduler says server `server` (an index in the config's servers) is gone from
+ * the job: its partitions go to the servers left (move_lost_servers only). */
+int bps_worker_move_lost_server(int server);
 /* Copies why the worker failed (a server died, say; empty when healthy) into buf. */
 int bps_worker_failure(char* buf, int capacity);
 void bps_worker_shutdown(void);

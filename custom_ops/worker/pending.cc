@@ -9,12 +9,7 @@ constexpr size_t kMaxErrorBytes = 1u << 20;
 
 PendingPartition PendingPartition::Of(const PartitionTask& partition, int peer) {
   PendingPartition pending;
-  pending.task = partition.task;
-  pending.part = partition.part;
-  pending.offset = partition.offset;
-  pending.reply_length = partition.reply_length;
-  pending.priority = partition.priority;
-  pending.push_length = partition.push_length;
+  static_cast<PartitionTask&>(pending) = partition;
   pending.peer = peer;
   return pending;
 }
@@ -96,7 +91,16 @@ Status ReadAnswer(const FrameHeader& header, DataReader* payload, const PendingP
   Status status = payload->Read(dst, pending.reply_length);
   if (status.ok() && finish) finish(dst, pending.reply_length);
   task.EndIo();
-  if (status.ok()) task.PartitionDone();
+  if (status.ok()) {
+    task.PartitionDone();
+  } else {
+    // Half an answer: the output (perhaps the input too) is spoilt, and the partition
+    // cannot be sent again.
+    task.Fail(Status::Error(ErrorKind::kPeerGone, "the answer for partition " +
+                                                      std::to_string(header.part) + " of tensor '" +
+                                                      task.name() + "' broke off from " + from +
+                                                      ": " + status.message()));
+  }
   return status;
 }
 

@@ -20,16 +20,12 @@
 
 namespace bps {
 
-struct PendingPartition {
+// A partition sent (or queued to be sent) and not yet answered: the partition itself,
+// so that it can be sent again elsewhere (Worker::MoveLostServer), and its progress.
+struct PendingPartition : PartitionTask {
   // `partition`, sent to `peer`.
   static PendingPartition Of(const PartitionTask& partition, int peer = 0);
 
-  std::shared_ptr<Task> task;
-  uint32_t part = 0;
-  size_t offset = 0;        // of the answer in the task's output
-  size_t reply_length = 0;  // the answer's bytes
-  uint64_t priority = 0;
-  size_t push_length = 0;
   int peer = 0;           // who answers it (a local merge: the leader's local index)
   bool credited = false;  // pushed: its credit returns with the answer or the failure
   int64_t sent_at = 0;    // when its push ended, if the timeline traces it

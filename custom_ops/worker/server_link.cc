@@ -45,10 +45,29 @@ Timeline* ServerLink::TracerFor(const Task& task) const {
   return timeline && timeline->Traces(task.round()) ? timeline : nullptr;
 }
 
-void ServerLink::Enqueue(PartitionTask task) {
+bool ServerLink::Enqueue(PartitionTask& task) {
+  if (retired_.load()) return false;
   if (TracerFor(*task.task)) task.queued_at = Timeline::Now();
   pending_.Add(PendingPartition::Of(task));
+  if (retired_.load()) {
+    // Retire() ran meanwhile: it handed this partition back with the others, or it
+    // did not, and the caller sends it elsewhere. Exactly one of the two.
+    const auto mine = [&](const PendingPartition& p) {
+      return p.task == task.task && p.part == task.part;
+    };
+    return pending_.TakeIf(mine).empty();
+  }
   push_stage_.Push(std::move(task));
+  return true;
+}
+
+std::vector<PendingPartition> ServerLink::Retire() {
+  retired_ = true;
+  push_stage_.Close();
+  // A server still alive (frozen a while, or cut off from this worker alone) hears
+  // nothing more from here; the job went on without it.
+  channel_->Shutdown();
+  return pending_.TakeIf();
 }
 
 void ServerLink::SendProcessSet(uint32_t id, const std::vector<int32_t>& ranks) {
@@ -148,8 +167,9 @@ bool ServerLink::Push(PartitionTask& partition) {
     std::unique_lock<std::mutex> lock(receiver_mutex_);
     receiver_cv_.wait_for(lock, kDrainGrace, [this] { return receiver_done_; });
   }
-  owner_->OnLinkFailure(status.message() + " while pushing tensor '" + task.name() + "' to " +
-                        description());
+  if (!retired_ && !held_)
+    owner_->OnLinkFailure(status.message() + " while pushing tensor '" + task.name() + "' to " +
+                          description());
   return false;
 }
 
@@ -291,8 +311,10 @@ void ServerLink::ReceiveLoop() {
       }
     }
     if (!status.ok()) {
-      if (!owner_->stopping() && !said_why) owner_->OnServerLost(index_);
-      if (!owner_->stopping()) owner_->OnLinkFailure(status.message());
+      if (!retired_ && !owner_->stopping()) {
+        if (!said_why) held_ = owner_->OnServerLost(index_);
+        if (!held_) owner_->OnLinkFailure(status.message());
+      }
       {
         std::lock_guard<std::mutex> lock(receiver_mutex_);
         receiver_done_ = true;

@@ -2,6 +2,7 @@
 #ifndef TF_BPS_WORKER_SERVER_LINK_H_
 #define TF_BPS_WORKER_SERVER_LINK_H_
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -36,9 +37,11 @@ class ServerLink {
     virtual Timeline* timeline() const = 0;
     // The link broke, or its server said why it stops: the worker fails with `reason`.
     virtual void OnLinkFailure(const std::string& reason) = 0;
-    // Server `server` went away without a word (before OnLinkFailure): it is probably
-    // dead, which an elastic job's scheduler hears when this worker registers again.
-    virtual void OnServerLost(int server) = 0;
+    // Server `server` went away without a word: it is probably dead. True: the worker
+    // keeps the link's partitions until the job decides where they go (an elastic
+    // job, Worker::MoveLostServer), and the link reports nothing more; false: the
+    // link fails (OnLinkFailure follows).
+    virtual bool OnServerLost(int server) = 0;
     // A partition was answered: links waiting on the push window may go on.
     virtual void OnAnswer() = 0;
     // A gather's sizes arrived (`sizes`: every worker's rows, then an alltoall's split
@@ -57,7 +60,12 @@ class ServerLink {
   ~ServerLink();
 
   void Start();
-  void Enqueue(PartitionTask task);
+  // False, with `task` left as it was, once the link is retired: the worker's routes
+  // already name another server for it.
+  bool Enqueue(PartitionTask& task);
+  // The server is gone from the job: the link sends and reports nothing more, and
+  // hands back every partition that waited for an answer here or to be sent.
+  std::vector<PendingPartition> Retire();
   // Looks at the waiting partitions again: the push window moved.
   void Recheck() { push_stage_.Recheck(); }
   // Registers (or, with no ranks, removes) a process set at this server.
@@ -116,6 +124,10 @@ class ServerLink {
   std::unordered_map<uint64_t, uint64_t> declared_;
 
   PendingTable pending_;
+
+  // Retire() was called; OnServerLost said the worker keeps the partitions.
+  std::atomic<bool> retired_{false};
+  std::atomic<bool> held_{false};
 
   std::thread receiver_;
   std::mutex receiver_mutex_;

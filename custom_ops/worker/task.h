@@ -159,14 +159,14 @@ class Task {
 // (or for the worker of this host that merges it, see local_merge.h).
 struct PartitionTask {
   std::shared_ptr<Task> task;
-  uint32_t part;
-  size_t offset;     // of the partition in the tensor (input and output alike).
-  const char* data;  // what to push: `push_length` bytes (none for broadcast receivers).
-  size_t push_length;
-  size_t reply_length;  // bytes the server returns; allgather: known only then.
-  uint64_t priority;    // lower goes first: declaration order, then partition index.
-  int32_t owner = -1;   // the one rank receiving the result (alltoall, reducescatter)
-  uint64_t signature;
+  uint32_t part = 0;
+  size_t offset = 0;           // of the partition in the tensor (input and output alike).
+  const char* data = nullptr;  // what to push: `push_length` bytes (none for broadcast receivers).
+  size_t push_length = 0;
+  size_t reply_length = 0;  // bytes the server returns; allgather: known only then.
+  uint64_t priority = 0;    // lower goes first: declaration order, then partition index.
+  int32_t owner = -1;       // the one rank receiving the result (alltoall, reducescatter)
+  uint64_t signature = 0;
   uint8_t flags = 0;        // FrameFlags
   uint16_t join_epoch = 0;  // local merges: the joins the sender had seen complete
   int64_t queued_at = 0;    // when it entered its push stage, if the timeline traces it

@@ -51,7 +51,8 @@ uint32_t PushWindow(const WorkerOptions& options) {
 
 Worker::Worker(WorkerOptions options)
     : options_(std::move(options)),
-      server_cycle_(ServerCycle(options_.server_shares, options_.servers.size())),
+      routes_(ServerCycle(options_.server_shares, options_.servers.size()),
+              options_.servers.size()),
       push_window_(PushWindow(options_)) {}
 
 Worker::~Worker() { Stop(); }
@@ -207,7 +208,7 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
     if (merged) {
       local_->Contribute(std::move(item));
     } else {
-      LinkFor(task->tensor_id(), item.part).Enqueue(std::move(item));
+      SendToServer(std::move(item));
     }
   }
 }
@@ -288,12 +289,13 @@ Status Worker::SetProcessSet(uint32_t id, std::vector<int32_t> ranks) {
 }
 
 ServerLink& Worker::LinkFor(uint64_t tensor_id, uint32_t part) {
-  const size_t length = server_cycle_.size();
-  return *links_[server_cycle_[(tensor_id % length + part) % length]];
+  return *links_[routes_.For(tensor_id, part)];
 }
 
 void Worker::SendToServer(PartitionTask partition) {
-  LinkFor(partition.task->tensor_id(), partition.part).Enqueue(std::move(partition));
+  // A link retired meanwhile hands it back; the routes already lead past it.
+  while (!LinkFor(partition.task->tensor_id(), partition.part).Enqueue(partition)) {
+  }
 }
 
 size_t Worker::PartitionBytes(DataType dtype) const {
@@ -328,7 +330,7 @@ Status Worker::Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask
       if (root && spec.output != spec.input) std::memcpy(spec.output, spec.input, spec.bytes);
       const size_t partition =
           EvenPartitionBytes(spec.bytes, DataTypeSize(op.dtype), options_.partition_bytes,
-                             server_cycle_.size(), options_.across_hosts);
+                             routes_.cycle_length(), options_.across_hosts);
       for (size_t offset = 0; offset < spec.bytes; offset += partition) {
         const size_t length = std::min(partition, spec.bytes - offset);
         const uint32_t part = static_cast<uint32_t>(plan->size());
@@ -426,7 +428,7 @@ Status Worker::StartGatherData(const std::shared_ptr<Task>& task, const std::vec
       offset += bytes;
     }
     task->AddPartitions(static_cast<int>(plan.size()));
-    for (PartitionTask& item : plan) LinkFor(task->tensor_id(), item.part).Enqueue(std::move(item));
+    for (PartitionTask& item : plan) SendToServer(std::move(item));
     return Status::OK();
   }
   // Alltoall: row r of the matrix holds what rank r sends to each rank.
@@ -457,7 +459,7 @@ Status Worker::StartGatherData(const std::shared_ptr<Task>& task, const std::vec
     offset += length;
   }
   task->AddPartitions(static_cast<int>(plan.size()));
-  for (PartitionTask& item : plan) LinkFor(task->tensor_id(), item.part).Enqueue(std::move(item));
+  for (PartitionTask& item : plan) SendToServer(std::move(item));
   return Status::OK();
 }
 
@@ -545,11 +547,6 @@ void Worker::OnLinkFailure(const std::string& reason) {
   Abort(reason);
 }
 
-void Worker::OnServerLost(int server) {
-  int none = -1;
-  lost_server_.compare_exchange_strong(none, server);
-}
-
 void Worker::Abort(const std::string& reason) {
   start_cancel_.Cancel(reason);
   const Status status = Status::Error(ErrorKind::kPeerGone, reason);
@@ -570,6 +567,7 @@ void Worker::WatchdogLoop() {
     const auto now = std::chrono::steady_clock::now();
     for (auto& link : links_) link->FailExpired(now);
     if (local_) local_->FailExpired(now);
+    CheckLostServers(now);
   }
 }
 

@@ -30,6 +30,7 @@
 #include "credits.h"
 #include "local_merge.h"
 #include "server_link.h"
+#include "server_routes.h"
 #include "stage.h"
 #include "task.h"
 #include "timeline.h"
@@ -67,6 +68,16 @@ struct WorkerOptions {
   std::vector<uint32_t> server_shares;
   // The job generation of the address book (FrameHeader::generation).
   uint32_t generation = 0;
+  // An elastic, synchronous job: the partitions of a server that went away wait until
+  // the scheduler says it is gone from the job, then go to the servers left
+  // (MoveLostServer); no step is lost. Otherwise a lost server fails the worker.
+  bool move_lost_servers = false;
+  // How long they wait for that before the worker fails (PS_HEARTBEAT_TIMEOUT, by
+  // which the scheduler decides).
+  int lost_server_wait_ms = 10000;
+  // A descriptor (the write end of a pipe, non-blocking) that gets a byte whenever a
+  // server is lost: the binding's scheduler link wakes on it and reports the loss.
+  int notify_fd = -1;
 };
 
 // The worker engine. Its server links and its local merge report to it through
@@ -114,9 +125,15 @@ class Worker : public ServerLink::Owner, public LocalMerge::Owner {
 
   // What the links and the merge report and ask (ServerLink::Owner, LocalMerge::Owner).
   void OnLinkFailure(const std::string& reason) override;
-  void OnServerLost(int server) override;
-  // The first server that went away without a word, or -1.
-  int lost_server() const { return lost_server_.load(); }
+  bool OnServerLost(int server) override;
+  // The servers that went away without a word, in the order they did.
+  std::vector<int> lost_servers() const;
+  // The scheduler says server `server` is gone from the job (move_lost_servers): its
+  // places in the cycle go to the servers left, and what waited for it (answers due,
+  // partitions queued) is sent to them. Rounds it left unfinished complete there; a
+  // round it answered to some workers and not to others cannot, and fails as out of
+  // step once the ones it answered push that tensor again.
+  Status MoveLostServer(int server);
   void OnAnswer() override;
   Status StartGatherData(const std::shared_ptr<Task>& task,
                          const std::vector<char>& sizes) override;
@@ -132,6 +149,12 @@ class Worker : public ServerLink::Owner, public LocalMerge::Owner {
   // Partitions of a tensor are spread over the servers in their cycle, starting at
   // its id's place.
   ServerLink& LinkFor(uint64_t tensor_id, uint32_t part);
+  // A lost server's partition, again, to the server that took its place (push_pull
+  // and broadcast; the other kinds cannot resume and fail).
+  void SendAgain(PendingPartition partition, const std::string& lost);
+  // Fails the worker if a lost server's partitions waited longer than
+  // lost_server_wait_ms for the scheduler's word.
+  void CheckLostServers(std::chrono::steady_clock::time_point now);
   // PERSEUS_ALLREDUCE_NANCHECK: a reduction whose input holds NaN or Inf is refused,
   // naming the tensor, this rank and the step.
   Status CheckFinite(const Task& task) const;
@@ -161,7 +184,7 @@ class Worker : public ServerLink::Owner, public LocalMerge::Owner {
   static size_t RowBytes(const Declaration& op);
 
   const WorkerOptions options_;
-  const std::vector<int> server_cycle_;  // indices of links_ (ServerCycle)
+  ServerRoutes routes_;  // indices of links_ (ServerCycle, less the lost servers)
   const uint32_t push_window_;
   std::vector<std::unique_ptr<ServerLink>> links_;
   std::unique_ptr<LocalMerge> local_;  // with other workers on this host
@@ -191,7 +214,13 @@ class Worker : public ServerLink::Owner, public LocalMerge::Owner {
   Status fatal_ = Status::OK();
 
   std::atomic<bool> stopping_{false};
-  std::atomic<int> lost_server_{-1};
+  struct LostServer {
+    int server;
+    std::chrono::steady_clock::time_point at;
+    bool moved = false;
+  };
+  mutable std::mutex lost_mutex_;
+  std::vector<LostServer> lost_;
   Cancellation start_cancel_;  // An abort during Start() ends its connection attempts.
   std::mutex watchdog_mutex_;
   std::condition_variable watchdog_cv_;

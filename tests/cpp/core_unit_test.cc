@@ -29,6 +29,7 @@
 #include "../../custom_ops/wire/protocol.h"
 #include "../../custom_ops/wire/transport.h"
 #include "../../custom_ops/worker/credits.h"
+#include "../../custom_ops/worker/server_routes.h"
 #include "../../custom_ops/worker/stage.h"
 #include "../../custom_ops/worker/task.h"
 #include "../../custom_ops/worker/timeline.h"
@@ -871,6 +872,34 @@ void TestSettingsTable() {
 
 }  // namespace bps
 
+namespace bps {
+
+void TestServerRoutes() {
+  // Three servers, cycle 0 1 2: tensor 4's partitions start at place 1.
+  ServerRoutes routes(ServerCycle({}, 3), 3);
+  EXPECT(routes.For(4, 0) == 1 && routes.For(4, 1) == 2 && routes.For(4, 2) == 0);
+  // Server 1 is lost: only its place changes, to the first server left.
+  EXPECT(routes.Remove(1).ok() && routes.removed(1));
+  EXPECT(routes.For(4, 0) == 0 && routes.For(4, 1) == 2 && routes.For(4, 2) == 0);
+  EXPECT(routes.Remove(1).ok());  // Told twice: nothing changes.
+  EXPECT(routes.For(4, 0) == 0);
+  // The hybrid 1:1:2 cycle (2 0 1 2) losing server 2: its two places go to 0, then 1,
+  // so the servers left share its load.
+  ServerRoutes hybrid(ServerCycle({1, 1, 2}, 3), 3);
+  EXPECT(hybrid.Remove(2).ok());
+  std::vector<int> places;
+  for (uint32_t part = 0; part < 4; ++part) places.push_back(hybrid.For(0, part));
+  EXPECT((places == std::vector<int>{0, 0, 1, 1}));
+  // The last server cannot go; an unknown one is an error.
+  EXPECT(hybrid.Remove(0).ok());
+  Status last = hybrid.Remove(1);
+  EXPECT(!last.ok() && last.kind() == ErrorKind::kPeerGone && !hybrid.removed(1));
+  EXPECT(hybrid.For(0, 3) == 1);
+  EXPECT(!hybrid.Remove(3).ok() && !hybrid.Remove(-1).ok());
+}
+
+}  // namespace bps
+
 int main() {
   bps::TestReduceKernels();
   bps::TestDeclarations();
@@ -882,6 +911,7 @@ int main() {
   bps::TestScatterSplits();
   bps::TestEvenPartitions();
   bps::TestServerCycle();
+  bps::TestServerRoutes();
   bps::TestTaskSpecChecks();
   bps::TestTransports();
   bps::TestSharedSlots();

@@ -25,6 +25,9 @@ class Node:
     saw_lost: str = ""
     name: str = ""  # what the elastic launcher calls a worker (BYTEPS_ELASTIC_WORKER_NAME)
     leaving: bool = False  # its host left the job: it goes at the workers' next commit
+    # A worker of a synchronous elastic job: it moves a lost server's partitions to the
+    # servers left when the scheduler says so (the job goes on without a new generation).
+    moves_lost_servers: bool = False
 
     @property
     def process(self) -> tuple[str, int]:

@@ -59,6 +59,8 @@ class Scheduler:
         # it let go (by process), which must not register again.
         self._launchers: set[bytes] = set()
         self._let_go: set[tuple[str, int]] = set()
+        # Servers the job went on without (by connection): told to stop if they speak.
+        self._dropped: set[bytes] = set()
 
     def _send(self, identity: bytes, message: dict) -> None:
         self._socket.send_multipart([identity, zmq.utils.jsonapi.dumps(message)])
@@ -169,6 +171,7 @@ class Scheduler:
         lost, name = message.get("lost_server"), message.get("name")
         node.saw_lost = lost[:300] if isinstance(lost, str) else ""
         node.name = name[:300] if isinstance(name, str) else ""
+        node.moves_lost_servers = message.get("moves_lost_servers") is True
         if node.process in self._let_go:
             return None, (f"the worker on {host} (pid {pid}) was let go: its host left the "
                           "job (the discovery script no longer lists it)")
@@ -386,7 +389,36 @@ class Scheduler:
         servers = [n for n in self._nodes.values() if n.role == "server" and n not in lost]
         if not servers:
             raise JobFailed(f"{reason}; it was the job's last server")
+        workers = [n for n in self._nodes.values() if n.role == "worker"]
+        if all(n.role == "server" for n in lost) and all(w.moves_lost_servers for w in workers):
+            self._go_on_without(lost, reason)
+            return
         self._reform(reason, lost)
+
+    def _go_on_without(self, servers: list[Node], reason: str) -> None:
+        """Servers are gone from a synchronous job: the workers move their partitions
+        to the servers left, which finish the interrupted rounds from what each worker
+        sends again, so the generation goes on and no step is lost."""
+        gone = []
+        for server in servers:
+            del self._nodes[server.identity]
+            self._dropped.add(server.identity)
+            gone.append(f"{server.host}:{server.port}")
+            log.warning("the job goes on without %s: %s", server.describe(), reason)
+        for worker in self._nodes.values():
+            if worker.role == "worker":
+                self._send(worker.identity, {"type": "server_gone", "servers": gone,
+                                             "reason": reason})
+
+    def _server_lost_by(self, worker: Node, address: object) -> None:
+        """A worker's connection to a server broke without a word from it: the server
+        is taken as lost (a server of another generation, or one already gone, is
+        not this generation's to lose)."""
+        lost = [n for n in self._nodes.values()
+                if n.role == "server" and f"{n.host}:{n.port}" == address]
+        if lost:
+            self._lose(lost, f"{worker.describe()} lost its connection to "
+                       f"{lost[0].describe()}")
 
     def _reform(self, reason: str, lost: list[Node]) -> None:
         """Starts the next generation: every surviving node hears why, leaves this one
@@ -417,6 +449,11 @@ class Scheduler:
             return
         if kind == "let_go" and identity in self._launchers:
             self._let_workers_go(message.get("names"))
+            return
+        if identity in self._dropped and kind == "heartbeat":
+            # Frozen a while, or cut off from the workers: the job went on without it.
+            self._send(identity, {"type": "abort", "reason": "the job went on without this "
+                                  "server: its workers lost their connections to it"})
             return
         if kind != "register" or self._registered(identity):
             return  # Heartbeats and farewells of nodes of an earlier generation.
@@ -502,6 +539,9 @@ class Scheduler:
                 elif kind == "failure":
                     self._lose(self._lost_by(node, message),
                                f"{node.describe()} reported: {str(message.get('reason'))}")
+                    continue
+                elif kind == "server_lost" and node.role == "worker":
+                    self._server_lost_by(node, message.get("server"))
                     continue
             for node in list(self._nodes.values()):
                 silent = now - node.last_seen

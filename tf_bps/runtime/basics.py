@@ -32,6 +32,14 @@ class _Job:
     declared: set = field(default_factory=set)  # name lists given to declare()
     generation: int = 0  # of the job's membership (the scheduler's; elastic jobs re-form)
     servers: tuple[str, ...] = ()  # "host:port" each; empty on the local path
+    # The pipe on which the core tells of lost servers (read end, write end), if any.
+    lost_server_pipe: tuple[int, int] | None = None
+
+    def close_pipe(self) -> None:
+        if self.lost_server_pipe is not None:
+            for fd in self.lost_server_pipe:
+                os.close(fd)
+            self.lost_server_pipe = None
 
 
 _lock = threading.Lock()
@@ -103,25 +111,34 @@ def _join(lost_server: str | None = None) -> None:
                 extra = {"lost_server": lost_server} if lost_server else {}
                 if config.elastic_worker_name:
                     extra["name"] = config.elastic_worker_name
+                moves = core.moves_lost_servers(config)
                 book = link.register("worker", worker_id=config.worker_id,
                                      local_rank=config.local_rank, local_size=config.local_size,
                                      local_merge=config.local_merge if config.enable_ipc else "0",
-                                     **extra)
+                                     moves_lost_servers=moves, **extra)
                 # Heartbeats and the job's abort from here on: connecting to the servers
-                # may take a while, and an abort must stop it.
-                link.start_monitor(on_abort=_on_abort, on_notice=_on_notice)
+                # may take a while, and an abort must stop it. The core's lost servers
+                # reach the scheduler through the same thread.
+                pipe = _lost_server_pipe() if moves else None
+                watch = (pipe[0], _lost_server_reports(book["servers"])) if pipe else None
+                link.start_monitor(on_abort=_on_abort, on_notice=_on_notice, watch=watch)
                 generation = int(book.get("generation", 0))
                 if book["rank"] != config.rank:  # An elastic job numbered it anew.
                     core.set_logging(config, f"tf_bps worker {book['rank']}")
                 core.worker_init(book["rank"], book["size"], book["servers"],
-                                 book["merge_with"], book["workers"], config, generation)
+                                 book["merge_with"], book["workers"], config, generation,
+                                 notify_fd=pipe[1] if pipe else -1)
             except BaseException as error:
                 link.close(failure=f"worker could not start: {error}")
+                if pipe:
+                    core.worker_shutdown()
+                    for fd in pipe:
+                        os.close(fd)
                 raise
             _job = _Job(config, rank=book["rank"], size=book["size"],
                         local_rank=book["local_rank"], local_size=book["local_size"], link=link,
                         worker_hosts=tuple(book["workers"]), generation=generation,
-                        servers=tuple(book["servers"]))
+                        servers=tuple(book["servers"]), lost_server_pipe=pipe)
             if config.trace_on:
                 folder = os.path.join(config.trace_dir, str(_job.local_rank))
                 os.makedirs(folder, exist_ok=True)
@@ -156,17 +173,57 @@ def _on_abort(reason: str) -> None:
     core.worker_abort(f"the job is failing: {reason}")
 
 
+def _lost_server_pipe() -> tuple[int, int]:
+    """A pipe the core writes a byte to whenever a server is lost (never blocking)."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    return read_end, write_end
+
+
+def _lost_server_reports(servers: list[str]):
+    """The scheduler messages naming the servers the core lost since the last call."""
+    reported = 0
+
+    def reports() -> list[dict]:
+        nonlocal reported
+        lost = core.worker_lost_servers()
+        fresh, reported = lost[reported:], len(lost)
+        return [{"type": "server_lost", "server": servers[i]} for i in fresh
+                if 0 <= i < len(servers)]
+
+    return reports
+
+
 def _on_notice(message: dict) -> None:
     if message["type"] == "reform":
         # This generation is over: what is in flight fails now, and elastic.run
         # re-forms (reform()).
         core.worker_abort(f"the job is re-forming: {message.get('reason')}")
         return
+    if message["type"] == "server_gone":
+        _move_lost_servers(message)
+        return
     _host_listeners[:] = [ref for ref in _host_listeners if ref() is not None]
     for ref in list(_host_listeners):
         listener = ref()
         if listener is not None:
             listener(float(message.get("timestamp", 0)), bool(message.get("added")))
+
+
+def _move_lost_servers(message: dict) -> None:
+    """The job goes on without these servers: their partitions move to the others."""
+    job = _job
+    gone = message.get("servers")
+    if job is None or not isinstance(gone, list):
+        return
+    for address in gone:
+        if address in job.servers:
+            try:
+                core.worker_move_lost_server(job.servers.index(address))
+            except RuntimeError as error:
+                core.worker_abort(f"the job lost server {address} ({message.get('reason')}) "
+                                  f"and this worker cannot go on without it: {error}")
+                return
 
 
 def add_host_listener(listener) -> None:
@@ -181,9 +238,9 @@ def reform() -> None:
     flight have failed; the caller restores or syncs its state afterwards. A server
     that went away without a word is named to the scheduler, which then need not wait
     for its silence to know."""
-    lost = core.worker_lost_server()
+    lost = core.worker_lost_servers()
     job = _leave("re-form")
-    _join(lost_server=job.servers[lost] if 0 <= lost < len(job.servers) else None)
+    _join(lost_server=job.servers[lost[0]] if lost and lost[0] < len(job.servers) else None)
 
 
 def suspend() -> None:
@@ -230,6 +287,7 @@ def _leave(why: str) -> _Job:
     # generation's core, not the next one's.
     job.link.close(say_done=False)
     core.worker_shutdown()
+    job.close_pipe()
     return job
 
 
@@ -245,6 +303,7 @@ def shutdown() -> None:
     core.worker_shutdown()
     if job.link is not None:
         job.link.close(failure=failure or None)
+    job.close_pipe()
 
 
 def declare(names) -> None:

@@ -63,7 +63,8 @@ def worker_init_local() -> None:
 
 
 def worker_init(rank: int, size: int, servers: list[str], merge_with: list[int],
-                worker_hosts: list[str], config: Config, generation: int = 0) -> None:
+                worker_hosts: list[str], config: Config, generation: int = 0,
+                notify_fd: int = -1) -> None:
     """Connects to the servers ("host:port"); same-host ones over a Unix socket. With
     other workers in `merge_with` (ranks of this host, this one included, that the
     scheduler found merging), push_pull partitions are summed among them first. Where
@@ -71,7 +72,10 @@ def worker_init(rank: int, size: int, servers: list[str], merge_with: list[int],
     are cut for a network, and in the hybrid layout the servers get the BytePS paper's
     uneven shares (placement.py); every worker reads the same address book, so all
     agree. `generation` is the address book's job generation (the scheduler starts a
-    new one whenever an elastic job re-forms): servers of another refuse this worker."""
+    new one whenever an elastic job re-forms): servers of another refuse this worker.
+    A synchronous elastic job's worker keeps a lost server's partitions until the
+    scheduler says where they go (worker_move_lost_server); `notify_fd` gets a byte
+    whenever a server is lost."""
     addresses = []
     for server in servers:
         host, port = server.rsplit(":", 1)
@@ -86,17 +90,33 @@ def worker_init(rank: int, size: int, servers: list[str], merge_with: list[int],
                          int(config.op_timeout * 1000), config.job_token, sorted(merge_with),
                          prefix, config.debug_sample_tensor, config.nan_check,
                          across_hosts=len({*worker_hosts, *server_hosts}) > 1,
-                         server_shares=shares, generation=generation)
+                         server_shares=shares, generation=generation,
+                         move_lost_servers=moves_lost_servers(config),
+                         lost_server_wait_ms=int(config.heartbeat_timeout * 1000),
+                         notify_fd=notify_fd)
+
+
+def moves_lost_servers(config: Config) -> bool:
+    """Whether this job's workers move a lost server's partitions to the servers left
+    instead of failing: synchronous elastic jobs (asynchronous training keeps its
+    parameters at the servers, so a lost one is seeded again as the job re-forms)."""
+    return config.elastic and not config.enable_async
 
 
 def worker_abort(reason: str) -> None:
     worker_engine().abort(reason)
 
 
-def worker_lost_server() -> int:
-    """The index (in the address book) of the first server that went away without a
-    word, or -1."""
-    return worker_engine().lost_server()
+def worker_lost_servers() -> list[int]:
+    """The indices (in the address book) of the servers that went away without a
+    word, in that order."""
+    return worker_engine().lost_servers()
+
+
+def worker_move_lost_server(index: int) -> None:
+    """The scheduler says server `index` (in the address book) is gone from the job:
+    its partitions go to the servers left."""
+    worker_engine().move_lost_server(index)
 
 
 def worker_failure() -> str:

@@ -144,32 +144,42 @@ class SchedulerLink:
         self._socket.send_json(message)
 
     def start_monitor(self, on_abort: Callable[[str], None],
-                      on_notice: Callable[[dict], None]) -> None:
+                      on_notice: Callable[[dict], None],
+                      watch: tuple[int, Callable[[], list]] | None = None) -> None:
         """Heartbeats from a background thread; `on_abort` runs if the job fails, and
-        `on_notice` with an elastic job's reform and hosts_updated messages."""
+        `on_notice` with an elastic job's reform, hosts_updated and server_gone
+        messages. `watch`: (a descriptor, reports): whenever the descriptor turns
+        readable it is drained, and the messages reports() returns go to the scheduler
+        (the core's lost servers)."""
         wake_recv = self._context.socket(zmq.PAIR)
         wake_recv.bind(f"inproc://wake-{id(self)}")
         self._wake_send = self._context.socket(zmq.PAIR)
         self._wake_send.connect(f"inproc://wake-{id(self)}")
         self._thread = threading.Thread(target=self._monitor,
-                                        args=(wake_recv, on_abort, on_notice),
+                                        args=(wake_recv, on_abort, on_notice, watch),
                                         name="tf_bps-heartbeat", daemon=True)
         self._thread.start()
 
     def _monitor(self, wake: zmq.Socket, on_abort: Callable[[str], None],
-                 on_notice: Callable[[dict], None]) -> None:
+                 on_notice: Callable[[dict], None],
+                 watch: tuple[int, Callable[[], list]] | None) -> None:
+        watched = [watch[0]] if watch else []
         try:
             while True:
-                messages, woken = self.poll_once([wake])
+                messages, ready = self.poll_once([wake, *watched])
                 for message in messages:
                     if message["type"] == "abort":
                         on_abort(str(message.get("reason")))
                         return
-                    if message["type"] in ("reform", "hosts_updated"):
+                    if message["type"] in ("reform", "hosts_updated", "server_gone"):
                         # After a reform, heartbeats go on until this node registers
                         # again: the scheduler waits for it as long as it lives.
                         on_notice(message)
-                if woken:
+                if watch and watch[0] in ready:
+                    os.read(watch[0], 4096)
+                    for report in watch[1]():
+                        self._socket.send_json(report)
+                if wake in ready:
                     farewell = wake.recv_json()
                     if farewell is not None:
                         self._socket.send_json(farewell)
