@@ -53,8 +53,14 @@ class PushPullCrossDeviceOps(tf.distribute.CrossDeviceOps):
 
     def __init__(self, config: Config, across_workers: bool = True):
         super().__init__()
-        self._workers = bps.size() if across_workers else 1
+        self._across_workers = across_workers
         self._fusion_threshold, self._bucket_bytes = config.fusion_threshold, config.partition_bytes
+
+    @property
+    def _workers(self) -> int:
+        # Read when a step is traced: an elastic job's size changes as it re-forms (and
+        # elastic.TensorFlowKerasState has Keras trace its steps again).
+        return bps.size() if self._across_workers else 1
 
     @property
     def _num_between_graph_workers(self):
@@ -121,17 +127,28 @@ class _ParameterServerExtended(mirrored_strategy.MirroredExtended):
     """MirroredExtended whose replicas span all workers of the tf_bps job."""
 
     def __init__(self, container_strategy, devices, config: Config):
-        self._bps_size = bps.size()
-        self._bps_rank = bps.rank()
         self._variables_created = itertools.count()
         # BYTEPS_ENABLE_ASYNC: weights are exchanged after each update instead.
         self._bps_async = config.enable_async and bps.is_distributed()
         self._bps_exchange = AsyncExchange()
         self._bps_async_names = {}
-        # How many workers a reduction spans.
-        self._bps_sync_size = 1 if self._bps_async else self._bps_size
         super().__init__(container_strategy, devices=devices,
                          cross_device_ops=PushPullCrossDeviceOps(config, not self._bps_async))
+
+    # The job's, read each time: an elastic job re-forms with other sizes and ranks, and
+    # the next model.fit shards its input and counts its replicas by the new ones.
+    @property
+    def _bps_size(self) -> int:
+        return bps.size()
+
+    @property
+    def _bps_rank(self) -> int:
+        return bps.rank()
+
+    @property
+    def _bps_sync_size(self) -> int:
+        """How many workers a reduction spans."""
+        return 1 if self._bps_async else bps.size()
 
     # Private: MirroredExtended counts only this process's devices.
     @property

@@ -181,8 +181,10 @@ def test_too_few_survivors_end_the_job_naming_the_minimum(procs):
 
 
 
-def test_model_fit_inside_elastic_run_survives_a_lost_worker(procs):
-    job = procs.start_job_by_role(3, 1, "elastic_fit.py", BYTEPS_ELASTIC=1)
+@pytest.mark.parametrize("strategy", ["", "1"])
+def test_model_fit_inside_elastic_run_survives_a_lost_worker(procs, strategy):
+    job = procs.start_job_by_role(3, 1, "elastic_fit.py", BYTEPS_ELASTIC=1,
+                                  ELASTIC_FIT_STRATEGY=strategy)
     for line in job["worker0"].stdout:
         if line.startswith("EPOCH 1"):
             break
@@ -194,8 +196,10 @@ def test_model_fit_inside_elastic_run_survives_a_lost_worker(procs):
         got.update(reports(output))
     assert sorted(got) == [0, 1]
     for report in got.values():
-        # Trained on as a job of 2, each worker taking half of the global batch.
-        assert report["shapes"] == [[3, 8, 20], [2, 12, 20]], report
+        # Trained on as a job of 2, each worker taking half of the global batch (the
+        # strategy: a replica per worker, counted anew).
+        shapes = [[3, 3, 20], [2, 2, 20]] if strategy else [[3, 8, 20], [2, 12, 20]]
+        assert report["shapes"] == shapes, report
         assert report["epoch"] == 4, report
         assert report["loss"] < 0.5, report
     assert got[0]["weights"] == got[1]["weights"]
@@ -291,16 +295,17 @@ def test_asynchronous_training_survives_a_lost_server(procs):
     assert status == 0 and "re-formed as generation 1: 2 worker(s), 1 server(s)" in output, output
 
 
-@pytest.mark.parametrize("fault", ["killed", "frozen"])
-def test_a_lost_server_costs_no_step_in_synchronous_training(procs, fault):
+@pytest.mark.parametrize("fault,merge", [("killed", "0"), ("frozen", "0"), ("killed", "1")])
+def test_a_lost_server_costs_no_step_in_synchronous_training(procs, fault, merge):
     # The last rank pauses before step 8, so the other's rounds of that step wait at
     # every server when one is lost: killed (the workers' connections break and they
     # say so) or frozen (its heartbeats stop). The workers send what waited there to
     # the servers left, which finish those rounds: no elastic.run, no restore, no new
-    # generation, every sum of every step right.
+    # generation, every sum of every step right. Merged, the host's sums wait at the
+    # merge instead, and go to the servers left once the last rank comes.
     job = procs.start_job_by_role(2, 3, "server_loss.py", "16", "8", "4", BYTEPS_ELASTIC=1,
                                   BYTEPS_PARTITION_BYTES=65536, PS_HEARTBEAT_INTERVAL=0.5,
-                                  PS_HEARTBEAT_TIMEOUT=2)
+                                  PS_HEARTBEAT_TIMEOUT=2, BYTEPS_LOCAL_MERGE=merge)
     for line in job["worker1"].stdout:
         if line.startswith("PAUSING"):
             break
@@ -319,7 +324,8 @@ def test_a_lost_server_costs_no_step_in_synchronous_training(procs, fault):
         assert "is gone from the job" in output, output
         moved += sum(int(line.split("(")[-1].split()[0]) for line in output.splitlines()
                      if "is gone from the job" in line)
-    assert moved > 0  # worker 0's partitions of step 8 at server 1 were sent again
+    if merge == "0":
+        assert moved > 0  # worker 0's partitions of step 8 at the lost server, again
     assert time.monotonic() - lost_at < 4 + 5  # the pause, then at most a heartbeat timeout
     status, output = finish(job["scheduler"], timeout=30)
     assert status == 0 and "the job goes on without server" in output, output

@@ -496,12 +496,16 @@ Status Worker::Join(int* last_rank) {
     join_rounds_.clear();
   }
   if (local_) local_->BeginJoin();
-  for (auto& link : links_) link->SendJoin();
+  int servers = 0;  // The job's: an elastic one may have gone on without some.
+  for (size_t i = 0; i < links_.size(); ++i) {
+    if (routes_.removed(static_cast<int>(i))) continue;
+    links_[i]->SendJoin();
+    ++servers;
+  }
   std::unique_lock<std::mutex> lock(join_mutex_);
-  const bool answered =
-      join_cv_.wait_for(lock, std::chrono::milliseconds(options_.timeout_ms), [this] {
-        return join_replies_ == static_cast<int>(links_.size()) || !fatal_error().ok() || stopping_;
-      });
+  const bool answered = join_cv_.wait_for(
+      lock, std::chrono::milliseconds(options_.timeout_ms),
+      [&] { return join_replies_ == servers || !fatal_error().ok() || stopping_; });
   Status fatal = fatal_error();
   if (!fatal.ok()) return fatal.WithSuffix(" (join)");
   if (stopping_) return Status::Error(ErrorKind::kShutdown, "tf_bps was shut down during join");
@@ -531,8 +535,11 @@ void Worker::OnJoined(int server, int last_rank,
                       const std::unordered_map<uint64_t, uint32_t>& rounds) {
   {
     std::lock_guard<std::mutex> lock(join_mutex_);
-    // Servers may see joins in different orders; server 0's answer is the one given.
-    if (server == 0 || join_last_ < 0) join_last_ = last_rank;
+    // Servers may see joins in different orders; the first server's answer is the one
+    // given (the first the job still has).
+    int first = 0;
+    while (routes_.removed(first)) ++first;
+    if (server == first || join_last_ < 0) join_last_ = last_rank;
     for (const auto& [tensor_id, round] : rounds) {
       uint32_t& known = join_rounds_[tensor_id];
       known = std::max(known, round);

@@ -8,9 +8,9 @@ names, one worker each) with 2 servers; then, in turn, a worker is killed (SIGKI
 server is killed, a worker is frozen (SIGSTOP, found only by its silence:
 PS_HEARTBEAT_TIMEOUT), and a host is added to the discovery script's list. For each
 fault the script prints the seconds from the fault to the next completed step of the
-re-formed job, the steps lost (trained
-before the fault, beyond the commit the job went back to), and the median step time
-before and after.
+re-formed job (a lost server: to its next step, as the job goes on in its generation),
+the steps lost (trained before the fault, beyond the commit the job went back to),
+whether the job re-formed, and the median step time before and after.
 
 The peer is what a job without elastic training does after losing a worker: start
 again. It is measured in the same run as the seconds from `bpslaunch -np N` to the
@@ -142,28 +142,34 @@ def step_time(steps, after: float, count: int = 15) -> float:
     return statistics.median(b - a for a, b in zip(times, times[1:], strict=False))
 
 
-def fault(job: Job, name: str, act, size_after: int, results: list) -> None:
+def fault(job: Job, name: str, act, size_after: int, results: list,
+          reforms: bool = True) -> None:
     """Applies `act`, then measures the recovery of the job: its next re-forming, to
-    `size_after` workers."""
+    `size_after` workers, or (`reforms` False: a lost server, which the job survives
+    in its generation) its next steps."""
     before = job.steps()
     size_before, resets = int(before[-1][1]), max(r for _, _, r, _, _ in before)
     started = time.time()
     act()
 
-    def reformed():
-        return [(g, t) for _, size, r, g, t in job.steps() if r > resets and t > started]
+    def recovered():
+        return [(g, t) for _, size, r, g, t in job.steps()
+                if t > started and (r > resets or not reforms)]
 
-    job.wait(lambda: len(reformed()) >= 20 * size_after)
-    step, first = min(reformed(), key=lambda x: x[1])
-    assert all(int(size) == size_after for _, size, r, _, _ in job.steps() if r > resets)
+    job.wait(lambda: len(recovered()) >= 20 * size_after)
+    step, first = min(recovered(), key=lambda x: x[1])
+    assert all(int(size) == size_after for _, size, r, _, t in job.steps()
+               if r > resets or (t > started and not reforms))
     # Read now: the lines printed before the fault may have reached us after it.
     last_step = max(g for *_, g, t in job.steps() if t <= started)
+    after = [x for x in job.steps() if x[2] > resets or (x[-1] > started and not reforms)]
     results.append({
         "fault": name, "seconds_to_next_step": round(first - started, 2),
         "steps_lost": int(max(0, last_step - (step - 1))),
+        "re-formed": max(r for _, _, r, _, _ in job.steps()) > resets,
         "step_s_before": round(step_time([x for x in before if x[2] == resets],
                                          started - 30), 3),
-        "step_s_after": round(step_time([x for x in job.steps() if x[2] > resets], first), 3),
+        "step_s_after": round(step_time(after, first), 3),
         "size": f"{size_before} -> {size_after}"})
     print(json.dumps(results[-1]), flush=True)
 
@@ -210,7 +216,7 @@ def main() -> int:
                   start - 1, results)
             server = job.server_pids()[-1]
             fault(job, "server killed", lambda: os.kill(server, signal.SIGKILL), start - 1,
-                  results)
+                  results, reforms=False)
             fault(job, "worker frozen (SIGSTOP)",
                   lambda: os.kill(job.pids[names[-3]], signal.SIGSTOP), start - 2, results)
 
@@ -232,10 +238,11 @@ def main() -> int:
     print(f"model.fit, a 256-1024-1024-10 MLP, batch {BATCHES} per worker, a commit every "
           f"{args.batches_per_commit} batches, workers on this machine as separate hosts")
     print(f"{'fault':26} {'size':8} {'to next step (s)':>17} {'steps lost':>11} "
-          f"{'step before (s)':>16} {'step after (s)':>15}")
+          f"{'re-formed':>10} {'step before (s)':>16} {'step after (s)':>15}")
     for r in results:
         print(f"{r['fault']:26} {r['size']:8} {r['seconds_to_next_step']:>17} "
-              f"{r['steps_lost']:>11} {r['step_s_before']:>16} {r['step_s_after']:>15}")
+              f"{r['steps_lost']:>11} {'yes' if r['re-formed'] else 'no':>10} "
+              f"{r['step_s_before']:>16} {r['step_s_after']:>15}")
     print(f"peer: restarting a job of {start - 1} workers by hand, from bpslaunch to its first "
           f"step: {peer} s (before any checkpoint is read)")
     return 0

@@ -200,6 +200,14 @@ class TensorFlowKerasState(_VariablesState):
         self._saved_values = [tf.identity(v) for v in self._variables()]
         super().__init__(**kwargs)
 
+    def reset(self) -> None:
+        # The job may have re-formed with another size: the steps Keras traced for the
+        # old one (a strategy's replica count, the divisor of its averages) are traced
+        # again at the next fit, evaluate or predict.
+        for traced in ("train_function", "test_function", "predict_function"):
+            if getattr(self.model, traced, None) is not None:
+                setattr(self.model, traced, None)
+
     def _variables(self) -> list:
         variables = list(self.model.variables)
         if self.optimizer is not None:
