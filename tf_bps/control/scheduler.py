@@ -30,6 +30,9 @@ log = logging.getLogger("tf_bps.scheduler")
 # A node's messages are small JSON objects; anything larger is not one of ours, and
 # ZeroMQ drops the connection that sends it before allocating it.
 MAX_MESSAGE_BYTES = 64 * 1024
+# Workers the elastic launcher starts together join at one commit: those registered
+# wait for the others this long at most (one that fails to start is reported sooner).
+LAUNCH_WAIT_S = 30.0
 
 
 class JobFailed(RuntimeError):
@@ -59,6 +62,12 @@ class Scheduler:
         # it let go (by process), which must not register again.
         self._launchers: set[bytes] = set()
         self._let_go: set[tuple[str, int]] = set()
+        # Workers the launcher started together while the job runs (by name), not yet
+        # registered: the workers re-form once all of them are in (or LAUNCH_WAIT_S
+        # after the launch), so that a host's workers join at one commit.
+        self._launching: set[str] = set()
+        self._launched_at = 0.0
+        self._announced = False  # the joiners were announced to this generation
         # Servers the job went on without (by connection): told to stop if they speak.
         self._dropped: set[bytes] = set()
 
@@ -218,6 +227,7 @@ class Scheduler:
             self._launchers.add(identity)
             self._send(identity, {"type": "book"})
             return None
+        self._launching.discard(node.name)
         return node
 
     def _challenge(self, identity: bytes, message: dict) -> None:
@@ -242,6 +252,7 @@ class Scheduler:
         for node in self._joining:
             self._admit(gathering, node)
         self._joining = []
+        self._announced = False
         while not self._complete(gathering):
             self._drop_silent_survivors(gathering)
             remaining = gathering.deadline - time.monotonic()
@@ -255,6 +266,9 @@ class Scheduler:
             identity, message = received
             if message["type"] == "hello":
                 self._challenge(identity, message)
+                continue
+            if identity in self._launchers:
+                self._from_launcher(message)
                 continue
             if message["type"] != "register":
                 self._hear_from_the_last_generation(identity, message, gathering)
@@ -390,7 +404,8 @@ class Scheduler:
         if not servers:
             raise JobFailed(f"{reason}; it was the job's last server")
         workers = [n for n in self._nodes.values() if n.role == "worker"]
-        if all(n.role == "server" for n in lost) and all(w.moves_lost_servers for w in workers):
+        if lost and all(n.role == "server" for n in lost) and \
+                all(w.moves_lost_servers for w in workers):
             self._go_on_without(lost, reason)
             return
         self._reform(reason, lost)
@@ -447,8 +462,8 @@ class Scheduler:
         if kind == "hello":
             self._challenge(identity, message)
             return
-        if kind == "let_go" and identity in self._launchers:
-            self._let_workers_go(message.get("names"))
+        if identity in self._launchers:
+            self._from_launcher(message)
             return
         if identity in self._dropped and kind == "heartbeat":
             # Frozen a while, or cut off from the workers: the job went on without it.
@@ -481,11 +496,24 @@ class Scheduler:
             return
         self._announce_joiners()
 
-    def _let_workers_go(self, names: object) -> None:
+    def _from_launcher(self, message: dict) -> None:
+        """The elastic launcher's word about the workers it starts and ends."""
+        names = message.get("names")
+        names = {n for n in names if isinstance(n, str)} if isinstance(names, list) else set()
+        kind = message["type"]
+        if kind == "let_go":
+            self._let_workers_go(names)
+        elif kind == "launching":
+            self._launching |= names
+            self._launched_at = time.monotonic()
+        elif kind == "launch_ended":
+            self._launching -= names
+            self._announce_joiners()
+
+    def _let_workers_go(self, names: set[str]) -> None:
         """The launcher's discovery script no longer lists these workers' host: every
         worker hears that hosts were removed and stops at its next commit, and the job
         re-forms without them, with no restore and no sync (Horovod's removals)."""
-        names = set(names) if isinstance(names, list) else set()
         leaving = [n for n in self._nodes.values() if n.role == "worker" and n.name in names]
         for node in leaving:
             node.leaving = True
@@ -500,10 +528,17 @@ class Scheduler:
     def _announce_joiners(self) -> None:
         """Workers and servers asking to join are taken in when the job's workers
         re-form, which they do together at their next commit
-        (elastic.State.check_host_updates)."""
-        node = self._joining[-1]
-        log.info("a %s on %s (pid %d) asks to join; the workers re-form at their next "
-                 "commit", node.role, node.host, node.pid)
+        (elastic.State.check_host_updates), once every worker the launcher started
+        with them has registered too (or LAUNCH_WAIT_S after it started them)."""
+        waited = time.monotonic() - self._launched_at
+        if not self._joining or self._announced or (self._launching and
+                                                    waited < LAUNCH_WAIT_S):
+            return
+        self._announced = True
+        self._launching.clear()
+        for node in self._joining:
+            log.info("a %s on %s (pid %d) asks to join; the workers re-form at their next "
+                     "commit", node.role, node.host, node.pid)
         for worker in self._nodes.values():
             if worker.role == "worker":
                 self._send(worker.identity, {"type": "hosts_updated", "added": True,
@@ -521,6 +556,8 @@ class Scheduler:
                         self._send(node.identity, {"type": "exit"})
                 log.info("all workers finished; job complete")
                 return
+            if self._joining:
+                self._announce_joiners()  # Once the launcher's others are in, or late.
             received = self._receive(config.heartbeat_interval)
             now = time.monotonic()
             if received is not None:

@@ -70,7 +70,8 @@ class ElasticDriver:
         self._ssh = ssh
         self._env = base_env
         self._job_env = job_env  # the job's variables, complete once it started
-        self._scheduler: SchedulerLink | None = None  # opened at the first let-go
+        self._scheduler: SchedulerLink | None = None  # opened at the first need
+        self._scheduler_lock = threading.Lock()  # the poll thread and worker exits use it
         self._blacklist = Blacklist(settings.cooldown)
         self._lock = threading.Lock()
         self._workers: dict[int, _Worker] = {}  # by id() of the child
@@ -96,19 +97,23 @@ class ElasticDriver:
                     f"came within --elastic-timeout={settings.timeout:g} s")
             time.sleep(DISCOVERY_INTERVAL_S)
 
-    def start_workers(self, hosts: list[Host]) -> None:
+    def start_workers(self, hosts: list[Host], joining: bool = False) -> None:
         """Fills the free slots of `hosts`, in order, while the job has fewer than
-        --max-np workers."""
+        --max-np workers. `joining`: the job runs already, and the scheduler hears
+        whom to expect, so that workers started together join at one commit."""
         most = self._settings.max_np
+        started = []
         with self._lock:
             running = self._running_by_host()
             count = sum(running.values())
             for host in hosts:
                 for _ in range(host.slots - running.get(host.name, 0)):
                     if most is not None and count >= most:
-                        return
-                    self._start(host.name)
+                        break
+                    started.append(self._start(host.name))
                     count += 1
+        if joining and started:
+            self._tell_scheduler({"type": "launching", "names": started})
 
     def run(self) -> None:
         """Polls the discovery script until stop(); from a thread of its own."""
@@ -123,12 +128,14 @@ class ElasticDriver:
             for host in sorted(gone):
                 self._let_go(host)
             self._end_overdue()
-            self.start_workers(available)
+            self.start_workers(available, joining=True)
 
     def stop(self) -> None:
         self._stop.set()
-        if self._scheduler is not None:
-            self._scheduler.close(say_done=False)
+        with self._scheduler_lock:
+            if self._scheduler is not None:
+                self._scheduler.close(say_done=False)
+                self._scheduler = None
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -151,8 +158,8 @@ class ElasticDriver:
                 counts[worker.host] = counts.get(worker.host, 0) + 1
         return counts
 
-    def _start(self, host: str) -> None:
-        """Starts the next worker on `host` (needs the lock)."""
+    def _start(self, host: str) -> str:
+        """Starts the next worker on `host` (needs the lock); returns its name."""
         local = remote.is_this_machine(host)
         plan = self._worker_plan(host, self._started, local)
         self._started += 1
@@ -164,8 +171,24 @@ class ElasticDriver:
             child = self._supervisor.start(plan.label, remote.agent_command(host, self._ssh),
                                            self._env, is_worker=True,
                                            stdin=remote.encode_plan([plan]))
-        self._workers[id(child)] = _Worker(host, child,
-                                           plan.env.get("BYTEPS_ELASTIC_WORKER_NAME", ""))
+        name = plan.env.get("BYTEPS_ELASTIC_WORKER_NAME", "")
+        self._workers[id(child)] = _Worker(host, child, name)
+        return name
+
+    def _tell_scheduler(self, message: dict) -> bool:
+        """Sends `message` over the launcher's own connection to the scheduler (made at
+        the first need); False, said once, if the scheduler cannot be reached."""
+        try:
+            with self._scheduler_lock:
+                if self._scheduler is None:
+                    config = Config.from_env({**self._env, **self._job_env})
+                    self._scheduler = SchedulerLink(config)
+                    self._scheduler.register("launcher")
+                self._scheduler.send(message)
+            return True
+        except (RendezvousError, ConfigError, zmq.ZMQError) as error:
+            self._supervisor.report(f"cannot reach the scheduler ({error})")
+            return False
 
     def _let_go(self, host: str) -> None:
         """Asks the scheduler to let `host`'s workers go at their next commit; they are
@@ -180,14 +203,8 @@ class ElasticDriver:
         self._supervisor.report(f"host {host} is no longer listed by the host discovery "
                                 f"script: its {len(leaving)} worker(s) leave at their next "
                                 "commit")
-        try:
-            if self._scheduler is None:
-                self._scheduler = SchedulerLink(Config.from_env({**self._env, **self._job_env}))
-                self._scheduler.register("launcher")
-            self._scheduler.send({"type": "let_go", "names": [w.name for w in leaving]})
-        except (RendezvousError, ConfigError, zmq.ZMQError) as error:
-            self._supervisor.report(f"cannot ask the scheduler to let them go ({error}); "
-                                    "ending them")
+        if not self._tell_scheduler({"type": "let_go", "names": [w.name for w in leaving]}):
+            self._supervisor.report("ending them, as the scheduler cannot let them go")
             for worker in leaving:
                 self._supervisor.end(worker.child)
 
@@ -215,7 +232,12 @@ class ElasticDriver:
     def _on_worker_exit(self, child: Child, status: int) -> None:
         with self._lock:
             worker = self._workers.pop(id(child), None)
-        if worker is None or worker.ending:
+        if worker is None:
+            return
+        if self._scheduler is not None and not self._stop.is_set():
+            # If it never registered, the others it was started with need not wait.
+            self._tell_scheduler({"type": "launch_ended", "names": [worker.name]})
+        if worker.ending:
             return
         if status == 0:
             self._finished = True
