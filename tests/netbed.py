@@ -36,6 +36,11 @@ class NetBed:
     def namespace(self, host: int) -> str:
         return self._namespaces[host]
 
+    def cut(self, host: int) -> None:
+        """Takes `host`'s link down, as a pulled cable would: nothing it sends arrives,
+        nothing reaches it, and no connection hears that it ended."""
+        self._ip("link", "set", f"{self._namespaces[host]}b", "down")
+
     def command(self, host: int, argv: list[str]) -> list[str]:
         """`argv` run on `host` (in its namespace)."""
         return ["ip", "netns", "exec", self._namespaces[host], *argv]

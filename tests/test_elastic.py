@@ -7,8 +7,9 @@ import signal
 import time
 
 import pytest
-from conftest import LAUNCH, base_env, finish
+from conftest import LAUNCH, base_env, finish, free_port, worker_command
 from conftest import marked_json as reports
+from netbed import NetBed, NetBedUnavailable
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +165,46 @@ def test_a_worker_that_asks_to_join_is_taken_in_at_the_next_commit(procs):
     assert old0["weight"] == old1["weight"] == new["weight"] == 100.0
     interrupted = {line.split(" step ")[1] for output in outputs[:2] for line in _resets(output)}
     assert len(interrupted) == 1, outputs  # the same step on both
+
+
+def test_a_worker_whose_link_is_cut_is_left_behind(procs):
+    # Two hosts: the scheduler, the server and two workers on one, a third worker on the
+    # other, whose link then goes down. No connection breaks and nothing is said: the
+    # survivors' rounds wait until the scheduler finds that worker silent, and the job
+    # re-forms without it.
+    try:
+        bed = NetBed(hosts=2).__enter__()
+    except NetBedUnavailable as error:
+        pytest.skip(str(error))
+    try:
+        procs.job_env = {"DMLC_PS_ROOT_URI": bed.address(0), "DMLC_PS_ROOT_PORT": free_port(),
+                         "DMLC_NUM_WORKER": 3, "DMLC_NUM_SERVER": 1, "BYTEPS_ELASTIC": 1,
+                         "PS_HEARTBEAT_INTERVAL": 0.5, "PS_HEARTBEAT_TIMEOUT": 3,
+                         "BYTEPS_OP_TIMEOUT": 20}
+        job = {}
+        for name, host, role in (("scheduler", 0, "scheduler"), ("server", 0, "server")):
+            job[name] = procs.start(bed.command(host, LAUNCH),
+                                    base_env(DMLC_ROLE=role, **procs.job_env))
+        for rank, host in enumerate((0, 0, 1)):
+            job[f"worker{rank}"] = procs.start(
+                bed.command(host, [*LAUNCH, *worker_command("elastic_training.py", "150",
+                                                            "0.05")]),
+                base_env(DMLC_ROLE="worker", DMLC_WORKER_ID=rank, **procs.job_env))
+        _wait_until_ready(job["worker0"], job["worker1"], job["worker2"])
+        time.sleep(1.0)
+        bed.cut(1)
+        for name in ("worker0", "worker1"):
+            status, output = finish(job[name], timeout=90)
+            assert status == 0, output
+            [report] = reports(output).values()
+            assert report["sizes"] == [3, 2] and report["weight"] == 150.0, report
+            assert report["restores"] == 1, report
+        status, output = finish(job["scheduler"], timeout=30)
+        assert status == 0 and "sent no heartbeat" in output, output
+        assert "re-formed as generation 1: 2 worker(s)" in output, output
+    finally:
+        procs.end_all()
+        bed.__exit__(None, None, None)
 
 
 def test_too_few_survivors_end_the_job_naming_the_minimum(procs):

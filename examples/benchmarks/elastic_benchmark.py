@@ -32,6 +32,8 @@ import tempfile
 import threading
 import time
 
+import jobs
+
 # pid, size, re-formings so far, the job's step, time
 STEP = re.compile(r"STEP (\d+) (\d+) (\d+) (\d+) ([\d.]+)")
 BATCHES, FEATURES = 64, 256
@@ -110,19 +112,7 @@ class Job:
             time.sleep(0.05)
 
     def server_pids(self) -> list[int]:
-        """The job's servers: bpslaunch's children running the native server."""
-        found = []
-        for entry in os.listdir("/proc"):
-            try:
-                with open(f"/proc/{entry}/stat") as stat:
-                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
-                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                    command = cmdline.read()
-            except (OSError, ValueError, IndexError):
-                continue
-            if parent == self.process.pid and b"bps_server" in command:
-                found.append(int(entry))
-        return sorted(found)
+        return jobs.server_pids(self.process.pid)
 
     def end(self) -> None:
         if self.process.poll() is None:

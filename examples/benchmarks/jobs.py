@@ -154,3 +154,20 @@ def server_traffic(output: str) -> dict[str, tuple[int, int]]:
         was_in, was_out = moved.get(name, (0, 0))
         moved[name] = (was_in + int(bytes_in), was_out + int(bytes_out))
     return moved
+
+
+def server_pids(launcher: int) -> list[int]:
+    """The servers a bpslaunch process (`launcher`) started: its children running the
+    native server, found in /proc."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                command = cmdline.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == launcher and b"bps_server" in command:
+            found.append(int(entry))
+    return sorted(found)
