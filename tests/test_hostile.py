@@ -295,6 +295,37 @@ def test_idle_strangers_before_the_workers_arrive_do_not_stop_the_job(procs):
     assert "did not introduce itself within 10 s" in outputs["server"]
 
 
+def test_a_full_waiting_room_takes_the_workers_before_strangers(procs):
+    # 64 idle connections from four addresses no worker has (16 each, the most one
+    # address may hold) fill the waiting room as soon as the server listens. The
+    # workers come from the address their book names: each displaces the stranger that
+    # waited longest, instead of waiting for the strangers' 10 s deadline.
+    common = dict(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=free_port(), DMLC_NUM_WORKER=2,
+                  DMLC_NUM_SERVER=1, BYTEPS_JOB_TOKEN="token", BYTEPS_ENABLE_IPC=0,
+                  TEST_ROUNDS=20)
+    job = {"scheduler": procs.start(LAUNCH, base_env(DMLC_ROLE="scheduler", **common)),
+           "server": procs.start(LAUNCH, base_env(DMLC_ROLE="server", BYTEPS_LOG_LEVEL="INFO",
+                                                  **common))}
+    port = int(_wait_for(job["server"], r"listening on port (\d+)").group(1))
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=5,
+                                     source_address=(f"127.0.0.{2 + i // 16}", 0))
+            for i in range(64)]
+    opened = time.monotonic()
+    for rank in range(2):
+        job[f"worker{rank}"] = procs.start([*LAUNCH, *worker_command("steady_sums.py")],
+                                           base_env(DMLC_ROLE="worker", DMLC_WORKER_ID=rank,
+                                                    **common))
+    try:
+        outputs = _completes_with_right_sums(job)
+        took = time.monotonic() - opened
+    finally:
+        for sock in idle:
+            sock.close()
+    assert "comes before a stranger's" in outputs["server"], outputs["server"]
+    assert "did not introduce itself within" not in outputs["server"], outputs["server"]
+    assert took < 10, took  # before any stranger's deadline
+
+
 ZMTP_GREETING = b"\xff" + b"\x00" * 8 + b"\x7f\x03\x00NULL" + b"\x00" * 16 + b"\x00" + b"\x00" * 31
 _READY_BODY = b"\x05READY\x0bSocket-Type\x00\x00\x00\x06ROUTER"
 ZMTP_READY = b"\x04" + bytes([len(_READY_BODY)]) + _READY_BODY

@@ -115,21 +115,43 @@ Status AdvertisedHost(const Settings& settings, std::string* host) {
   return Status::OK();
 }
 
-// The IPv4 address to listen on: the advertised `host` (a name is resolved) when it
-// is one of this machine's, so strangers on other interfaces see no port; else ""
-// (every interface: behind NAT, say). Binding succeeds only to a local address.
-std::string ListenAddress(const std::string& host) {
+// `host` (a name or an address) as an IPv4 address in dots; "" if it does not resolve.
+std::string Ipv4Of(const std::string& host) {
   addrinfo hints{};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* found = nullptr;
   if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || !found) return "";
-  sockaddr_in address = *reinterpret_cast<sockaddr_in*>(found->ai_addr);
+  const std::string address = inet_ntoa(reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr);
   freeaddrinfo(found);
+  return address;
+}
+
+// The IPv4 address to listen on: the advertised `host` (a name is resolved) when it
+// is one of this machine's, so strangers on other interfaces see no port; else ""
+// (every interface: behind NAT, say). Binding succeeds only to a local address.
+std::string ListenAddress(const std::string& host) {
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  if (inet_pton(AF_INET, Ipv4Of(host).c_str(), &address.sin_addr) != 1) return "";
   int fd = socket(AF_INET, SOCK_DGRAM, 0);
   bool bound = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
   close(fd);
   return bound ? inet_ntoa(address.sin_addr) : "";
+}
+
+// The sources the address book names for the job's workers, as the server reads a
+// connection's (Server::Serve): their addresses, and "local" when one is on this
+// machine (it comes through the Unix socket).
+std::vector<std::string> NamedSources(const Json& book) {
+  std::vector<std::string> named;
+  for (const Json& host : book["workers"].items()) {
+    const std::string address = Ipv4Of(host.str());
+    if (address.empty()) continue;
+    named.push_back(address);
+    if (!ListenAddress(address).empty()) named.push_back("local");
+  }
+  return named;
 }
 
 // What the scheduler hears of a failure: enough to name it (and the lost worker's
@@ -167,7 +189,8 @@ GenerationEnd ServeGeneration(Server& server, int port, const std::string& host,
   int64_t server_id = -1, generation = 0;
   book["server_id"].AsInt(0, INT32_MAX, &server_id);
   book["generation"].AsInt(0, UINT32_MAX, &generation);
-  if (status.ok()) status = server.Serve(host_of_rank, static_cast<uint32_t>(generation));
+  if (status.ok())
+    status = server.Serve(host_of_rank, static_cast<uint32_t>(generation), NamedSources(book));
   if (!status.ok()) {
     fprintf(stderr, "%s: %s\n", kPrefix, status.message().c_str());
     return {1, status.message()};

@@ -53,9 +53,14 @@ Status Server::Listen(int* bound_port) {
   return listener_.Listen(options_.host, options_.port, options_.timeout_ms, bound_port);
 }
 
-Status Server::Serve(const std::vector<int32_t>& host_of_rank, uint32_t generation) {
+Status Server::Serve(const std::vector<int32_t>& host_of_rank, uint32_t generation,
+                     std::vector<std::string> named_sources) {
   if (host_of_rank.empty() || !engines_.empty())
     return Status::Error("the server is already serving");
+  {
+    std::lock_guard<std::mutex> lock(conns_mutex_);
+    named_sources_ = std::move(named_sources);
+  }
   listener_.set_generation(generation);
   num_workers_ = static_cast<int>(host_of_rank.size());
   host_ranks_.assign(num_workers_, {});
@@ -134,14 +139,30 @@ void Server::ReapReaders() {
   }
 }
 
-bool Server::Admits(const std::string& source) const {
+bool Server::Named(const std::string& source) const {
+  return std::find(named_sources_.begin(), named_sources_.end(), source) != named_sources_.end();
+}
+
+bool Server::Admits(const std::string& source) {
   size_t waiting = 0, from_source = 0;
-  for (const Reader& reader : readers_) {
-    if (reader.conn->rank >= 0 || reader.conn->finished) continue;
+  Reader* longest_stranger = nullptr;
+  for (Reader& reader : readers_) {
+    if (reader.conn->rank >= 0 || reader.conn->finished || reader.cut) continue;
     ++waiting;
     from_source += reader.source == source;
+    if (!Named(reader.source) &&
+        (!longest_stranger || reader.accepted_at < longest_stranger->accepted_at))
+      longest_stranger = &reader;
   }
-  return waiting < kMaxUnintroduced && from_source < kMaxUnintroducedPerSource;
+  if (from_source >= kMaxUnintroducedPerSource) return false;
+  if (waiting < kMaxUnintroduced) return true;
+  if (!longest_stranger || !Named(source)) return false;
+  BPS_LOG(kWarning) << "dropping connection from " << longest_stranger->conn->channel->peer()
+                    << ": the waiting room is full, and a worker's address (" << source
+                    << ") comes before a stranger's";
+  longest_stranger->conn->channel->Shutdown();  // Its reader ends the connection.
+  longest_stranger->cut = true;
+  return true;
 }
 
 void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {

@@ -58,7 +58,11 @@ class Server : private RoundEngine::Host, private Roster {
   // holds each worker's host (any number naming it), so that one push merged over a
   // host's workers (kFlagHostMerged) counts for each of them. Frames of any other
   // job `generation` than the book's are refused (FrameHeader::generation).
-  Status Serve(const std::vector<int32_t>& host_of_rank, uint32_t generation = 0);
+  // `named_sources`: the addresses the book gives the workers ("local" for this host's
+  // Unix socket): when the waiting room is full, a connection from one of them
+  // displaces the stranger that has waited longest instead of being refused.
+  Status Serve(const std::vector<int32_t>& host_of_rank, uint32_t generation = 0,
+               std::vector<std::string> named_sources = {});
   // A descriptor that turns readable when the server hits a fatal failure (a worker
   // vanished), so a control loop can wait on it alongside its other sockets.
   int failure_fd() const { return failure_pipe_[0]; }
@@ -77,8 +81,10 @@ class Server : private RoundEngine::Host, private Roster {
   void ReapReaders();
   // Whether a connection from `source` may wait for its introduction: the waiting
   // room is bounded in all and per source address, so that strangers at one address
-  // cannot keep the job's workers out. Needs conns_mutex_.
-  bool Admits(const std::string& source) const;
+  // cannot keep the job's workers out; when it is full, one from a named source
+  // displaces the longest-waiting stranger. Needs conns_mutex_.
+  bool Admits(const std::string& source);
+  bool Named(const std::string& source) const;
   void ReadLoop(std::shared_ptr<WorkerConn> conn);
   // Reads one frame of worker `rank` that is not a Bye: a declaration, a join, a
   // process set, a push or an abandon.
@@ -118,6 +124,7 @@ class Server : private RoundEngine::Host, private Roster {
   int num_workers_ = 0;
   std::vector<uint32_t> all_ranks_;                // 0 .. num_workers_ - 1: the global process set
   std::vector<std::vector<uint32_t>> host_ranks_;  // by rank: the workers of its host
+  std::vector<std::string> named_sources_;         // Serve()
   Listener listener_;
   int failure_pipe_[2] = {-1, -1};
   std::atomic<bool> stopping_{false};

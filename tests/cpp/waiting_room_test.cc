@@ -1,6 +1,8 @@
 // Unit tests of a server's waiting room: connections that have not yet said which
 // worker they are. Strangers at one address cannot keep the job's workers out, a
 // slow trickle is cut at the deadline, and a worker turned away tries again.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -30,6 +32,23 @@ int IdleConnection(int port) {
   return ConnectTcp("127.0.0.1", port, 2000, 2000, &fd).ok() ? fd : -1;
 }
 
+// An idle TCP connection to 127.0.0.1:`port` from the loopback address `source`
+// (127.0.0.2, say: all of 127/8 is this machine); -1 if it could not.
+int IdleConnectionFrom(const char* source, int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in from{}, to{};
+  from.sin_family = to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  if (fd < 0 || inet_pton(AF_INET, source, &from.sin_addr) != 1 ||
+      inet_pton(AF_INET, "127.0.0.1", &to.sin_addr) != 1 ||
+      ::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)) != 0 ||
+      ::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 // Seconds until the server closes `fd`, or -1 if it is still open after `limit_s`.
 double SecondsUntilClosed(int fd, double limit_s, Clock::time_point since) {
   char byte;
@@ -41,17 +60,19 @@ double SecondsUntilClosed(int fd, double limit_s, Clock::time_point since) {
   return -1;
 }
 
-// A server of `workers` workers (one per host) with a 1.5 s introduction deadline.
-std::unique_ptr<Server> ServerWithDeadline(int workers, int* port) {
+// A server of `workers` workers (one per host) with an introduction deadline of
+// `deadline_ms`, whose book names the workers' addresses `named`.
+std::unique_ptr<Server> ServerWithDeadline(int workers, int* port, int deadline_ms = 1500,
+                                           std::vector<std::string> named = {}) {
   ServerOptions options;
   options.token = kSecret;
   options.timeout_ms = 5000;
-  options.hello_deadline_ms = 1500;
+  options.hello_deadline_ms = deadline_ms;
   auto server = std::make_unique<Server>(options);
   std::vector<int32_t> host_of_rank;
   for (int r = 0; r < workers; ++r) host_of_rank.push_back(r);
   EXPECT(server->Listen(port).ok());
-  EXPECT(server->Serve(host_of_rank).ok());
+  EXPECT(server->Serve(host_of_rank, 0, std::move(named)).ok());
   return server;
 }
 
@@ -81,6 +102,33 @@ void TestStrangersAtOneAddressCannotKeepWorkersOut() {
   server->Stop();
 }
 
+void TestAFullRoomTakesANamedWorkerBeforeStrangers() {
+  int port = 0;
+  // The deadline is long: nothing is cut by it during the test.
+  std::unique_ptr<Server> server = ServerWithDeadline(1, &port, 30000, {"127.0.0.1"});
+  // Strangers at four addresses the book does not name fill the room, 16 each.
+  std::vector<int> strangers;
+  for (const char* source : {"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"})
+    for (int i = 0; i < 16; ++i) strangers.push_back(IdleConnectionFrom(source, port));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // A fifth stranger address finds it full.
+  const int refused = IdleConnectionFrom("127.0.0.6", port);
+  EXPECT(refused >= 0 && SecondsUntilClosed(refused, 2.0, Clock::now()) >= 0);
+  // The worker, at the address its book names, gets in at once over TCP ...
+  auto start = Clock::now();
+  std::unique_ptr<Channel> tcp;
+  EXPECT(ConnectToServer(ServerAddress{"127.0.0.1", port, false}, "server", kSecret, 0, 5000, &tcp)
+             .ok());
+  EXPECT(tcp && SecondsSince(start) < 1.0);
+  // ... in place of the stranger that waited longest, whose connection is closed.
+  EXPECT(strangers[0] >= 0 && SecondsUntilClosed(strangers[0], 2.0, Clock::now()) >= 0);
+  EXPECT(SecondsUntilClosed(strangers[1], 0.2, Clock::now()) < 0);
+  for (int fd : strangers)
+    if (fd >= 0) ::close(fd);
+  ::close(refused);
+  server->Stop();
+}
+
 void TestTrickleIsCutAtTheDeadline() {
   int port = 0;
   std::unique_ptr<Server> server = ServerWithDeadline(1, &port);
@@ -107,6 +155,7 @@ void TestTrickleIsCutAtTheDeadline() {
 
 void TestWaitingRoom() {
   TestStrangersAtOneAddressCannotKeepWorkersOut();
+  TestAFullRoomTakesANamedWorkerBeforeStrangers();
   TestTrickleIsCutAtTheDeadline();
 }
 

@@ -118,7 +118,7 @@ def address_books(gathering: Gathering) -> list[tuple[bytes, dict]]:
     hosts = [w.host for w in sorted(workers, key=lambda w: w.rank)]
     groups = _merge_groups(workers, [s.host for s in servers])
     books = [(server.identity, {"type": "book", "server_id": server.rank, "num_workers": size,
-                                "servers": addresses, "merge_groups": groups,
+                                "servers": addresses, "merge_groups": groups, "workers": hosts,
                                 "generation": gathering.number}) for server in servers]
     local = _local_placement(workers)
     for worker in workers:
