@@ -52,6 +52,7 @@ WORKER_SOURCES = [
 SERVER_ENGINE_SOURCES = [
     "custom_ops/server/round_engine.cc",
     "custom_ops/server/server.cc",
+    "custom_ops/server/waiting_room.cc",
 ]
 CONTROL_SOURCES = [
     "custom_ops/control/settings.cc",

@@ -57,8 +57,13 @@ Status ZmqDealer::Connect(const std::string& host, int port, int timeout_ms,
   int fd = -1;
   Status status = ConnectTcp(host, port, timeout_ms, timeout_ms, &fd);
   if (!status.ok()) return status;
-  std::unique_ptr<ZmqDealer> dealer(new ZmqDealer(fd, host + ":" + std::to_string(port)));
-  status = dealer->Handshake(timeout_ms);
+  return Adopt(fd, host + ":" + std::to_string(port), timeout_ms, out);
+}
+
+Status ZmqDealer::Adopt(int fd, const std::string& peer, int timeout_ms,
+                        std::unique_ptr<ZmqDealer>* out) {
+  std::unique_ptr<ZmqDealer> dealer(new ZmqDealer(fd, peer));
+  Status status = dealer->Handshake(timeout_ms);
   if (!status.ok()) return status;
   *out = std::move(dealer);
   return Status::OK();

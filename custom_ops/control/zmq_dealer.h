@@ -25,6 +25,11 @@ class ZmqDealer {
   // the peer starts), then exchanges greetings.
   static Status Connect(const std::string& host, int port, int timeout_ms,
                         std::unique_ptr<ZmqDealer>* out);
+  // The same over a connected socket `fd` (taken over: closed with the dealer, or at
+  // once if the handshake fails), named
+  // `peer` in messages: for a peer reached some other way (a socketpair in a test).
+  static Status Adopt(int fd, const std::string& peer, int timeout_ms,
+                      std::unique_ptr<ZmqDealer>* out);
   ~ZmqDealer();
   ZmqDealer(const ZmqDealer&) = delete;
   ZmqDealer& operator=(const ZmqDealer&) = delete;

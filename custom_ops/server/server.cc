@@ -17,31 +17,8 @@ namespace {
 // bounds server memory to the sum buffers plus this many blocks per worker.
 constexpr int kMaxOutstandingPerWorker = 16;
 constexpr uint64_t kMaxDeclarationBytes = 1 << 20;
-// A connection has this long to say which worker it is, and only so many may be
-// waiting to, so that strangers cannot hold threads and descriptors.
-constexpr size_t kMaxUnintroduced = 64;
-constexpr size_t kMaxUnintroducedPerSource = 16;
-
-// "10.0.0.2" of "10.0.0.2:4000"; the Unix socket's peers are "local".
-std::string SourceOf(const Channel& channel) {
-  if (channel.shares_memory()) return "local";
-  const std::string& peer = channel.peer();
-  return peer.substr(0, peer.rfind(':'));
-}
 
 }  // namespace
-
-struct Server::WorkerConn {
-  explicit WorkerConn(std::unique_ptr<Channel> c) : channel(std::move(c)) {}
-  std::unique_ptr<Channel> channel;
-  int rank = -1;                      // guarded by the server's conns_mutex_
-  std::atomic<bool> finished{false};  // its reader has returned
-  std::mutex mutex;
-  std::condition_variable cv;
-  int outstanding = 0;
-  // After its Bye: the engines that have yet to let go of what it pushed (Forget).
-  std::atomic<int> forgetting{0};
-};
 
 Server::Server(ServerOptions options) : options_(options) {}
 
@@ -88,105 +65,10 @@ Status Server::Serve(const std::vector<int32_t>& host_of_rank, uint32_t generati
   return Status::OK();
 }
 
-void Server::AcceptLoop() {
-  while (!stopping_) {
-    std::unique_ptr<Channel> channel;
-    // Wakes every second at least, to cut introductions past their deadline.
-    Status status = listener_.Accept(&channel, 1000);
-    std::lock_guard<std::mutex> lock(conns_mutex_);
-    ReapReaders();
-    if (status.kind() == ErrorKind::kTimeout) continue;
-    if (!status.ok()) return;  // Stop() closed it.
-    auto conn = std::make_shared<WorkerConn>(std::move(channel));
-    const std::string source = SourceOf(*conn->channel);
-    if (!Admits(source)) {
-      BPS_LOG(kWarning) << "refusing a connection from " << conn->channel->peer()
-                        << ": others have not said who they are yet (at most "
-                        << kMaxUnintroducedPerSource << " may wait from " << source << ", "
-                        << kMaxUnintroduced << " in all)";
-      continue;  // Closes it.
-    }
-    readers_.push_back(Reader{conn, std::thread([this, conn] {
-                                ReadLoop(conn);
-                                std::lock_guard<std::mutex> lock(conns_mutex_);
-                                // A stranger's descriptor goes at once; a worker's stays
-                                // in conns_ for the replies still being sent.
-                                if (conn->rank < 0) conn->channel.reset();
-                                conn->finished = true;
-                              }),
-                              source, std::chrono::steady_clock::now()});
-  }
-}
-
-void Server::ReapReaders() {
-  const auto now = std::chrono::steady_clock::now();
-  const auto deadline = std::chrono::milliseconds(options_.hello_deadline_ms);
-  for (auto it = readers_.begin(); it != readers_.end();) {
-    if (it->conn->finished) {
-      it->thread.join();
-      it = readers_.erase(it);  // A worker's connection lives on in conns_.
-      continue;
-    }
-    if (it->conn->rank < 0 && !it->cut && now - it->accepted_at > deadline) {
-      // Its reader is blocked in the handshake: waking it ends the connection.
-      BPS_LOG(kWarning) << "dropping connection from " << it->conn->channel->peer()
-                        << ": it did not introduce itself within "
-                        << options_.hello_deadline_ms / 1000.0 << " s";
-      it->conn->channel->Shutdown();
-      it->cut = true;
-    }
-    ++it;
-  }
-}
-
-bool Server::Named(const std::string& source) const {
-  return std::find(named_sources_.begin(), named_sources_.end(), source) != named_sources_.end();
-}
-
-bool Server::Admits(const std::string& source) {
-  size_t waiting = 0, from_source = 0;
-  Reader* longest_stranger = nullptr;
-  for (Reader& reader : readers_) {
-    if (reader.conn->rank >= 0 || reader.conn->finished || reader.cut) continue;
-    ++waiting;
-    from_source += reader.source == source;
-    if (!Named(reader.source) &&
-        (!longest_stranger || reader.accepted_at < longest_stranger->accepted_at))
-      longest_stranger = &reader;
-  }
-  if (from_source >= kMaxUnintroducedPerSource) return false;
-  if (waiting < kMaxUnintroduced) return true;
-  if (!longest_stranger || !Named(source)) return false;
-  BPS_LOG(kWarning) << "dropping connection from " << longest_stranger->conn->channel->peer()
-                    << ": the waiting room is full, and a worker's address (" << source
-                    << ") comes before a stranger's";
-  longest_stranger->conn->channel->Shutdown();  // Its reader ends the connection.
-  longest_stranger->cut = true;
-  return true;
-}
-
 void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
   Channel& conn = *worker->channel;
-  uint32_t rank = 0;
-  Status status =
-      AuthenticateWorker(conn, options_.token, num_workers_, options_.hello_deadline_ms, &rank);
-  if (!status.ok()) {
-    BPS_LOG(kWarning) << "dropping connection from " << conn.peer() << ": " << status.message();
-    return;
-  }
-  {
-    std::lock_guard<std::mutex> lock(conns_mutex_);
-    if (conns_[rank]) {
-      // The scheduler gives each rank to one worker: this is not one of the job's.
-      BPS_LOG(kWarning) << "dropping connection from " << conn.peer() << ": it claims rank " << rank
-                        << ", which " << conns_[rank]->channel->peer() << " holds";
-      return;
-    }
-    worker->rank = static_cast<int>(rank);
-    conns_[rank] = worker;
-  }
-  BPS_LOG(kDebug) << "worker rank " << rank << " connected from " << conn.peer();
-
+  const auto rank = static_cast<uint32_t>(worker->rank);
+  Status status = Status::OK();
   while (true) {
     FrameHeader header;
     DataReader payload;

@@ -25,6 +25,7 @@
 #include "../rounds/declarations.h"
 #include "../rounds/round.h"
 #include "../rounds/round_data.h"
+#include "../wire/auth.h"
 #include "../wire/protocol.h"
 #include "../wire/transport.h"
 #include "round_engine.h"
@@ -73,16 +74,49 @@ class Server : private RoundEngine::Host, private Roster {
   void Stop(const std::string& reason = "");
 
  private:
-  struct WorkerConn;
+  // A worker's connection, once it said which worker it is.
+  struct WorkerConn {
+    explicit WorkerConn(std::unique_ptr<Channel> c) : channel(std::move(c)) {}
+    std::unique_ptr<Channel> channel;
+    int rank = -1;                      // guarded by the server's conns_mutex_
+    std::atomic<bool> finished{false};  // its reader has returned
+    std::mutex mutex;
+    std::condition_variable cv;
+    int outstanding = 0;
+    // After its Bye: the engines that have yet to let go of what it pushed (Forget).
+    std::atomic<int> forgetting{0};
+  };
+  // A connection that has not yet said which worker it is: no thread of its own, a
+  // place in the acceptor's poll until its whole hello arrived or its deadline passed
+  // (waiting_room.cc).
+  struct Waiting {
+    std::unique_ptr<Channel> channel;
+    std::string source;  // the peer's address; "local" for the Unix socket
+    std::chrono::steady_clock::time_point accepted_at;
+    Nonce challenge;
+    // Part of its hello came: it stays readable, so it is looked at again only then
+    // (polling it meanwhile would spin).
+    std::chrono::steady_clock::time_point quiet_until{};
+  };
 
+  // The acceptor thread (waiting_room.cc): one poll over the listeners and the room. A worker
+  // that introduced itself gets a reader thread; a connection that has not costs no
+  // thread, only its place in the room.
   void AcceptLoop();
-  // Joins the readers that ended, forgets connections no worker holds, and cuts
-  // those past their introduction's deadline. Needs conns_mutex_.
+  int MsUntilNextDeadline() const;
+  // Takes the connections that came, challenging each; false once the listener closed.
+  bool AcceptNewcomers();
+  // Waiting connection `index` turned readable: once its whole hello is there (or it
+  // closed), it becomes a worker's connection or is dropped.
+  void Introduce(size_t index);
+  // Drops the waiting connections past their introduction's deadline.
+  void DropOverdue();
+  // Joins the readers that ended. Needs conns_mutex_.
   void ReapReaders();
   // Whether a connection from `source` may wait for its introduction: the waiting
   // room is bounded in all and per source address, so that strangers at one address
   // cannot keep the job's workers out; when it is full, one from a named source
-  // displaces the longest-waiting stranger. Needs conns_mutex_.
+  // displaces the longest-waiting stranger. Acceptor thread only.
   bool Admits(const std::string& source);
   bool Named(const std::string& source) const;
   void ReadLoop(std::shared_ptr<WorkerConn> conn);
@@ -135,17 +169,14 @@ class Server : private RoundEngine::Host, private Roster {
 
   mutable std::mutex conns_mutex_;
   std::vector<std::shared_ptr<WorkerConn>> conns_;  // by rank
-  // Every open connection with its reading thread; a connection dropped before it
-  // became a worker's is reaped at the next accept, releasing its descriptor.
+  // Every worker's connection with its reading thread, joined once it ended.
   struct Reader {
     std::shared_ptr<WorkerConn> conn;
     std::thread thread;
-    std::string source;  // the peer's address; "local" for the Unix socket
-    std::chrono::steady_clock::time_point accepted_at;
-    bool cut = false;  // shut down at its deadline
   };
   std::vector<Reader> readers_;
-  std::vector<bool> finished_;  // rank said Bye
+  std::vector<Waiting> waiting_;  // the acceptor thread's
+  std::vector<bool> finished_;    // rank said Bye
   // Lets the per-push path skip the locked checks while every worker is alive and busy.
   std::atomic<int> finished_count_{0};
   std::atomic<bool> failed_{false};

@@ -86,6 +86,8 @@ struct HelloProof {
   Nonce nonce;
   Digest proof;
 };
+static_assert(sizeof(FrameHeader) + sizeof(HelloProof) == kHelloFrameBytes,
+              "a hello is a header and its proof");
 
 }  // namespace
 
@@ -128,24 +130,25 @@ Digest HmacSha256(const std::string& key, const void* data, size_t bytes) {
   return Sha256(outer, sizeof(outer));
 }
 
-Status AuthenticateWorker(Channel& channel, const std::string& token, int num_workers,
-                          int timeout_ms, uint32_t* rank) {
-  channel.SetReceiveTimeout(timeout_ms);
-  Nonce mine;
-  Status status = RandomNonce(&mine);
-  FrameHeader challenge;
-  challenge.type = static_cast<uint8_t>(FrameType::kChallenge);
-  challenge.length = mine.size();
-  if (status.ok()) status = channel.Send(challenge, mine.data());
+Status ChallengeWorker(Channel& channel, Nonce* challenge) {
+  Status status = RandomNonce(challenge);
+  FrameHeader header;
+  header.type = static_cast<uint8_t>(FrameType::kChallenge);
+  header.length = challenge->size();
+  return status.ok() ? channel.Send(header, challenge->data()) : status;
+}
+
+Status WelcomeWorker(Channel& channel, const std::string& token, int num_workers,
+                     const Nonce& challenge, uint32_t* rank) {
   FrameHeader hello;
   HelloProof theirs;
-  if (status.ok()) status = Expect(channel, FrameType::kHello, &theirs, sizeof(theirs), &hello);
+  Status status = Expect(channel, FrameType::kHello, &theirs, sizeof(theirs), &hello);
   if (!status.ok())
     return Status::Error("it did not introduce itself as a worker of this job (" +
                          status.message() + ")");
   if (hello.rank >= static_cast<uint32_t>(num_workers))
     return Status::Error("it claims rank " + std::to_string(hello.rank) + ", outside this job");
-  if (!SameDigest(theirs.proof, Proof(token, "worker", mine, hello.rank)))
+  if (!SameDigest(theirs.proof, Proof(token, "worker", challenge, hello.rank)))
     return Status::Error("it does not know this job's token (BYTEPS_JOB_TOKEN)");
   FrameHeader welcome;
   welcome.type = static_cast<uint8_t>(FrameType::kWelcome);
@@ -156,6 +159,14 @@ Status AuthenticateWorker(Channel& channel, const std::string& token, int num_wo
   channel.SetReceiveTimeout(0);  // A worker may be silent for as long as it computes.
   *rank = hello.rank;
   return status;
+}
+
+Status AuthenticateWorker(Channel& channel, const std::string& token, int num_workers,
+                          int timeout_ms, uint32_t* rank) {
+  channel.SetReceiveTimeout(timeout_ms);
+  Nonce challenge;
+  Status status = ChallengeWorker(channel, &challenge);
+  return status.ok() ? WelcomeWorker(channel, token, num_workers, challenge, rank) : status;
 }
 
 Status AuthenticateServer(Channel& channel, const std::string& token, uint32_t rank,

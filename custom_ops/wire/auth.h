@@ -31,6 +31,15 @@ Digest HmacSha256(const std::string& key, const void* data, size_t bytes);
 Status AuthenticateWorker(Channel& channel, const std::string& token, int num_workers,
                           int timeout_ms, uint32_t* rank);
 
+// The same in two steps, so that one thread can wait for many introductions: the
+// challenge goes out at the accept, and once kHelloFrameBytes have arrived (or the
+// peer closed), WelcomeWorker reads the hello without waiting, checks the proof and
+// answers.
+constexpr size_t kHelloFrameBytes = sizeof(FrameHeader) + sizeof(Nonce) + sizeof(Digest);
+Status ChallengeWorker(Channel& channel, Nonce* challenge);
+Status WelcomeWorker(Channel& channel, const std::string& token, int num_workers,
+                     const Nonce& challenge, uint32_t* rank);
+
 // The worker's side, on a freshly opened channel: OK once the server has proven the
 // token too.
 Status AuthenticateServer(Channel& channel, const std::string& token, uint32_t rank,

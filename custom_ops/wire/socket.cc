@@ -5,6 +5,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/un.h>
@@ -151,6 +152,11 @@ Status Connection::DiscardPayload(size_t bytes) {
     bytes -= chunk;
   }
   return Status::OK();
+}
+
+int Connection::BytesArrived() const {
+  int bytes = 0;
+  return ::ioctl(fd_, FIONREAD, &bytes) == 0 ? bytes : -1;
 }
 
 void Connection::SetReceiveTimeout(int ms) {

@@ -26,6 +26,11 @@ class Connection {
   Connection& operator=(const Connection&) = delete;
 
   const std::string& peer() const { return peer_; }
+  // For a poll over many connections.
+  int fd() const { return fd_; }
+  // Bytes that arrived and wait to be read; 0 also once the peer closed (a poll
+  // then says readable), -1 on error.
+  int BytesArrived() const;
   std::mutex& write_mutex() { return write_mutex_; }
   // The job generation of this connection (FrameHeader::generation): stamped on every
   // frame sent; a frame received with another fails ReceiveHeader. Set it before

@@ -242,6 +242,13 @@ Status Listener::Accept(std::unique_ptr<Channel>* out, int timeout_ms) {
   }
 }
 
+std::vector<int> Listener::fds() const {
+  std::vector<int> open;
+  for (int fd : {tcp_fd_, local_fd_})
+    if (fd >= 0) open.push_back(fd);
+  return open;
+}
+
 void Listener::Close() {
   for (int fd : {tcp_fd_, local_fd_})
     if (fd >= 0) ::shutdown(fd, SHUT_RDWR);

@@ -57,6 +57,9 @@ class Channel {
   Channel& operator=(const Channel&) = delete;
 
   const std::string& peer() const { return conn_->peer(); }
+  // For a poll over many channels (a server's waiting room): see Connection.
+  int fd() const { return conn_->fd(); }
+  int BytesArrived() const { return conn_->BytesArrived(); }
   // A frame whose `header.length`-byte payload is sent as it is (declarations,
   // errors, control). Safe from several threads.
   Status Send(const FrameHeader& header, const void* payload);
@@ -188,6 +191,9 @@ class Listener {
   // Waits up to `timeout_ms` (-1: for ever) for the next worker: kTimeout when none
   // came; an error once Close() ran.
   Status Accept(std::unique_ptr<Channel>* out, int timeout_ms = -1);
+  // The listening descriptors, for a poll that waits on other sockets too (then
+  // Accept(out, 0) takes what came).
+  std::vector<int> fds() const;
   // Wakes Accept() for good.
   void Close();
   // The job generation of the channels accepted from now on (socket.h).

@@ -35,12 +35,6 @@ class _Job:
     # The pipe on which the core tells of lost servers (read end, write end), if any.
     lost_server_pipe: tuple[int, int] | None = None
 
-    def close_pipe(self) -> None:
-        if self.lost_server_pipe is not None:
-            for fd in self.lost_server_pipe:
-                os.close(fd)
-            self.lost_server_pipe = None
-
 
 _lock = threading.Lock()
 _job: _Job | None = None
@@ -107,6 +101,7 @@ def _join(lost_server: str | None = None) -> None:
             _job = _Job(config, rank=0, size=1, local_rank=0, local_size=1, link=None)
         else:
             link = SchedulerLink(config)
+            pipe = None
             try:
                 extra = {"lost_server": lost_server} if lost_server else {}
                 if config.elastic_worker_name:
@@ -132,8 +127,7 @@ def _join(lost_server: str | None = None) -> None:
                 link.close(failure=f"worker could not start: {error}")
                 if pipe:
                     core.worker_shutdown()
-                    for fd in pipe:
-                        os.close(fd)
+                    _close_pipe(pipe)
                 raise
             _job = _Job(config, rank=book["rank"], size=book["size"],
                         local_rank=book["local_rank"], local_size=book["local_size"], link=link,
@@ -178,6 +172,12 @@ def _lost_server_pipe() -> tuple[int, int]:
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
     return read_end, write_end
+
+
+def _close_pipe(pipe: tuple[int, int] | None) -> None:
+    """After the core and the link: neither uses the pipe any more."""
+    for fd in pipe or ():
+        os.close(fd)
 
 
 def _lost_server_reports(servers: list[str]):
@@ -287,7 +287,7 @@ def _leave(why: str) -> _Job:
     # generation's core, not the next one's.
     job.link.close(say_done=False)
     core.worker_shutdown()
-    job.close_pipe()
+    _close_pipe(job.lost_server_pipe)
     return job
 
 
@@ -303,7 +303,7 @@ def shutdown() -> None:
     core.worker_shutdown()
     if job.link is not None:
         job.link.close(failure=failure or None)
-    job.close_pipe()
+    _close_pipe(job.lost_server_pipe)
 
 
 def declare(names) -> None:

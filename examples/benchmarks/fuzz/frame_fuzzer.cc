@@ -14,9 +14,9 @@
 #include <thread>
 
 #include "../../../custom_ops/common/logging.h"
+#include "../../../custom_ops/server/server.h"
 #include "../../../custom_ops/wire/protocol.h"
 #include "../../../custom_ops/wire/transport.h"
-#include "../../../custom_ops/server/server.h"
 
 namespace {
 

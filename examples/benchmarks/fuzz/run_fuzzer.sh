@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Fuzzes every decoder of peer input (frame_fuzzer.cc) with libFuzzer, AddressSanitizer
-# and UndefinedBehaviorSanitizer. Needs clang (Debian: apt-get install clang-14).
+# Fuzzes every decoder of peer input with libFuzzer, AddressSanitizer and
+# UndefinedBehaviorSanitizer: the data plane's (frame_fuzzer.cc), then the control
+# plane's (control_fuzzer.cc), each for the seconds given. Needs clang (Debian:
+# apt-get install clang-14).
 #   examples/benchmarks/fuzz/run_fuzzer.sh [seconds]   (default 180)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../../.." && pwd)"
@@ -15,9 +17,15 @@ g++ -std=c++17 -O2 -c "$ops/common/reduce.cc" -o "$work/reduce.o"
   -pthread "$root/examples/benchmarks/fuzz/frame_fuzzer.cc" "$work/reduce.o" \
   "$ops"/common/{common,logging}.cc \
   "$ops"/wire/{protocol,socket,shared_memory,transport,shared_memory_channel,auth}.cc \
-  "$root/custom_ops/server/server.cc" -o "$work/frame_fuzzer"
-mkdir -p "$work/corpus"
-# stderr of the target (its log lines) is closed; libFuzzer still reports crashes.
-"$work/frame_fuzzer" -max_total_time="$seconds" -max_len=4096 -rss_limit_mb=4096 \
-  -close_fd_mask=2 "$work/corpus" 2>&1 | tail -n 25
-echo "corpus and binary in $work"
+  "$root"/custom_ops/server/{server,waiting_room}.cc -o "$work/frame_fuzzer"
+"$clang" -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+  -pthread "$root/examples/benchmarks/fuzz/control_fuzzer.cc" "$ops"/common/{common,logging}.cc \
+  "$ops"/control/{json,zmq_dealer}.cc "$ops"/wire/socket.cc -o "$work/control_fuzzer"
+for target in frame_fuzzer control_fuzzer; do
+  mkdir -p "$work/corpus_$target"
+  echo "== $target"
+  # stderr of the target (its log lines) is closed; libFuzzer still reports crashes.
+  "$work/$target" -max_total_time="$seconds" -max_len=4096 -rss_limit_mb=4096 \
+    -close_fd_mask=2 "$work/corpus_$target" 2>&1 | tail -n 25
+done
+echo "corpora and binaries in $work"
