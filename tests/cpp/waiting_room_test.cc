@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -47,6 +48,17 @@ int IdleConnectionFrom(const char* source, int port) {
     return -1;
   }
   return fd;
+}
+
+// This process's threads, from /proc.
+int ThreadCount() {
+  FILE* status = std::fopen("/proc/self/status", "r");
+  char line[256];
+  int threads = -1;
+  while (status && std::fgets(line, sizeof(line), status))
+    if (std::sscanf(line, "Threads: %d", &threads) == 1) break;
+  if (status) std::fclose(status);
+  return threads;
 }
 
 // Seconds until the server closes `fd`, or -1 if it is still open after `limit_s`.
@@ -106,11 +118,14 @@ void TestAFullRoomTakesANamedWorkerBeforeStrangers() {
   int port = 0;
   // The deadline is long: nothing is cut by it during the test.
   std::unique_ptr<Server> server = ServerWithDeadline(1, &port, 30000, {"127.0.0.1"});
+  const int threads = ThreadCount();
   // Strangers at four addresses the book does not name fill the room, 16 each.
   std::vector<int> strangers;
   for (const char* source : {"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"})
     for (int i = 0; i < 16; ++i) strangers.push_back(IdleConnectionFrom(source, port));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // They cost the server no thread: one polls them all.
+  EXPECT(threads > 0 && ThreadCount() == threads);
   // A fifth stranger address finds it full.
   const int refused = IdleConnectionFrom("127.0.0.6", port);
   EXPECT(refused >= 0 && SecondsUntilClosed(refused, 2.0, Clock::now()) >= 0);

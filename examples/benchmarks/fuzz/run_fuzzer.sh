@@ -17,7 +17,7 @@ g++ -std=c++17 -O2 -c "$ops/common/reduce.cc" -o "$work/reduce.o"
   -pthread "$root/examples/benchmarks/fuzz/frame_fuzzer.cc" "$work/reduce.o" \
   "$ops"/common/{common,logging}.cc \
   "$ops"/wire/{protocol,socket,shared_memory,transport,shared_memory_channel,auth}.cc \
-  "$root"/custom_ops/server/{server,waiting_room}.cc -o "$work/frame_fuzzer"
+  "$ops"/rounds/*.cc "$ops"/server/{server,waiting_room,round_engine}.cc -o "$work/frame_fuzzer"
 "$clang" -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -pthread "$root/examples/benchmarks/fuzz/control_fuzzer.cc" "$ops"/common/{common,logging}.cc \
   "$ops"/control/{json,zmq_dealer}.cc "$ops"/wire/socket.cc -o "$work/control_fuzzer"
