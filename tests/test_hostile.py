@@ -252,26 +252,34 @@ def test_a_server_out_of_descriptors_keeps_serving_without_spinning(procs):
     assert spent < 1.0, f"the server spent {spent:.2f} s of CPU in 3 s of flood"
 
 
+def _server_first(procs, rounds: int) -> tuple[dict, int]:
+    """A job of 2 TCP workers (BYTEPS_ENABLE_IPC=0) whose scheduler and server start
+    first: the processes so far, and the port the server listens on."""
+    procs.job_env = dict(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=free_port(),
+                         DMLC_NUM_WORKER=2, DMLC_NUM_SERVER=1, BYTEPS_JOB_TOKEN="token",
+                         BYTEPS_ENABLE_IPC=0, TEST_ROUNDS=rounds)
+    job = {"scheduler": procs.start(LAUNCH, base_env(DMLC_ROLE="scheduler", **procs.job_env)),
+           "server": procs.start(LAUNCH, base_env(DMLC_ROLE="server", BYTEPS_LOG_LEVEL="INFO",
+                                                  **procs.job_env))}
+    return job, int(_wait_for(job["server"], r"listening on port (\d+)").group(1))
+
+
+def _then_the_workers(procs, job: dict) -> None:
+    for rank in range(2):
+        job[f"worker{rank}"] = procs.start_worker("steady_sums.py", DMLC_WORKER_ID=rank)
+
+
 def test_idle_strangers_before_the_workers_arrive_do_not_stop_the_job(procs):
     # 64 connections that say nothing, opened as soon as the server listens, from the
     # address the workers use too (TCP: BYTEPS_ENABLE_IPC=0). Only a few may wait from
     # one address; the workers are turned away, try again, and get in once the
     # strangers are cut at their 10 s deadline. One more trickles a byte a second.
-    common = dict(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=free_port(), DMLC_NUM_WORKER=2,
-                  DMLC_NUM_SERVER=1, BYTEPS_JOB_TOKEN="token", BYTEPS_ENABLE_IPC=0,
-                  TEST_ROUNDS=100)
-    job = {"scheduler": procs.start(LAUNCH, base_env(DMLC_ROLE="scheduler", **common)),
-           "server": procs.start(LAUNCH, base_env(DMLC_ROLE="server", BYTEPS_LOG_LEVEL="INFO",
-                                                  **common))}
-    port = int(_wait_for(job["server"], r"listening on port (\d+)").group(1))
+    job, port = _server_first(procs, rounds=100)
     idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(64)]
     trickle = socket.create_connection(("127.0.0.1", port), timeout=5,
                                        source_address=("127.0.0.2", 0))
     opened = time.monotonic()
-    for rank in range(2):
-        job[f"worker{rank}"] = procs.start([*LAUNCH, *worker_command("steady_sums.py")],
-                                           base_env(DMLC_ROLE="worker", DMLC_WORKER_ID=rank,
-                                                    **common))
+    _then_the_workers(procs, job)
     cut_after = None
     try:
         trickle.settimeout(1.0)
@@ -303,21 +311,12 @@ def test_a_full_waiting_room_takes_the_workers_before_strangers(procs):
     # address may hold) fill the waiting room as soon as the server listens. The
     # workers come from the address their book names: each displaces the stranger that
     # waited longest, instead of waiting for the strangers' 10 s deadline.
-    common = dict(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=free_port(), DMLC_NUM_WORKER=2,
-                  DMLC_NUM_SERVER=1, BYTEPS_JOB_TOKEN="token", BYTEPS_ENABLE_IPC=0,
-                  TEST_ROUNDS=20)
-    job = {"scheduler": procs.start(LAUNCH, base_env(DMLC_ROLE="scheduler", **common)),
-           "server": procs.start(LAUNCH, base_env(DMLC_ROLE="server", BYTEPS_LOG_LEVEL="INFO",
-                                                  **common))}
-    port = int(_wait_for(job["server"], r"listening on port (\d+)").group(1))
+    job, port = _server_first(procs, rounds=20)
     idle = [socket.create_connection(("127.0.0.1", port), timeout=5,
                                      source_address=(f"127.0.0.{2 + i // 16}", 0))
             for i in range(64)]
     opened = time.monotonic()
-    for rank in range(2):
-        job[f"worker{rank}"] = procs.start([*LAUNCH, *worker_command("steady_sums.py")],
-                                           base_env(DMLC_ROLE="worker", DMLC_WORKER_ID=rank,
-                                                    **common))
+    _then_the_workers(procs, job)
     try:
         outputs = _completes_with_right_sums(job)
         took = time.monotonic() - opened

@@ -252,7 +252,6 @@ class Scheduler:
         for node in self._joining:
             self._admit(gathering, node)
         self._joining = []
-        self._announced = False
         while not self._complete(gathering):
             self._drop_silent_survivors(gathering)
             remaining = gathering.deadline - time.monotonic()
@@ -287,6 +286,7 @@ class Scheduler:
                      f"{gathering.number}")
         self._form(gathering)
         self._gathering = None
+        self._announced = False  # The new generation has heard of no joiner yet.
         if self._joining:
             self._announce_joiners()
         if config.elastic and len(gathering.workers) < config.elastic_min_workers:
