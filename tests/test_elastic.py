@@ -222,19 +222,25 @@ def test_too_few_survivors_end_the_job_naming_the_minimum(procs):
 
 
 
-@pytest.mark.parametrize("strategy", ["", "1"])
-def test_model_fit_inside_elastic_run_survives_a_lost_worker(procs, strategy):
-    job = procs.start_job_by_role(3, 1, "elastic_fit.py", BYTEPS_ELASTIC=1,
-                                  ELASTIC_FIT_STRATEGY=strategy)
+def _fit_through_a_loss(procs, workers: int, servers: int, victim: str, **env):
+    """elastic_fit.py in an elastic job whose `victim` is killed once epoch 1 begins:
+    the job's processes, and the reports of workers 0 and 1, which must finish."""
+    job = procs.start_job_by_role(workers, servers, "elastic_fit.py", BYTEPS_ELASTIC=1, **env)
     for line in job["worker0"].stdout:
         if line.startswith("EPOCH 1"):
             break
-    procs.end(job["worker2"])
+    procs.end(job[victim])
     got = {}
     for name in ("worker0", "worker1"):
         status, output = finish(job[name], timeout=120)
         assert status == 0, output
         got.update(reports(output))
+    return job, got
+
+
+@pytest.mark.parametrize("strategy", ["", "1"])
+def test_model_fit_inside_elastic_run_survives_a_lost_worker(procs, strategy):
+    _, got = _fit_through_a_loss(procs, 3, 1, "worker2", ELASTIC_FIT_STRATEGY=strategy)
     assert sorted(got) == [0, 1]
     for report in got.values():
         # Trained on as a job of 2, each worker taking half of the global batch (the
@@ -316,16 +322,7 @@ def test_a_server_that_asks_to_join_takes_its_share_at_the_next_commit(procs):
 def test_asynchronous_training_survives_a_lost_server(procs):
     # The servers hold the parameters here: the job re-forms on the other server, whose
     # store is seeded again by rank 0's first push, and training goes on.
-    job = procs.start_job_by_role(2, 2, "elastic_fit.py", BYTEPS_ELASTIC=1, BYTEPS_ENABLE_ASYNC=1)
-    for line in job["worker0"].stdout:
-        if line.startswith("EPOCH 1"):
-            break
-    procs.end(job["server1"])
-    got = {}
-    for name in ("worker0", "worker1"):
-        status, output = finish(job[name], timeout=120)
-        assert status == 0, output
-        got.update(reports(output))
+    job, got = _fit_through_a_loss(procs, 2, 2, "server1", BYTEPS_ENABLE_ASYNC=1)
     for report in got.values():
         assert report["shapes"] == [[2, 12, 20], [2, 12, 20]], report
         # Asynchronous updates of this model learn more slowly than synchronous ones
