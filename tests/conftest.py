@@ -19,11 +19,13 @@ sys.path.insert(0, str(WORKERS))  # cases.py is shared by worker scripts and tes
 
 
 def marked_json(output: str, marker: str = "REPORT") -> dict[int, dict]:
-    """The JSON objects workers print after `marker `, by their "rank" field."""
+    """The JSON objects workers print after `marker `, by their "rank" field. A line the
+    core logged to stderr meanwhile may run on after the object (the two streams share
+    the pipe): the object ends where its JSON does."""
     found = {}
     for line in output.splitlines():
         if f"{marker} " in line:
-            report = json.loads(line.split(f"{marker} ", 1)[1])
+            report, _ = json.JSONDecoder().raw_decode(line.split(f"{marker} ", 1)[1])
             found[report["rank"]] = report
     return found
 
