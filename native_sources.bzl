@@ -19,6 +19,7 @@ COMMON_SOURCES = [
 ]
 WIRE_SOURCES = [
     "custom_ops/wire/protocol.cc",
+    "custom_ops/wire/crypto.cc",
     "custom_ops/wire/auth.cc",
     "custom_ops/wire/socket.cc",
     "custom_ops/wire/shared_memory.cc",
@@ -100,6 +101,7 @@ UNIT_TEST_SOURCES = [
     "tests/cpp/round_test.cc",
     "tests/cpp/shared_slots_test.cc",
     "tests/cpp/waiting_room_test.cc",
+    "tests/cpp/sealed_frames_test.cc",
 ]
 UNIT_TEST_PIECES = (COMMON_SOURCES + WIRE_SOURCES + ROUNDS_SOURCES + SERVER_ENGINE_SOURCES + [
     "custom_ops/worker/task.cc",
@@ -109,6 +111,11 @@ UNIT_TEST_PIECES = (COMMON_SOURCES + WIRE_SOURCES + ROUNDS_SOURCES + SERVER_ENGI
     "custom_ops/control/settings.cc",
     "custom_ops/control/json.cc",
 ])
+
+# What links the wire's cryptography (custom_ops/wire/crypto.h): OpenSSL's libcrypto,
+# statically, so that a server machine needs no OpenSSL of its own; its symbols stay
+# hidden, out of the way of the TLS library TensorFlow brings into the same process.
+CRYPTO_LINKOPTS = ["-Wl,--exclude-libs,libcrypto.a", "-l:libcrypto.a"]
 
 CXXFLAGS = ["-std=c++17", "-O3", "-fPIC", "-pthread", "-fvisibility-inlines-hidden"]
 WARNINGS = ["-Wall", "-Wextra"]

@@ -61,7 +61,8 @@ class BuildNative(build_ext):
     def build_server(self):
         # Static libstdc++: the file runs on a server machine with no compiler.
         cmd = [os.environ.get("CXX", "g++"), *CXXFLAGS, *NATIVE["WARNINGS"],
-               *NATIVE["SERVER_SOURCES"], "-static-libstdc++", "-static-libgcc",
+               *NATIVE["SERVER_SOURCES"], *NATIVE["CRYPTO_LINKOPTS"], "-static-libstdc++",
+               "-static-libgcc",
                "-o", str(self.server_path())]
         self.announce(" ".join(cmd), level=2)
         subprocess.check_call(cmd)
@@ -79,8 +80,8 @@ class BuildNative(build_ext):
         if name == "_bps_gpu":
             cmd = [cuda_toolkit(), *NATIVE["NVCC_FLAGS"], *ext.sources, "-o", str(target)]
         elif name == "_bps_core":
-            cmd = [cxx, *CXXFLAGS, *NATIVE["WARNINGS"], "-shared", *ext.sources, "-o",
-                   str(target), f"-Wl,-soname,{target.name}"]
+            cmd = [cxx, *CXXFLAGS, *NATIVE["WARNINGS"], "-shared", *ext.sources,
+                   *NATIVE["CRYPTO_LINKOPTS"], "-o", str(target), f"-Wl,-soname,{target.name}"]
         elif name == "_bps_tf_ops":
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
             import tensorflow as tf  # Only the TensorFlow adapter needs it.

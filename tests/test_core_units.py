@@ -18,6 +18,12 @@ def unit_test_sources() -> list[str]:
     return [str(ROOT / path) for path in lists["UNIT_TEST_PIECES"] + lists["UNIT_TEST_SOURCES"]]
 
 
+def crypto_linkopts() -> list[str]:
+    lists: dict = {}
+    exec((ROOT / "native_sources.bzl").read_text(), {"__builtins__": {}}, lists)
+    return lists["CRYPTO_LINKOPTS"]
+
+
 def test_core_unit_tests(tmp_path):
     binary = tmp_path / "core_unit_test"
     compiler = os.environ.get("CXX", "g++")
@@ -32,8 +38,9 @@ def test_core_unit_tests(tmp_path):
         compiled = list(pool.map(compile_one, unit_test_sources()))
     for _, build in compiled:
         assert build.returncode == 0, build.stderr
-    link = subprocess.run([compiler, "-pthread", *[target for target, _ in compiled], "-o",
-                           str(binary)], capture_output=True, text=True, timeout=120)
+    link = subprocess.run([compiler, "-pthread", *[target for target, _ in compiled],
+                           *crypto_linkopts(), "-o", str(binary)],
+                          capture_output=True, text=True, timeout=120)
     assert link.returncode == 0, link.stderr
     run = subprocess.run([str(binary)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stdout + run.stderr

@@ -4,11 +4,12 @@
 # Safe to run again: it only installs what is missing and rebuilds the ops.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The multi-host tests run a real sshd in network namespaces and a real mpirun (they
-# skip without them); with TF_BPS_BAZEL=1, Debian's Bazel for the Bazel build (BUILD)
-# and its test. Installed only where we are root and apt-get exists.
+# OpenSSL's libcrypto (libssl-dev) is linked into the core and the server; the
+# multi-host tests run a real sshd in network namespaces and a real mpirun (they skip
+# without them); with TF_BPS_BAZEL=1, Debian's Bazel for the Bazel build (BUILD) and
+# its test. Installed only where we are root and apt-get exists.
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  packages="openssh-server openmpi-bin"
+  packages="libssl-dev openssh-server openmpi-bin"
   if [ "${TF_BPS_BAZEL:-0}" = 1 ]; then packages="$packages bazel-bootstrap"; fi
   install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
     $packages >/dev/null; }

@@ -256,6 +256,11 @@ Status Settings::Read(const Lookup& lookup, Settings* out) {
     if (!status.ok()) return status;
     local_size = std::max<int64_t>(1, local_size);
   }
+  if (out->Flag("BYTEPS_ENCRYPT") && out->Text("BYTEPS_JOB_TOKEN").empty())
+    return Status::Error(ErrorKind::kInvalidArgument,
+                         "BYTEPS_ENCRYPT=1 needs BYTEPS_JOB_TOKEN: the keys are derived from "
+                         "the job's token (bpslaunch makes one; set it yourself when you start "
+                         "the roles one by one)");
   double interval = out->Number("PS_HEARTBEAT_INTERVAL");
   double timeout = out->Number("PS_HEARTBEAT_TIMEOUT");
   if (interval >= timeout)

@@ -33,7 +33,7 @@ void Init(int rank, int size, const std::vector<std::tuple<std::string, int, boo
           const std::string& token, const std::vector<int>& local_ranks,
           const std::string& local_socket_prefix, const std::string& debug_sample, bool nan_check,
           bool across_hosts, const std::vector<int>& server_shares, unsigned generation,
-          bool move_lost_servers, int lost_server_wait_ms, int notify_fd) {
+          bool move_lost_servers, int lost_server_wait_ms, int notify_fd, bool encrypt) {
   std::vector<bps_server_address> addresses;
   for (const auto& [host, port, same_host] : servers)
     addresses.push_back({host.c_str(), port, same_host ? 1 : 0});
@@ -59,6 +59,7 @@ void Init(int rank, int size, const std::vector<std::tuple<std::string, int, boo
   config.move_lost_servers = move_lost_servers ? 1 : 0;
   config.lost_server_wait_ms = lost_server_wait_ms;
   config.notify_fd = notify_fd;
+  config.encrypt = encrypt ? 1 : 0;
   int result;
   {
     py::gil_scoped_release unlocked;  // Connecting may take up to the timeout.
@@ -87,7 +88,7 @@ PYBIND11_MODULE(_bps_worker, m) {
         py::arg("nan_check") = false, py::arg("across_hosts") = false,
         py::arg("server_shares") = std::vector<int>{}, py::arg("generation") = 0,
         py::arg("move_lost_servers") = false, py::arg("lost_server_wait_ms") = 0,
-        py::arg("notify_fd") = -1,
+        py::arg("notify_fd") = -1, py::arg("encrypt") = false,
         "Connects to the servers ((host, port, same_host) each) and, with several local "
         "ranks, to the other workers of this host.");
   m.def(

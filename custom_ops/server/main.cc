@@ -246,6 +246,7 @@ int Serve(const Settings& settings) {
   options.engine_threads = static_cast<int>(settings.Int("BYTEPS_SERVER_ENGINE_THREAD"));
   options.timeout_ms = static_cast<int>(timeout_s * 1000);
   options.token = settings.Text("BYTEPS_JOB_TOKEN");
+  options.encrypt = settings.Flag("BYTEPS_ENCRYPT");
   options.max_tensor_bytes = static_cast<uint64_t>(settings.Int("BYTEPS_MAX_TENSOR_BYTES"));
   options.enable_async = settings.Flag("BYTEPS_ENABLE_ASYNC");
 

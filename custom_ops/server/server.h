@@ -37,7 +37,8 @@ struct ServerOptions {
   int port = 0;      // 0: any free port.
   int engine_threads = 4;
   int timeout_ms = 300000;
-  std::string token;  // the job's; every worker must prove it knows it (transport/auth.h)
+  std::string token;     // the job's; every worker must prove it knows it (wire/auth.h)
+  bool encrypt = false;  // BYTEPS_ENCRYPT: frames are sealed (wire/crypto.h)
   // The largest tensor a worker may declare: bounds every push before it is read.
   uint64_t max_tensor_bytes = uint64_t{1} << 36;
   // BYTEPS_ENABLE_ASYNC: workers may train asynchronously (OpKind::kAsyncPushPull);

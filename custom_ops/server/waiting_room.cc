@@ -134,7 +134,8 @@ void Server::Introduce(size_t index) {
   // guards the acceptor against a frame that is not what it seems.
   channel.SetReceiveTimeout(100);
   uint32_t rank = 0;
-  Status status = WelcomeWorker(channel, options_.token, num_workers_, waiting.challenge, &rank);
+  Status status = WelcomeWorker(channel, JobSecret(options_.token, options_.encrypt), num_workers_,
+                                waiting.challenge, &rank);
   if (!status.ok()) {
     BPS_LOG(kWarning) << "dropping connection from " << channel.peer() << ": " << status.message();
     return;

@@ -106,6 +106,8 @@ enum FrameFlags : uint8_t {
   // A push_pull push that sums every worker of the sender's host (local_merge.h):
   // the server counts it for all of them.
   kFlagHostMerged = 1,
+  // A hello or a welcome (auth.h): the sender seals every frame after the handshake.
+  kFlagSealed = 2,
 };
 
 struct ArenaAnnouncement {

@@ -39,15 +39,67 @@ int Connection::TakeReceivedFd() {
   return fd;
 }
 
+namespace {
+
+// Once one record fails, every later one does too (the count is lost): the
+// connection is of no more use.
+std::string NotAuthentic(const std::string& what, const std::string& peer) {
+  return what + " from " + peer +
+         " does not authenticate: it was tampered with, replayed or reordered on its way "
+         "(BYTEPS_ENCRYPT)";
+}
+
+}  // namespace
+
+void Connection::Seal(std::unique_ptr<RecordCipher> sealer, std::unique_ptr<RecordCipher> opener) {
+  sealer_ = std::move(sealer);
+  opener_ = std::move(opener);
+}
+
 Status Connection::Send(const FrameHeader& header, const void* payload, int fd) {
   FrameHeader stamped = header;
   stamped.generation = generation_;
+  if (sealer_) return SendSealed(stamped, payload, fd);
   iovec parts[2];
   parts[0].iov_base = &stamped;
   parts[0].iov_len = sizeof(stamped);
   parts[1].iov_base = const_cast<void*>(payload);
   parts[1].iov_len = payload ? header.length : 0;
-  int count = parts[1].iov_len ? 2 : 1;
+  return WriteAll(parts, parts[1].iov_len ? 2 : 1, fd);
+}
+
+// Sealed in pieces, each sent as soon as it is sealed, so that a large payload needs
+// no staging buffer of its size; a small frame is still a single sendmsg.
+Status Connection::SendSealed(const FrameHeader& stamped, const void* payload, int fd) {
+  constexpr size_t kPieceBytes = 256 << 10;
+  RecordCipher::Tag header_tag, payload_tag;
+  Status status = sealer_->TagClear(&stamped, sizeof(stamped), &header_tag);
+  const size_t length = payload ? stamped.length : 0;
+  if (status.ok() && length) status = sealer_->Begin();
+  const char* in = static_cast<const char*>(payload);
+  size_t done = 0;
+  for (bool first = true; status.ok() && (first || done < length); first = false) {
+    const size_t piece = std::min(length - done, kPieceBytes);
+    if (sealed_out_.size() < piece) sealed_out_.resize(piece);
+    if (piece) status = sealer_->Encrypt(in + done, sealed_out_.data(), piece);
+    const bool last = length && done + piece == length;
+    if (status.ok() && last) status = sealer_->Finish(&payload_tag);
+    if (!status.ok()) break;
+    iovec parts[4];
+    int count = 0;
+    if (first) {
+      parts[count++] = {const_cast<FrameHeader*>(&stamped), sizeof(stamped)};
+      parts[count++] = {header_tag.data(), header_tag.size()};
+    }
+    if (piece) parts[count++] = {sealed_out_.data(), piece};
+    if (last) parts[count++] = {payload_tag.data(), payload_tag.size()};
+    status = WriteAll(parts, count, first ? fd : -1);
+    done += piece;
+  }
+  return status;
+}
+
+Status Connection::WriteAll(iovec* parts, int count, int fd) {
   iovec* next = parts;
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   while (count > 0) {
@@ -85,12 +137,11 @@ Status Connection::Send(const FrameHeader& header, const void* payload, int fd) 
   return Status::OK();
 }
 
-Status Connection::ReceiveHeader(FrameHeader* header, bool* eof) {
-  *eof = false;
-  char* dst = reinterpret_cast<char*>(header);
+// The first `bytes` of a frame, taking a descriptor that comes with them.
+Status Connection::ReceiveBytes(char* dst, size_t bytes, bool* eof) {
   size_t got = 0;
-  while (got < sizeof(*header)) {
-    iovec part{dst + got, sizeof(*header) - got};
+  while (got < bytes) {
+    iovec part{dst + got, bytes - got};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
     msghdr message{};
     message.msg_iov = &part;
@@ -116,6 +167,21 @@ Status Connection::ReceiveHeader(FrameHeader* header, bool* eof) {
     }
     got += static_cast<size_t>(n);
   }
+  return Status::OK();
+}
+
+Status Connection::ReceiveHeader(FrameHeader* header, bool* eof) {
+  *eof = false;
+  char start[sizeof(FrameHeader) + RecordCipher::kTagBytes];
+  Status status = ReceiveBytes(start, opener_ ? sizeof(start) : sizeof(*header), eof);
+  if (!status.ok()) return status;
+  std::memcpy(header, start, sizeof(*header));
+  if (opener_) {
+    RecordCipher::Tag tag;
+    std::memcpy(tag.data(), start + sizeof(*header), tag.size());
+    if (!opener_->CheckClear(header, sizeof(*header), tag))
+      return Status::Error(NotAuthentic("a frame", peer_));
+  }
   if (header->magic != kFrameMagic)
     return Status::Error("garbled frame from " + peer_ +
                          " (is it a tf_bps peer of the same version?)");
@@ -125,6 +191,18 @@ Status Connection::ReceiveHeader(FrameHeader* header, bool* eof) {
                                                   " to a connection of generation " +
                                                   std::to_string(generation_) +
                                                   ": the job has re-formed since");
+  return Status::OK();
+}
+
+Status Connection::OpenPayload(size_t bytes, const char** plain) {
+  RecordCipher::Tag tag;
+  if (opened_in_.size() < bytes) opened_in_.resize(bytes);
+  Status status = ReceivePayload(opened_in_.data(), bytes);
+  if (status.ok()) status = ReceivePayload(tag.data(), tag.size());
+  if (!status.ok()) return status;
+  if (!opener_->Open(opened_in_.data(), bytes, tag))
+    return Status::Error(NotAuthentic("a frame's payload", peer_));
+  *plain = opened_in_.data();
   return Status::OK();
 }
 

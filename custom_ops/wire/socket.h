@@ -5,19 +5,25 @@
 #ifndef TF_BPS_WIRE_SOCKET_H_
 #define TF_BPS_WIRE_SOCKET_H_
 
+#include <sys/uio.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "../common/common.h"
+#include "crypto.h"
 #include "protocol.h"
 
 namespace bps {
 
 // One socket connection. Reads and writes may happen on different threads; writes
-// from several threads must hold `write_mutex()`.
+// from several threads must hold `write_mutex()`. Once sealed (BYTEPS_ENCRYPT), every
+// frame travels as crypto.h describes, and ReceivePayload/DiscardPayload give way to
+// OpenPayload.
 class Connection {
  public:
   Connection(int fd, std::string peer);
@@ -37,6 +43,11 @@ class Connection {
   // the first frame either way.
   void set_generation(uint32_t generation) { generation_ = generation; }
 
+  // From now on frames are sealed on their way out and opened on their way in. Set
+  // right after the handshake, before either side sends again.
+  void Seal(std::unique_ptr<RecordCipher> sealer, std::unique_ptr<RecordCipher> opener);
+  bool sealed() const { return opener_ != nullptr; }
+
   // `fd` >= 0 is passed to the peer with the frame (Unix sockets only).
   Status Send(const FrameHeader& header, const void* payload, int fd = -1);
   // Returns an error on EOF or failure; `eof` tells a clean close apart.
@@ -45,6 +56,9 @@ class Connection {
   int TakeReceivedFd();
   Status ReceivePayload(void* dst, size_t bytes);
   Status DiscardPayload(size_t bytes);
+  // Sealed: reads the payload of the last header (`bytes` long) whole, checks and
+  // decrypts it; `plain` stays valid until the next frame is received.
+  Status OpenPayload(size_t bytes, const char** plain);
   void SetReceiveTimeout(int ms);
   void SetSendTimeout(int ms);
   // Wakes a thread blocked in Receive*; the connection stays allocated.
@@ -53,11 +67,20 @@ class Connection {
   void ShutdownWrite();
 
  private:
+  // Writes every byte of `parts`, `fd` riding on the first (see Send).
+  Status WriteAll(iovec* parts, int count, int fd);
+  Status SendSealed(const FrameHeader& stamped, const void* payload, int fd);
+  Status ReceiveBytes(char* dst, size_t bytes, bool* eof);
+
   int fd_;
   int received_fd_ = -1;
   uint32_t generation_ = 0;
   std::string peer_;
   std::mutex write_mutex_;
+  std::unique_ptr<RecordCipher> sealer_;  // guarded by the writers' lock
+  std::unique_ptr<RecordCipher> opener_;  // used by the receiving thread
+  std::vector<char> sealed_out_;          // a piece of payload being sealed
+  std::vector<char> opened_in_;           // the last payload opened
 };
 
 // Lets another thread stop connections being set up (a job's abort while a worker

@@ -34,8 +34,17 @@ DataReader DataReader::OfMemory(const char* memory, size_t bytes) {
   return reader;
 }
 
+Status DataReader::OpenSealed() {
+  if (!failure_.ok() || !stream_ || !stream_->sealed()) return failure_;
+  Connection* stream = stream_;
+  stream_ = nullptr;
+  if (remaining_ > 0) failure_ = stream->OpenPayload(remaining_, &memory_);
+  if (!failure_.ok()) remaining_ = 0;
+  return failure_;
+}
+
 const char* DataReader::View(size_t bytes) {
-  if (!memory_ || bytes > remaining_) return nullptr;
+  if (!OpenSealed().ok() || !memory_ || bytes > remaining_) return nullptr;
   const char* view = memory_;
   memory_ += bytes;
   remaining_ -= bytes;
@@ -43,6 +52,8 @@ const char* DataReader::View(size_t bytes) {
 }
 
 Status DataReader::Read(void* dst, size_t bytes) {
+  Status status = OpenSealed();
+  if (!status.ok()) return status;
   if (bytes > remaining_)
     return Status::Error("a frame's payload is shorter than its reader asked");
   remaining_ -= bytes;
@@ -51,13 +62,14 @@ Status DataReader::Read(void* dst, size_t bytes) {
     memory_ += bytes;
     return Status::OK();
   }
-  return stream_->ReceivePayload(dst, bytes);
+  return bytes ? stream_->ReceivePayload(dst, bytes) : Status::OK();
 }
 
 Status DataReader::Skip() {
+  Status status = OpenSealed();  // Checked even unread: the next record counts on it.
   const size_t rest = remaining_;
   remaining_ = 0;
-  if (memory_ || rest == 0) return Status::OK();
+  if (!status.ok() || memory_ || rest == 0) return status;
   return stream_->DiscardPayload(rest);
 }
 
@@ -90,14 +102,14 @@ Status SocketChannel::Receive(FrameHeader* header, DataReader* payload, bool* eo
 namespace {
 
 // The handshake, with the socket shut down if `cancel` fires meanwhile.
-Status AuthenticateCancellably(Channel& channel, int fd, const std::string& token, uint32_t rank,
+Status AuthenticateCancellably(Channel& channel, int fd, const JobSecret& secret, uint32_t rank,
                                int timeout_ms, Cancellation* cancel) {
   std::string why;
   if (cancel && !cancel->Watch(fd)) {
     cancel->cancelled(&why);
     return Status::Error(ErrorKind::kAborted, why);
   }
-  Status status = AuthenticateServer(channel, token, rank, timeout_ms);
+  Status status = AuthenticateServer(channel, secret, rank, timeout_ms);
   if (cancel) {
     cancel->Unwatch(fd);
     if (cancel->cancelled(&why)) return Status::Error(ErrorKind::kAborted, why);
@@ -107,7 +119,7 @@ Status AuthenticateCancellably(Channel& channel, int fd, const std::string& toke
 
 // One try at ConnectToServer. kPeerGone: the server closed the connection before its
 // challenge, as it does while too many strangers wait for theirs; worth another try.
-Status ConnectOnce(const ServerAddress& address, const std::string& peer, const std::string& token,
+Status ConnectOnce(const ServerAddress& address, const std::string& peer, const JobSecret& secret,
                    uint32_t rank, int timeout_ms, std::unique_ptr<Channel>* out,
                    Cancellation* cancel, std::shared_ptr<SharedSlots> slots, uint32_t generation) {
   int fd = -1;
@@ -118,8 +130,10 @@ Status ConnectOnce(const ServerAddress& address, const std::string& peer, const 
     channel->set_generation(generation);
     // Anyone on this host may have bound the socket's name first: trust it only once
     // it has proven the token, and otherwise take the TCP way in.
-    Status status = AuthenticateCancellably(*channel, fd, token, rank, timeout_ms, cancel);
-    if (status.kind() == ErrorKind::kAborted) return status;
+    Status status = AuthenticateCancellably(*channel, fd, secret, rank, timeout_ms, cancel);
+    // Aborted, or refused for a setting the server does not share: TCP fares no better.
+    if (status.kind() == ErrorKind::kAborted || status.kind() == ErrorKind::kInvalidArgument)
+      return status;
     if (status.ok()) {
       BPS_LOG(kDebug) << peer << " is on this host: using its Unix socket and shared memory";
       *out = std::move(channel);
@@ -137,7 +151,7 @@ Status ConnectOnce(const ServerAddress& address, const std::string& peer, const 
   if (!status.ok()) return status;
   auto channel = std::make_unique<SocketChannel>(std::make_unique<Connection>(fd, peer));
   channel->set_generation(generation);
-  status = AuthenticateCancellably(*channel, fd, token, rank, timeout_ms, cancel);
+  status = AuthenticateCancellably(*channel, fd, secret, rank, timeout_ms, cancel);
   if (!status.ok()) return status;
   *out = std::move(channel);
   return Status::OK();
@@ -146,7 +160,7 @@ Status ConnectOnce(const ServerAddress& address, const std::string& peer, const 
 }  // namespace
 
 Status ConnectToServer(const ServerAddress& address, const std::string& peer,
-                       const std::string& token, uint32_t rank, int timeout_ms,
+                       const JobSecret& secret, uint32_t rank, int timeout_ms,
                        std::unique_ptr<Channel>* out, Cancellation* cancel,
                        std::shared_ptr<SharedSlots> slots, uint32_t generation) {
   using Clock = std::chrono::steady_clock;
@@ -155,7 +169,7 @@ Status ConnectToServer(const ServerAddress& address, const std::string& peer,
   for (int tries = 1;; ++tries) {
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    Status status = ConnectOnce(address, peer, token, rank,
+    Status status = ConnectOnce(address, peer, secret, rank,
                                 static_cast<int>(std::max<int64_t>(left.count(), 1)), out, cancel,
                                 slots, generation);
     if (status.ok() || status.kind() != ErrorKind::kPeerGone) return status;

@@ -38,16 +38,22 @@ class DataReader {
 
   size_t remaining() const { return remaining_; }
   // The next `bytes` where they lie, if they lie in memory this process can read
-  // (shared memory); null on a socket, where Read() must copy them out.
+  // (shared memory, or a sealed payload once opened); null on a socket, where Read()
+  // must copy them out.
   const char* View(size_t bytes);
   Status Read(void* dst, size_t bytes);
   // Drops what is left unread, so that the stream stays in step.
   Status Skip();
 
  private:
+  // A sealed stream's payload is read and checked whole before any byte of it is
+  // used; then it is read from memory.
+  Status OpenSealed();
+
   Connection* stream_ = nullptr;
   const char* memory_ = nullptr;
   size_t remaining_ = 0;
+  Status failure_ = Status::OK();
 };
 
 class Channel {
@@ -85,6 +91,11 @@ class Channel {
   void ShutdownWrite() { conn_->ShutdownWrite(); }
   // The job generation of the frames this channel sends and accepts (socket.h).
   void set_generation(uint32_t generation) { conn_->set_generation(generation); }
+  // Seals every frame from now on (see Connection::Seal; auth.h does it).
+  void Seal(std::unique_ptr<RecordCipher> sealer, std::unique_ptr<RecordCipher> opener) {
+    std::lock_guard<std::mutex> lock(write_mutex_);
+    conn_->Seal(std::move(sealer), std::move(opener));
+  }
 
  protected:
   explicit Channel(std::unique_ptr<Connection> conn) : conn_(std::move(conn)) {}
@@ -168,14 +179,14 @@ struct ServerAddress {
 };
 
 // Connects to a server as worker `rank` and makes sure it is the job's (both prove
-// `token`, see auth.h): through its Unix socket and shared memory when it runs on
-// this host, else (or if that fails) over TCP, retrying until `timeout_ms` passes or
-// `cancel` (optional) fires. `peer` names the server in errors. Pushes are staged in
-// `slots` (optional; shared with this process's other channels, data already in one
+// `secret`'s token, see auth.h; frames are sealed if it says so): through its Unix
+// socket and shared memory when it runs on this host, else (or if that fails) over TCP, retrying
+// until `timeout_ms` passes or `cancel` (optional) fires. `peer` names the server in errors. Pushes
+// are staged in `slots` (optional; shared with this process's other channels, data already in one
 // of their arenas goes as a location). The channel belongs to job generation
 // `generation`: a server of another refuses the worker's hello.
 Status ConnectToServer(const ServerAddress& address, const std::string& peer,
-                       const std::string& token, uint32_t rank, int timeout_ms,
+                       const JobSecret& secret, uint32_t rank, int timeout_ms,
                        std::unique_ptr<Channel>* out, Cancellation* cancel = nullptr,
                        std::shared_ptr<SharedSlots> slots = nullptr, uint32_t generation = 0);
 

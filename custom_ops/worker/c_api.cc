@@ -192,6 +192,7 @@ int bps_worker_init(const bps_worker_config* config) {
   bps::WorkerOptions options;
   options.debug_sample = text(config->debug_sample);
   options.token = text(config->token);
+  options.encrypt = config->encrypt != 0;
   options.local_socket_prefix = text(config->local_socket_prefix);
   Status status =
       bps::CopyRanks(config->local_ranks, config->num_local_ranks, &options.local_ranks);

@@ -61,6 +61,9 @@ typedef struct bps_worker_config {
   /* The write end of a non-blocking pipe that gets a byte whenever a server is lost;
    * -1: none. */
   int notify_fd;
+  /* BYTEPS_ENCRYPT: every frame to and from the servers is encrypted and authenticated
+   * with keys derived from `token` (which must then be set). */
+  int encrypt;
 } bps_worker_config;
 int bps_worker_init(const bps_worker_config* config);
 void bps_worker_abort(const char* reason);

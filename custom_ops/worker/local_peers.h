@@ -24,6 +24,8 @@ struct LocalMergeOptions {
   int rank = 0;                // this worker's
   int size = 1;                // of the job
   std::string socket_prefix;   // a worker's socket: prefix + its rank
+  // Proven both ways; these links stay in the clear even with BYTEPS_ENCRYPT, as
+  // nothing on them leaves the host (tensor data lies in shared memory anyway).
   std::string token;
   int timeout_ms = 300000;
 };

@@ -70,8 +70,8 @@ Status Worker::Start() {
                              std::to_string(address.port) + ")";
     std::unique_ptr<Channel> channel;
     Status status =
-        ConnectToServer(address, peer, options_.token, options_.rank, options_.timeout_ms, &channel,
-                        &start_cancel_, slots_, options_.generation);
+        ConnectToServer(address, peer, JobSecret(options_.token, options_.encrypt), options_.rank,
+                        options_.timeout_ms, &channel, &start_cancel_, slots_, options_.generation);
     if (status.kind() == ErrorKind::kAborted) return status;  // The job's abort, as it came.
     if (!status.ok())
       return Status::Error(ErrorKind::kPeerGone, "worker " + std::to_string(options_.rank) +

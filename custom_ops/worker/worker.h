@@ -48,7 +48,8 @@ struct WorkerOptions {
   // at most (credits.h); 0: no limit.
   size_t credit_bytes = 0;
   int timeout_ms = 300000;
-  std::string token;  // the job's, proven to every server (transport/auth.h)
+  std::string token;     // the job's, proven to every server (wire/auth.h)
+  bool encrypt = false;  // BYTEPS_ENCRYPT: frames to servers are sealed (wire/crypto.h)
   // The workers of this host, ascending, this one included: with more than one,
   // push_pull partitions are merged among them first (local_merge.h).
   std::vector<int32_t> local_ranks;

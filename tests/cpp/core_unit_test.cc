@@ -920,6 +920,7 @@ int main() {
   bps::TestGenerations();
   bps::TestRounds();
   bps::TestWaitingRoom();
+  bps::TestSealedFrames();
   bps::TestSquattedLocalSocketIsNotTrusted();
   bps::TestServerRefusesOversizedPushes();
   bps::TestJsonParsing();

@@ -21,6 +21,7 @@ inline int failures = 0;
 void TestSharedSlots();
 void TestRounds();
 void TestWaitingRoom();
+void TestSealedFrames();
 
 }  // namespace bps
 

@@ -212,6 +212,9 @@ WITHOUT_EFFECT = {
                         "and nothing in tf_bps uses NCCL yet",
 }
 # PERSEUS_ALLREDUCE_DTYPE: what gradients travel as.
+ENCRYPT_WITHOUT_TOKEN = (
+    "BYTEPS_ENCRYPT=1 needs BYTEPS_JOB_TOKEN: the keys are derived from the job's token "
+    "(bpslaunch makes one; set it yourself when you start the roles one by one)")
 WIRE_DTYPES = {"0": "float16", "1": "float32", "2": "mixed"}
 
 
@@ -293,6 +296,9 @@ class Config:
     # Every node of a job proves it knows this (bpslaunch makes one per job); empty
     # when a job started role by role sets none, and then nothing is proven.
     job_token: str
+    # BYTEPS_ENCRYPT: every frame between workers and servers is encrypted and
+    # authenticated with keys derived from the token (custom_ops/wire/crypto.h).
+    encrypt: bool
     max_tensor_bytes: int  # the largest tensor a server accepts a declaration of
     listen_any: bool  # servers and the scheduler listen on every interface
     # Set when a cluster manager (mpirun, Slurm, TF_CONFIG) placed this process and
@@ -365,6 +371,7 @@ class Config:
             elastic_reset_limit=_int(env, "BYTEPS_ELASTIC_RESET_LIMIT", None),
             elastic_worker_name=_text(env, "BYTEPS_ELASTIC_WORKER_NAME"),
             job_token=_text(env, "BYTEPS_JOB_TOKEN"),
+            encrypt=_flag(env, "BYTEPS_ENCRYPT"),
             max_tensor_bytes=_int(env, "BYTEPS_MAX_TENSOR_BYTES"),
             listen_any=_flag(env, "BYTEPS_LISTEN_ANY"),
             cluster=cluster,
@@ -388,6 +395,8 @@ class Config:
             raise ConfigError(
                 f"DMLC_NUM_WORKER={self.num_worker} x BYTEPS_LOCAL_SIZE={self.local_size} "
                 f"is more than {max_nodes} worker processes")
+        if self.encrypt and not self.job_token:
+            raise ConfigError(ENCRYPT_WITHOUT_TOKEN)
         if self.worker_id >= self.num_worker:
             raise ConfigError(
                 f"DMLC_WORKER_ID={self.worker_id} is not valid: expected 0 to "

@@ -93,7 +93,7 @@ def worker_init(rank: int, size: int, servers: list[str], merge_with: list[int],
                          server_shares=shares, generation=generation,
                          move_lost_servers=moves_lost_servers(config),
                          lost_server_wait_ms=int(config.heartbeat_timeout * 1000),
-                         notify_fd=notify_fd)
+                         notify_fd=notify_fd, encrypt=config.encrypt)
 
 
 def moves_lost_servers(config: Config) -> bool:

@@ -16,11 +16,13 @@ g++ -std=c++17 -O2 -c "$ops/common/reduce.cc" -o "$work/reduce.o"
 "$clang" -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -pthread "$root/examples/benchmarks/fuzz/frame_fuzzer.cc" "$work/reduce.o" \
   "$ops"/common/{common,logging}.cc \
-  "$ops"/wire/{protocol,socket,shared_memory,transport,shared_memory_channel,auth}.cc \
-  "$ops"/rounds/*.cc "$ops"/server/{server,waiting_room,round_engine}.cc -o "$work/frame_fuzzer"
+  "$ops"/wire/{protocol,socket,shared_memory,transport,shared_memory_channel,auth,crypto}.cc \
+  "$ops"/rounds/*.cc "$ops"/server/{server,waiting_room,round_engine}.cc -l:libcrypto.a \
+  -o "$work/frame_fuzzer"
 "$clang" -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -pthread "$root/examples/benchmarks/fuzz/control_fuzzer.cc" "$ops"/common/{common,logging}.cc \
-  "$ops"/control/{json,zmq_dealer}.cc "$ops"/wire/socket.cc -o "$work/control_fuzzer"
+  "$ops"/control/{json,zmq_dealer}.cc "$ops"/wire/{socket,crypto}.cc -l:libcrypto.a \
+  -o "$work/control_fuzzer"
 for target in frame_fuzzer control_fuzzer; do
   mkdir -p "$work/corpus_$target"
   echo "== $target"

@@ -1,0 +1,189 @@
+#include "crypto.h"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/kdf.h>
+#include <openssl/sha.h>
+#include <sys/random.h>
+
+#include <cstring>
+
+namespace bps {
+namespace {
+
+constexpr size_t kIvBytes = 12;
+
+EVP_CIPHER_CTX* Context(void* context) { return static_cast<EVP_CIPHER_CTX*>(context); }
+
+}  // namespace
+
+Digest Sha256(const void* data, size_t bytes) {
+  Digest digest;
+  ::SHA256(static_cast<const unsigned char*>(data), bytes, digest.data());
+  return digest;
+}
+
+Digest HmacSha256(const std::string& key, const void* data, size_t bytes) {
+  Digest digest;
+  unsigned int length = 0;
+  ::HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+         static_cast<const unsigned char*>(data), bytes, digest.data(), &length);
+  return digest;
+}
+
+bool SameDigest(const Digest& a, const Digest& b) {
+  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+Status RandomNonce(Nonce* nonce) {
+  if (::getrandom(nonce->data(), nonce->size(), 0) != static_cast<ssize_t>(nonce->size()))
+    return Status::Error("no randomness for a handshake nonce");
+  return Status::OK();
+}
+
+Status DeriveConnectionKeys(const std::string& token, const Nonce& server_nonce,
+                            const Nonce& worker_nonce, uint32_t rank, ConnectionKeys* keys) {
+  uint8_t salt[2 * sizeof(Nonce)];
+  std::memcpy(salt, server_nonce.data(), server_nonce.size());
+  std::memcpy(salt + server_nonce.size(), worker_nonce.data(), worker_nonce.size());
+  std::string info = "tf_bps connection keys, worker ";
+  info += std::to_string(rank);
+  uint8_t derived[2 * sizeof(SealKey)];
+  size_t length = sizeof(derived);
+  EVP_PKEY_CTX* kdf = EVP_PKEY_CTX_new_id(EVP_PKEY_HKDF, nullptr);
+  const bool ok =
+      kdf && EVP_PKEY_derive_init(kdf) > 0 && EVP_PKEY_CTX_set_hkdf_md(kdf, EVP_sha256()) > 0 &&
+      EVP_PKEY_CTX_set1_hkdf_salt(kdf, salt, sizeof(salt)) > 0 &&
+      EVP_PKEY_CTX_set1_hkdf_key(kdf, reinterpret_cast<const unsigned char*>(token.data()),
+                                 static_cast<int>(token.size())) > 0 &&
+      EVP_PKEY_CTX_add1_hkdf_info(kdf, reinterpret_cast<const unsigned char*>(info.data()),
+                                  static_cast<int>(info.size())) > 0 &&
+      EVP_PKEY_derive(kdf, derived, &length) > 0 && length == sizeof(derived);
+  EVP_PKEY_CTX_free(kdf);
+  if (!ok) return Status::Error("deriving a connection's keys failed (OpenSSL HKDF)");
+  std::memcpy(keys->worker_to_server.data(), derived, sizeof(SealKey));
+  std::memcpy(keys->server_to_worker.data(), derived + sizeof(SealKey), sizeof(SealKey));
+  OPENSSL_cleanse(derived, sizeof(derived));
+  return Status::OK();
+}
+
+// ---------------------------------------------------------------------------
+// RecordCipher
+
+Status RecordCipher::Create(const SealKey& key, Role role, std::unique_ptr<RecordCipher>* out) {
+  EVP_CIPHER_CTX* context = EVP_CIPHER_CTX_new();
+  const bool ok =
+      context &&
+      (role == Role::kSeal
+           ? EVP_EncryptInit_ex(context, EVP_aes_256_gcm(), nullptr, key.data(), nullptr)
+           : EVP_DecryptInit_ex(context, EVP_aes_256_gcm(), nullptr, key.data(), nullptr)) == 1;
+  if (!ok) {
+    EVP_CIPHER_CTX_free(context);
+    return Status::Error("setting up AES-256-GCM failed (OpenSSL)");
+  }
+  out->reset(new RecordCipher(context, role));
+  return Status::OK();
+}
+
+RecordCipher::~RecordCipher() { EVP_CIPHER_CTX_free(Context(context_)); }
+
+bool RecordCipher::NextNonce(uint8_t nonce[kIvBytes]) {
+  if (broken_ || records_ == UINT64_MAX) return false;
+  std::memset(nonce, 0, kIvBytes);
+  for (int i = 0; i < 8; ++i) nonce[4 + i] = static_cast<uint8_t>(records_ >> (8 * i));
+  ++records_;
+  return true;
+}
+
+Status RecordCipher::Begin() {
+  uint8_t nonce[kIvBytes];
+  if (role_ != Role::kSeal || !NextNonce(nonce) ||
+      EVP_EncryptInit_ex(Context(context_), nullptr, nullptr, nullptr, nonce) != 1) {
+    broken_ = true;
+    return Status::Error("sealing a frame failed (OpenSSL)");
+  }
+  return Status::OK();
+}
+
+Status RecordCipher::Encrypt(const void* in, void* out, size_t bytes) {
+  const auto* from = static_cast<const unsigned char*>(in);
+  auto* to = static_cast<unsigned char*>(out);
+  while (bytes > 0) {  // EVP takes an int's worth at a time.
+    const int chunk = static_cast<int>(std::min<size_t>(bytes, 1 << 30));
+    int written = 0;
+    if (EVP_EncryptUpdate(Context(context_), to, &written, from, chunk) != 1 || written != chunk) {
+      broken_ = true;
+      return Status::Error("sealing a frame failed (OpenSSL)");
+    }
+    from += chunk;
+    to += chunk;
+    bytes -= static_cast<size_t>(chunk);
+  }
+  return Status::OK();
+}
+
+Status RecordCipher::Finish(Tag* tag) {
+  int written = 0;
+  unsigned char none[16];
+  if (EVP_EncryptFinal_ex(Context(context_), none, &written) != 1 ||
+      EVP_CIPHER_CTX_ctrl(Context(context_), EVP_CTRL_GCM_GET_TAG, kTagBytes, tag->data()) != 1) {
+    broken_ = true;
+    return Status::Error("sealing a frame failed (OpenSSL)");
+  }
+  return Status::OK();
+}
+
+Status RecordCipher::TagClear(const void* clear, size_t bytes, Tag* tag) {
+  int written = 0;
+  Status status = Begin();
+  if (status.ok() &&
+      EVP_EncryptUpdate(Context(context_), nullptr, &written,
+                        static_cast<const unsigned char*>(clear), static_cast<int>(bytes)) != 1) {
+    broken_ = true;
+    status = Status::Error("sealing a frame failed (OpenSSL)");
+  }
+  return status.ok() ? Finish(tag) : status;
+}
+
+bool RecordCipher::CheckClear(const void* clear, size_t bytes, const Tag& tag) {
+  uint8_t nonce[kIvBytes];
+  int written = 0;
+  unsigned char none[16];
+  EVP_CIPHER_CTX* context = Context(context_);
+  const bool ok =
+      role_ == Role::kOpen && NextNonce(nonce) &&
+      EVP_DecryptInit_ex(context, nullptr, nullptr, nullptr, nonce) == 1 &&
+      EVP_DecryptUpdate(context, nullptr, &written, static_cast<const unsigned char*>(clear),
+                        static_cast<int>(bytes)) == 1 &&
+      EVP_CIPHER_CTX_ctrl(context, EVP_CTRL_GCM_SET_TAG, kTagBytes,
+                          const_cast<uint8_t*>(tag.data())) == 1 &&
+      EVP_DecryptFinal_ex(context, none, &written) == 1;
+  broken_ = broken_ || !ok;
+  return ok;
+}
+
+bool RecordCipher::Open(void* data, size_t bytes, const Tag& tag) {
+  uint8_t nonce[kIvBytes];
+  EVP_CIPHER_CTX* context = Context(context_);
+  bool ok = role_ == Role::kOpen && NextNonce(nonce) &&
+            EVP_DecryptInit_ex(context, nullptr, nullptr, nullptr, nonce) == 1;
+  auto* at = static_cast<unsigned char*>(data);
+  while (ok && bytes > 0) {
+    const int chunk = static_cast<int>(std::min<size_t>(bytes, 1 << 30));
+    int written = 0;
+    ok = EVP_DecryptUpdate(context, at, &written, at, chunk) == 1 && written == chunk;
+    at += chunk;
+    bytes -= static_cast<size_t>(chunk);
+  }
+  int written = 0;
+  unsigned char none[16];
+  ok = ok &&
+       EVP_CIPHER_CTX_ctrl(context, EVP_CTRL_GCM_SET_TAG, kTagBytes,
+                           const_cast<uint8_t*>(tag.data())) == 1 &&
+       EVP_DecryptFinal_ex(context, none, &written) == 1;
+  broken_ = broken_ || !ok;
+  return ok;
+}
+
+}  // namespace bps
