@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -44,6 +45,16 @@ def base_env(**overrides) -> dict[str, str]:
                PYTHONPATH=os.pathsep.join([str(WORKERS), env.get("PYTHONPATH", "")]))
     env.update({k: str(v) for k, v in overrides.items()})
     return env
+
+
+def wait_for_line(process: subprocess.Popen, pattern: str) -> re.Match:
+    """Reads a process's output up to a line matching `pattern` (the test's timeout
+    bounds the wait); the rest stays for finish()."""
+    for line in process.stdout:
+        found = re.search(pattern, line)
+        if found:
+            return found
+    raise AssertionError(f"{process.args} ended before printing {pattern!r}")
 
 
 def worker_command(script: str, *args: str) -> list[str]:

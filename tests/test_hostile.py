@@ -3,14 +3,13 @@ stops naming the cause; no process dies from what reached its port."""
 
 import json
 import os
-import re
 import socket
 import struct
 import threading
 import time
 
 import zmq
-from conftest import LAUNCH, base_env, finish, free_port, worker_command
+from conftest import LAUNCH, base_env, finish, free_port, wait_for_line, worker_command
 
 
 def _completes_with_right_sums(job: dict) -> dict[str, str]:
@@ -135,16 +134,6 @@ def _frame(frame_type: int, rank: int = 0, length: int = 0) -> bytes:
     return HEADER.pack(MAGIC, frame_type, 0, 0, 0, rank, 0, 0, 0, -1, 0, 0, 0, 0, length, 0, 0)
 
 
-def _wait_for(process, pattern: str) -> re.Match:
-    """Reads a process's output up to a line matching `pattern` (the test's timeout
-    bounds the wait); the rest stays for finish()."""
-    for line in process.stdout:
-        found = re.search(pattern, line)
-        if found:
-            return found
-    raise AssertionError(f"{process.args} ended before printing {pattern!r}")
-
-
 def _listening_addresses(port: int) -> list[str]:
     """The IPv4 addresses a TCP socket listens on at `port` (from /proc/net/tcp)."""
     found = []
@@ -172,9 +161,9 @@ def _closed_by_peer(sock: socket.socket) -> bool:
 def test_a_server_drops_strangers_and_keeps_serving(procs):
     job = procs.start_job_by_role(2, 1, "steady_sums.py", TEST_ROUNDS=250,
                                   BYTEPS_LOG_LEVEL="INFO", BYTEPS_JOB_TOKEN="the job's secret")
-    port = int(_wait_for(job["server0"], r"on port (\d+)").group(1))
+    port = int(wait_for_line(job["server0"], r"on port (\d+)").group(1))
     for rank in range(2):
-        _wait_for(job[f"worker{rank}"], "READY")
+        wait_for_line(job[f"worker{rank}"], "READY")
     # It listens on the address it advertises (127.0.0.1 here), not on every interface.
     assert _listening_addresses(port) == ["127.0.0.1"]
     address = ("127.0.0.1", port)
@@ -231,9 +220,9 @@ def test_a_server_out_of_descriptors_keeps_serving_without_spinning(procs):
     workers = [procs.start([*LAUNCH, *worker_command("steady_sums.py")],
                            base_env(DMLC_ROLE="worker", DMLC_WORKER_ID=rank, **common))
                for rank in range(2)]
-    port = int(_wait_for(server, r"on port (\d+)").group(1))
+    port = int(wait_for_line(server, r"on port (\d+)").group(1))
     for worker in workers:
-        _wait_for(worker, "READY")
+        wait_for_line(worker, "READY")
     flood = []
     try:
         # From several addresses: one address may hold only a few waiting connections.
@@ -261,7 +250,7 @@ def _server_first(procs, rounds: int) -> tuple[dict, int]:
     job = {"scheduler": procs.start(LAUNCH, base_env(DMLC_ROLE="scheduler", **procs.job_env)),
            "server": procs.start(LAUNCH, base_env(DMLC_ROLE="server", BYTEPS_LOG_LEVEL="INFO",
                                                   **procs.job_env))}
-    return job, int(_wait_for(job["server"], r"listening on port (\d+)").group(1))
+    return job, int(wait_for_line(job["server"], r"listening on port (\d+)").group(1))
 
 
 def _then_the_workers(procs, job: dict) -> None:

@@ -30,6 +30,7 @@ DataReader DataReader::OfStream(Connection* stream, size_t bytes) {
 DataReader DataReader::OfMemory(const char* memory, size_t bytes) {
   DataReader reader;
   reader.memory_ = memory;
+  reader.lasting_ = true;
   reader.remaining_ = bytes;
   return reader;
 }
@@ -44,7 +45,7 @@ Status DataReader::OpenSealed() {
 }
 
 const char* DataReader::View(size_t bytes) {
-  if (!OpenSealed().ok() || !memory_ || bytes > remaining_) return nullptr;
+  if (!lasting_ || !memory_ || bytes > remaining_) return nullptr;
   const char* view = memory_;
   memory_ += bytes;
   remaining_ -= bytes;

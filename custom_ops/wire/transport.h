@@ -37,9 +37,9 @@ class DataReader {
   static DataReader OfMemory(const char* memory, size_t bytes);
 
   size_t remaining() const { return remaining_; }
-  // The next `bytes` where they lie, if they lie in memory this process can read
-  // (shared memory, or a sealed payload once opened); null on a socket, where Read()
-  // must copy them out.
+  // The next `bytes` where they lie, if they lie in shared memory, where they stay
+  // until the frame is answered; null on a socket, where Read() must copy them out
+  // (a sealed payload too: it lies in a buffer the next frame reuses).
   const char* View(size_t bytes);
   Status Read(void* dst, size_t bytes);
   // Drops what is left unread, so that the stream stays in step.
@@ -52,6 +52,7 @@ class DataReader {
 
   Connection* stream_ = nullptr;
   const char* memory_ = nullptr;
+  bool lasting_ = false;  // memory_ outlives the next frame (shared memory)
   size_t remaining_ = 0;
   Status failure_ = Status::OK();
 };

@@ -395,8 +395,6 @@ class Config:
             raise ConfigError(
                 f"DMLC_NUM_WORKER={self.num_worker} x BYTEPS_LOCAL_SIZE={self.local_size} "
                 f"is more than {max_nodes} worker processes")
-        if self.encrypt and not self.job_token:
-            raise ConfigError(ENCRYPT_WITHOUT_TOKEN)
         if self.worker_id >= self.num_worker:
             raise ConfigError(
                 f"DMLC_WORKER_ID={self.worker_id} is not valid: expected 0 to "
@@ -435,6 +433,8 @@ class Config:
         if self.num_server < 1:
             raise ConfigError(
                 "DMLC_NUM_SERVER must be set to at least 1: a distributed job needs servers")
+        if self.encrypt and not self.job_token:  # (bpslaunch makes the token, later)
+            raise ConfigError(ENCRYPT_WITHOUT_TOKEN)
         try:
             socket.getaddrinfo(self.root_uri, self.root_port, socket.AF_INET)
         except OSError as error:

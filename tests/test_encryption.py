@@ -1,0 +1,220 @@
+"""BYTEPS_ENCRYPT through real jobs: sums stay right over TCP and shared memory, the
+gradients are not in the clear on the wire, a frame tampered with or replayed by a man
+in the middle ends the job naming the worker (never a wrong sum), and nodes started
+with different settings are told why they cannot talk."""
+
+import os
+import socket
+import struct
+import subprocess
+import threading
+
+import pytest
+from conftest import LAUNCH, base_env, finish, free_port, wait_for_line, worker_command
+from test_collectives import check_collectives
+
+# The wire's layout (custom_ops/wire/protocol.h, auth.h, crypto.h).
+HEADER_BYTES = 72
+LENGTH_OFFSET = 56
+TYPE_OFFSET = 4
+PUSH = 3
+HELLO_BYTES = HEADER_BYTES + 16 + 32
+TAG_BYTES = 16
+# 16 float32 ones in a row: what a worker's push of ones looks like in the clear.
+ONES = struct.pack("<16f", *[1.0] * 16)
+
+
+def _recv_exact(sock: socket.socket, count: int) -> bytes:
+    data = bytearray()
+    while len(data) < count:
+        chunk = sock.recv(count - len(data))
+        if not chunk:
+            raise ConnectionError("closed")
+        data += chunk
+    return bytes(data)
+
+
+class ManInTheMiddle:
+    """Listens on 127.0.0.2:`port` and relays to the server at 127.0.0.1:`port`. It
+    reads the worker's side frame by frame (headers are in the clear) and keeps what it
+    saw; `mischief` "tamper" flips a bit in the payload of the worker's 20th push,
+    "replay" sends that push twice."""
+
+    def __init__(self, port: int, sealed: bool, mischief: str | None = None):
+        self.port, self.sealed, self.mischief = port, sealed, mischief
+        self.seen = bytearray()
+        self.done_mischief = threading.Event()
+        self.listener = socket.create_server(("127.0.0.2", port))
+        self.listener.settimeout(0.5)
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
+        self.threads[0].start()
+
+    def close(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=5)
+        self.listener.close()
+
+    def _accept(self) -> None:
+        while not self.stop.is_set():
+            try:
+                worker, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            server = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+            for sock in (worker, server):
+                sock.settimeout(None)
+            for target in (self._worker_to_server, self._server_to_worker):
+                thread = threading.Thread(target=target, args=(worker, server), daemon=True)
+                thread.start()
+                self.threads.append(thread)
+
+    def _server_to_worker(self, worker: socket.socket, server: socket.socket) -> None:
+        try:
+            while chunk := server.recv(1 << 16):
+                worker.sendall(chunk)
+        except OSError:
+            pass
+        worker.close()
+
+    def _worker_to_server(self, worker: socket.socket, server: socket.socket) -> None:
+        tag = TAG_BYTES if self.sealed else 0
+        pushes = 0
+        try:
+            server.sendall(_recv_exact(worker, HELLO_BYTES))
+            while True:
+                start = _recv_exact(worker, HEADER_BYTES + tag)
+                length = struct.unpack_from("<Q", start, LENGTH_OFFSET)[0]
+                frame = bytearray(start + _recv_exact(worker, length + (tag if length else 0)))
+                if len(self.seen) < (4 << 20):
+                    self.seen += frame
+                pushes += frame[TYPE_OFFSET] == PUSH
+                if pushes == 20 and frame[TYPE_OFFSET] == PUSH and length and self.mischief:
+                    if self.mischief == "tamper":
+                        frame[HEADER_BYTES + tag + length // 2] ^= 0x10
+                    else:
+                        server.sendall(frame)  # replayed below
+                    self.done_mischief.set()
+                server.sendall(frame)
+        except OSError:
+            pass
+        server.close()
+
+
+def _hosts_file(tmp_path) -> str:
+    """An /etc/hosts in which "localhost" is the man in the middle's address."""
+    path = tmp_path / "hosts"
+    path.write_text("127.0.0.2 localhost\n")
+    return str(path)
+
+
+def _behind_the_man_in_the_middle(command: list[str], hosts: str) -> list[str]:
+    """`command` in a mount namespace of its own that sees `hosts` as /etc/hosts."""
+    return ["unshare", "-m", "--", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"',
+            hosts, *command]
+
+
+def _job_through_the_middle(procs, tmp_path, encrypt: bool, mischief: str | None = None):
+    """One server advertised as "localhost" (127.0.0.1 to it and to worker 1); worker 0
+    resolves that name to the man in the middle. TCP only (BYTEPS_ENABLE_IPC=0)."""
+    env = dict(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=free_port(), DMLC_NUM_WORKER=2,
+               DMLC_NUM_SERVER=1, BYTEPS_JOB_TOKEN="the job's token", BYTEPS_ENABLE_IPC=0,
+               BYTEPS_ENCRYPT=int(encrypt), TEST_ROUNDS=60, TEST_ELEMENTS=4096)
+    job = {"scheduler": procs.start(LAUNCH, base_env(DMLC_ROLE="scheduler", **env)),
+           "server": procs.start(LAUNCH, base_env(DMLC_ROLE="server", DMLC_NODE_HOST="localhost",
+                                                  BYTEPS_LOG_LEVEL="INFO", **env))}
+    port = int(wait_for_line(job["server"], r"listening on port (\d+)").group(1))
+    middle = ManInTheMiddle(port, sealed=encrypt, mischief=mischief)
+    hosts = _hosts_file(tmp_path)
+    for rank in range(2):
+        command = [*LAUNCH, *worker_command("steady_sums.py")]
+        if rank == 0:
+            command = _behind_the_man_in_the_middle(command, hosts)
+        job[f"worker{rank}"] = procs.start(
+            command, base_env(DMLC_ROLE="worker", DMLC_WORKER_ID=rank, **env))
+    return job, middle
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces need root")
+
+
+def _outputs(job: dict) -> dict[str, tuple[int, str]]:
+    return {name: finish(process, timeout=120) for name, process in job.items()}
+
+
+@needs_root
+@pytest.mark.parametrize("encrypt", [True, False], ids=["encrypted", "clear"])
+def test_what_a_man_in_the_middle_sees(procs, tmp_path, encrypt):
+    # Worker 0's pushes hold ones at every step after the first; in the clear they show
+    # on the wire, sealed they do not. The sums are right either way.
+    job, middle = _job_through_the_middle(procs, tmp_path, encrypt)
+    try:
+        outputs = _outputs(job)
+    finally:
+        middle.close()
+    for name, (status, output) in outputs.items():
+        assert status == 0, (name, output)
+    assert "SUMS OK 0" in outputs["worker0"][1] and "SUMS OK 1" in outputs["worker1"][1]
+    assert len(middle.seen) > 60 * 4096, len(middle.seen)  # every push went through it
+    assert (ONES in middle.seen) == (not encrypt)
+
+
+@needs_root
+@pytest.mark.parametrize("mischief", ["tamper", "replay"])
+def test_a_frame_changed_on_the_way_ends_the_job_naming_the_worker(procs, tmp_path, mischief):
+    job, middle = _job_through_the_middle(procs, tmp_path, True, mischief)
+    try:
+        outputs = _outputs(job)
+    finally:
+        middle.close()
+    assert middle.done_mischief.is_set()
+    everything = "\n".join(output for _, output in outputs.values())
+    assert "WRONG" not in everything, everything  # no sum was made of the changed frame
+    server = outputs["server"][1]
+    assert "worker rank 0 (127.0.0.1:" in server and "does not authenticate" in server, server
+    assert outputs["worker0"][0] != 0, outputs["worker0"][1]
+
+
+@pytest.mark.parametrize("sealed_side", ["worker", "server"])
+def test_nodes_started_with_different_settings_are_told_why(procs, sealed_side):
+    env = dict(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=free_port(), DMLC_NUM_WORKER=1,
+               DMLC_NUM_SERVER=1, BYTEPS_JOB_TOKEN="the job's token", BYTEPS_FORCE_DISTRIBUTED=1,
+               TEST_ROUNDS=3)
+    sealed = dict(BYTEPS_ENCRYPT=1)
+    job = {"scheduler": procs.start(LAUNCH, base_env(DMLC_ROLE="scheduler", **env)),
+           "server": procs.start(LAUNCH, base_env(
+               DMLC_ROLE="server", **env, **(sealed if sealed_side == "server" else {}))),
+           "worker0": procs.start([*LAUNCH, *worker_command("steady_sums.py")], base_env(
+               DMLC_ROLE="worker", **env, **(sealed if sealed_side == "worker" else {})))}
+    status, output = finish(job["worker0"], timeout=60)
+    assert status != 0, output
+    said = ("worker 0 seals its frames and this server sends them in the clear"
+            if sealed_side == "worker" else
+            "worker 0 sends its frames in the clear and this server seals them")
+    assert said in output and "BYTEPS_ENCRYPT" in output, output
+    for name in ("scheduler", "server"):
+        procs.end(job[name])
+
+
+def test_encryption_without_a_token_is_refused(procs):
+    env = base_env(DMLC_ROLE="server", DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=free_port(),
+                   DMLC_NUM_WORKER=1, DMLC_NUM_SERVER=1, BYTEPS_ENCRYPT=1,
+                   BYTEPS_FORCE_DISTRIBUTED=1)
+    env.pop("BYTEPS_JOB_TOKEN", None)
+    for role in ("server", "worker"):
+        run = subprocess.run([*LAUNCH, *worker_command("steady_sums.py")] if role == "worker"
+                             else LAUNCH, env={**env, "DMLC_ROLE": role}, capture_output=True,
+                             text=True, timeout=120)
+        assert run.returncode != 0, (role, run.stdout, run.stderr)
+        assert "BYTEPS_ENCRYPT=1 needs BYTEPS_JOB_TOKEN" in run.stdout + run.stderr, role
+
+
+def test_every_collective_is_right_when_encrypted(procs, tmp_path):
+    # Three workers, one of them over TCP and two over shared memory, small partitions:
+    # many sealed frames of every kind, each collective checked against numpy.
+    status, output = procs.launch(3, "collectives.py", num_servers=2, BYTEPS_ENCRYPT=1,
+                                  BYTEPS_PARTITION_BYTES=4096, TEST_OUT=tmp_path,
+                                  TEST_TCP_WORKERS="1", timeout=240)
+    assert status == 0, output
+    check_collectives(tmp_path, 3)
