@@ -2,7 +2,7 @@
 against TensorFlow's ring all-reduce, on hosts made of network namespaces.
 
     sudo python examples/benchmarks/network_bound.py [--mbit 200] [--mb 4,64]
-        [--layouts 2x2,4x2,4x4,2c,4c,4h2]
+        [--layouts 2x2,4x2,4x4,2c,4c,4h2] [--encrypt]
 
 A layout "NxK" is N worker hosts (one worker each) and K separate server hosts; "Nc"
 puts a server on each of the N worker hosts; "NhK" is the BytePS paper's hybrid, a
@@ -16,7 +16,8 @@ of each --mb size, the floor the links allow for that placement and the ratio:
     servers on the N worker hosts:          2(N-1)M/(N B)   (also the ring optimum)
     hybrid, the paper's split:              2N(N-1)M/((N^2 + KN - 2K) B)
 
-and MultiWorkerMirroredStrategy's ring all-reduce on the same N worker hosts.
+and MultiWorkerMirroredStrategy's ring all-reduce on the same N worker hosts. With
+--encrypt, each layout runs again with BYTEPS_ENCRYPT=1, and its time and cost follow.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import argparse
 import dataclasses
 import json
 import os
+import secrets
 import socket
 import statistics
 import subprocess
@@ -151,13 +153,15 @@ class Layout:
         return 2 * n * (n - 1) / (n * n + k * n - 2 * k) * seconds_per_tensor
 
 
-def run_layout(bed: NetBed, layout: Layout, nbytes: int, scratch: str) -> float:
+def run_layout(bed: NetBed, layout: Layout, nbytes: int, scratch: str,
+               encrypt: bool = False) -> float:
     """Seconds per push_pull, the scheduler on the first server host."""
     workers, server_hosts = layout.workers, layout.server_hosts
     out_path = os.path.join(scratch, f"bps-{layout.name()}.json")
     env = {**os.environ, "DMLC_PS_ROOT_URI": bed.address(server_hosts[0]),
            "DMLC_PS_ROOT_PORT": str(PORT), "DMLC_NUM_WORKER": str(workers),
-           "DMLC_NUM_SERVER": str(len(server_hosts)), "TF_CPP_MIN_LOG_LEVEL": "3"}
+           "DMLC_NUM_SERVER": str(len(server_hosts)), "TF_CPP_MIN_LOG_LEVEL": "3",
+           "BYTEPS_JOB_TOKEN": secrets.token_hex(16), "BYTEPS_ENCRYPT": str(int(encrypt))}
     launch = [sys.executable, "-m", "tf_bps.launch"]
     worker = [*launch, sys.executable, __file__, "--role", "tf_bps", "--out", out_path,
               "--mb", str(nbytes >> 20)]
@@ -183,6 +187,8 @@ def main() -> None:
     parser.add_argument("--mb", default="4,64", help="MB per push_pull, comma-separated")
     parser.add_argument("--layouts", default="2x2,4x2,4x4,2c,4c,4h2")
     parser.add_argument("--no-ring", action="store_true", help="skip the ring all-reduce")
+    parser.add_argument("--encrypt", action="store_true",
+                        help="run each layout again with BYTEPS_ENCRYPT=1")
     parser.add_argument("--role", choices=["tf_bps", "mwms"], help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--receive", action="store_true", help=argparse.SUPPRESS)
@@ -203,8 +209,9 @@ def main() -> None:
               f"median of {STEPS} steps")
         for size in sizes:
             print(f"\n{size} MB push_pull")
+            sealed_header = f"  {'sealed s':>8}  {'cost':>6}" if args.encrypt else ""
             print(f"{'layout':>34}  {'tf_bps s':>8}  {'floor s':>7}  {'ratio':>5}  "
-                  f"{'ring s':>6}  {'ring/tf_bps':>11}")
+                  f"{'ring s':>6}  {'ring/tf_bps':>11}{sealed_header}")
             rings: dict[int, float] = {}
             for layout in layouts:
                 nbytes = size << 20
@@ -216,8 +223,12 @@ def main() -> None:
                     if n not in rings:
                         rings[n] = run_ring(bed, n, nbytes, scratch)
                     ring = f"{rings[n]:6.2f}  {rings[n] / seconds:10.2f}x"
+                sealed = ""
+                if args.encrypt:
+                    sealed_seconds = run_layout(bed, layout, nbytes, scratch, encrypt=True)
+                    sealed = f"  {sealed_seconds:8.2f}  {sealed_seconds / seconds - 1:6.1%}"
                 print(f"{layout.name():>34}  {seconds:8.2f}  {floor:7.2f}  {seconds / floor:5.2f}  "
-                      f"{ring}", flush=True)
+                      f"{ring}{sealed}", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -1,12 +1,14 @@
 """push_pull against TensorFlow's MultiWorkerMirroredStrategy all-reduce, in one run.
 
-    python examples/benchmarks/push_pull_benchmark.py
+    python examples/benchmarks/push_pull_benchmark.py [--encrypt]
 
 Runs 2 tf_bps workers with 2 servers on this machine twice, with the default same-host
 transport (Unix sockets) and with TCP over loopback (BYTEPS_ENABLE_IPC=0), then 2
 MultiWorkerMirroredStrategy workers (RING all-reduce, gRPC over loopback) on the same
 float32 tensor sizes. Prints the algorithm bandwidth (tensor bytes / median time per
 operation) of each, the ratios tf_bps / peer, and the p50 latency of the smallest size.
+With --encrypt, both tf_bps jobs run again with BYTEPS_ENCRYPT=1 and a second table
+gives what sealing every frame costs on each transport.
 """
 
 from __future__ import annotations
@@ -82,6 +84,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--role", choices=["tf_bps", "mwms"], help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--encrypt", action="store_true",
+                        help="also run the tf_bps jobs with BYTEPS_ENCRYPT=1")
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     if args.role == "tf_bps":
@@ -90,12 +94,19 @@ def main() -> None:
         return mwms_worker(args.out)
 
     with tempfile.TemporaryDirectory() as scratch:
-        paths = {name: os.path.join(scratch, f"{name}.json") for name in ("local", "tcp", "mwms")}
-        local = jobs.run_tf_bps(worker_command("tf_bps", paths["local"]), paths["local"],
-                                NUM_WORKERS, num_servers=2, env={"BYTEPS_ENABLE_IPC": "1"})
-        tcp = jobs.run_tf_bps(worker_command("tf_bps", paths["tcp"]), paths["tcp"],
-                              NUM_WORKERS, num_servers=2, env={"BYTEPS_ENABLE_IPC": "0"})
-        peer = jobs.run_mwms(worker_command("mwms", paths["mwms"]), paths["mwms"], NUM_WORKERS)
+        def tf_bps_job(name: str, ipc: str, encrypt: str = "0") -> dict:
+            path = os.path.join(scratch, f"{name}.json")
+            return jobs.run_tf_bps(worker_command("tf_bps", path), path, NUM_WORKERS,
+                                   num_servers=2,
+                                   env={"BYTEPS_ENABLE_IPC": ipc, "BYTEPS_ENCRYPT": encrypt})
+
+        local = tf_bps_job("local", "1")
+        tcp = tf_bps_job("tcp", "0")
+        if args.encrypt:
+            sealed = {"local": tf_bps_job("local-sealed", "1", "1"),
+                      "tcp": tf_bps_job("tcp-sealed", "0", "1")}
+        path = os.path.join(scratch, "mwms.json")
+        peer = jobs.run_mwms(worker_command("mwms", path), path, NUM_WORKERS)
     print(f"{NUM_WORKERS} workers, float32, algorithm bandwidth in GB/s; tf_bps with 2 servers "
           "(Unix sockets, and TCP loopback), MultiWorkerMirroredStrategy RING")
     print(f"{'size':>6}  {'tf_bps':>8}  {'tf_bps TCP':>10}  {'MWMS':>8}  {'ratio':>6}  "
@@ -107,6 +118,27 @@ def main() -> None:
     a, t, b = (r[small]["p50_us"] for r in (local, tcp, peer))
     print(f"p50 latency at {small}: tf_bps {a:.0f} us, tf_bps TCP {t:.0f} us, MWMS {b:.0f} us "
           f"(tf_bps / MWMS = {a / b:.2f}, TCP / MWMS = {t / b:.2f})")
+    if args.encrypt:
+        print_sealing_cost({"local": local, "tcp": tcp}, sealed)
+
+
+def print_sealing_cost(clear: dict, sealed: dict) -> None:
+    """Bandwidth with and without BYTEPS_ENCRYPT, and what sealing costs (1 - sealed /
+    clear); for the smallest size, the p50 latency instead."""
+    print("\nBYTEPS_ENCRYPT=1 (AES-256-GCM on every frame), GB/s: clear, sealed, cost")
+    print(f"{'size':>6}  {'Unix':>7}  {'sealed':>7}  {'cost':>6}  {'TCP':>7}  {'sealed':>7}  "
+          f"{'cost':>6}")
+    for label in SIZES:
+        row = f"{label:>6}"
+        for transport in ("local", "tcp"):
+            a = clear[transport][label]["bandwidth_gbs"]
+            b = sealed[transport][label]["bandwidth_gbs"]
+            row += f"  {a:7.3f}  {b:7.3f}  {1 - b / a:6.1%}"
+        print(row)
+    small = next(iter(SIZES))
+    print(f"p50 latency at {small}, clear / sealed: Unix "
+          f"{clear['local'][small]['p50_us']:.0f} / {sealed['local'][small]['p50_us']:.0f} us, "
+          f"TCP {clear['tcp'][small]['p50_us']:.0f} / {sealed['tcp'][small]['p50_us']:.0f} us")
 
 
 if __name__ == "__main__":
