@@ -126,6 +126,27 @@ def test_a_hello_flood_during_start_up_keeps_no_node_out(procs):
     assert "refused" not in outputs["scheduler"], outputs["scheduler"]
 
 
+def test_a_hello_flood_during_training_keeps_every_node_in(procs):
+    # The flood starts once both workers train: the scheduler answers it and still
+    # hears every heartbeat, so no node is declared lost and every sum is right.
+    # (examples/benchmarks/hello_flood.py measures the step time it costs.)
+    job = procs.start_job_by_role(2, 1, "steady_sums.py", TEST_ROUNDS=250,
+                                  BYTEPS_JOB_TOKEN="the job's secret", PS_HEARTBEAT_TIMEOUT=5)
+    for rank in range(2):
+        wait_for_line(job[f"worker{rank}"], "READY")
+    stop, sent = threading.Event(), [0]
+    port = int(procs.job_env["DMLC_PS_ROOT_PORT"])
+    flood = threading.Thread(target=_hello_flood, args=(port, 1000, stop, sent), daemon=True)
+    flood.start()
+    try:
+        outputs = _completes_with_right_sums(job)
+    finally:
+        stop.set()
+        flood.join(timeout=10)
+    assert sent[0] > 10_000, sent
+    assert "heartbeat" not in outputs["scheduler"], outputs["scheduler"]
+
+
 HEADER = struct.Struct("<IBBBBIIIB3xiIQQqQII")  # custom_ops/wire/protocol.h: FrameHeader
 MAGIC, HELLO = 0x33535042, 1
 

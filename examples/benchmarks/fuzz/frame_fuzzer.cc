@@ -1,6 +1,7 @@
 // A libFuzzer target for everything that reads bytes a peer sent: the declaration
-// decoder, a channel's frame reader (both transports), and a server's whole read
-// path behind an authenticated worker connection. Built and run by run_fuzzer.sh.
+// decoder, a channel's frame reader (both transports, in the clear and sealed), and a
+// server's whole read path behind an authenticated worker connection (in the clear and
+// sealed). Built and run by run_fuzzer.sh.
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 
 #include "../../../custom_ops/common/logging.h"
 #include "../../../custom_ops/server/server.h"
+#include "../../../custom_ops/wire/crypto.h"
 #include "../../../custom_ops/wire/protocol.h"
 #include "../../../custom_ops/wire/transport.h"
 
@@ -35,7 +37,21 @@ void ReadFrames(bps::Channel& channel) {
   }
 }
 
-void FeedChannel(const uint8_t* data, size_t size, bool shared_memory) {
+// Seals `channel` with the keys of a connection whose nonces are all zero: the side
+// `server` reads what the other side seals.
+void Seal(bps::Channel& channel, bool server) {
+  bps::ConnectionKeys keys;
+  if (!bps::DeriveConnectionKeys(kToken, bps::Nonce{}, bps::Nonce{}, 0, &keys).ok()) abort();
+  std::unique_ptr<bps::RecordCipher> sealer, opener;
+  using Role = bps::RecordCipher::Role;
+  bps::RecordCipher::Create(server ? keys.server_to_worker : keys.worker_to_server, Role::kSeal,
+                            &sealer);
+  bps::RecordCipher::Create(server ? keys.worker_to_server : keys.server_to_worker, Role::kOpen,
+                            &opener);
+  channel.Seal(std::move(sealer), std::move(opener));
+}
+
+void FeedChannel(const uint8_t* data, size_t size, bool shared_memory, bool sealed = false) {
   int fds[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) return;
   auto conn = std::make_unique<bps::Connection>(fds[0], "fuzzer");
@@ -47,28 +63,16 @@ void FeedChannel(const uint8_t* data, size_t size, bool shared_memory) {
   } else {
     channel = std::make_unique<bps::SocketChannel>(std::move(conn));
   }
+  if (sealed) Seal(*channel, true);
   if (::write(fds[1], data, size) < 0) {
   }  // At most the socket buffer: enough for an input.
   ::close(fds[1]);
   ReadFrames(*channel);
 }
 
-// A fresh server for each input: a worker proves the token, then sends the bytes.
-void FeedServer(const uint8_t* data, size_t size) {
-  bps::ServerOptions options;
-  options.engine_threads = 1;
-  options.timeout_ms = 2000;
-  options.token = kToken;
-  bps::Server server(options);
-  int port = 0;
-  if (!server.Listen(&port).ok() || !server.Serve({0, 1}).ok()) return;
-  std::unique_ptr<bps::Channel> worker;
-  if (!bps::ConnectToServer(bps::ServerAddress{"127.0.0.1", port}, "server", kToken, 0, 2000,
-                            &worker)
-           .ok())
-    return;
-  // The input as frames: each header (made to pass the magic check) takes its payload
-  // from the bytes after it, so that every parser behind the handshake gets fuzzed.
+// The input as frames: each header (made to pass the magic check) takes its payload
+// from the bytes after it, so that every parser behind the handshake gets fuzzed.
+void SendAsFrames(bps::Channel& channel, const uint8_t* data, size_t size) {
   size_t at = 0;
   bps::FrameHeader header;
   while (at + sizeof(header) <= size) {
@@ -76,9 +80,61 @@ void FeedServer(const uint8_t* data, size_t size) {
     at += sizeof(header);
     header.magic = bps::kFrameMagic;
     header.length = std::min<uint64_t>(header.length, size - at);
-    if (!worker->Send(header, data + at).ok()) break;
+    if (!channel.Send(header, data + at).ok()) break;
     at += header.length;
   }
+}
+
+// Well-formed sealed frames made of the input, one byte of the sealed stream flipped
+// (where the input's first four bytes say), read by a sealed channel: every path that
+// opens a sealed header or payload meets a valid record and a spoilt one.
+void FeedTamperedSealedFrames(const uint8_t* data, size_t size) {
+  if (size < 4) return;
+  uint32_t flip_at = 0;
+  std::memcpy(&flip_at, data, sizeof(flip_at));
+  int writer_fds[2], reader_fds[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, writer_fds) != 0) return;
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, reader_fds) != 0) return;
+  bps::SocketChannel writer(std::make_unique<bps::Connection>(writer_fds[0], "fuzzed worker"));
+  bps::SocketChannel reader(std::make_unique<bps::Connection>(reader_fds[0], "fuzzed worker"));
+  Seal(writer, false);
+  Seal(reader, true);
+  std::thread send([&] {
+    SendAsFrames(writer, data + 4, size - 4);
+    writer.ShutdownWrite();
+  });
+  std::string wire;
+  char chunk[1 << 16];
+  for (ssize_t n; (n = ::read(writer_fds[1], chunk, sizeof(chunk))) > 0;) wire.append(chunk, n);
+  send.join();
+  ::close(writer_fds[1]);
+  if (!wire.empty()) wire[flip_at % wire.size()] ^= static_cast<char>(1 + (flip_at >> 24) % 255);
+  std::thread deliver([&] {
+    if (::write(reader_fds[1], wire.data(), wire.size()) < 0) {
+    }
+    ::close(reader_fds[1]);
+  });
+  ReadFrames(reader);
+  reader.Shutdown();
+  deliver.join();
+}
+
+// A fresh server for each input: a worker proves the token, then sends the bytes.
+void FeedServer(const uint8_t* data, size_t size, bool sealed) {
+  bps::ServerOptions options;
+  options.engine_threads = 1;
+  options.timeout_ms = 2000;
+  options.token = kToken;
+  options.encrypt = sealed;
+  bps::Server server(options);
+  int port = 0;
+  if (!server.Listen(&port).ok() || !server.Serve({0, 1}).ok()) return;
+  std::unique_ptr<bps::Channel> worker;
+  if (!bps::ConnectToServer(bps::ServerAddress{"127.0.0.1", port}, "server",
+                            bps::JobSecret(kToken, sealed), 0, 2000, &worker)
+           .ok())
+    return;
+  SendAsFrames(*worker, data, size);
   worker->ShutdownWrite();
   std::this_thread::sleep_for(std::chrono::milliseconds(2));
   server.Stop();
@@ -93,7 +149,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }();
   (void)quiet;
   if (size == 0) return 0;
-  const uint8_t target = data[0] % 4;
+  const uint8_t target = data[0] % 7;
   ++data;
   --size;
   switch (target) {
@@ -109,7 +165,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       FeedChannel(data, size, true);
       break;
     case 3:
-      FeedServer(data, size);
+      FeedServer(data, size, false);
+      break;
+    case 4:
+      FeedChannel(data, size, false, true);
+      break;
+    case 5:
+      FeedTamperedSealedFrames(data, size);
+      break;
+    case 6:
+      FeedServer(data, size, true);
       break;
   }
   return 0;

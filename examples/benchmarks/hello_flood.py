@@ -1,0 +1,137 @@
+"""Training while strangers flood the scheduler with hellos, against the same job's
+steps before the flood.
+
+    python examples/benchmarks/hello_flood.py [--peers 2000] [--seconds 12]
+
+Starts a job role by role on this machine (a scheduler, one server, 2 workers that
+push_pull 4 MB for as long as the run lasts, a job token), and a flooding process: once
+the workers have trained for a while, --peers ZeroMQ DEALER connections to the
+scheduler's port each say a well-formed hello, over and over, for --seconds, reading
+the challenges back as a stranger would. Prints the median step time before the flood
+and during it, their ratio, and how many hellos the flood sent. Every node must stay in
+the job: the scheduler keeps no state for a hello and still hears the heartbeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+
+import jobs
+
+WARM_UP_S = 20.0  # from the start: TensorFlow imports, registration, first steps
+CALM_S = 8.0  # steps timed before the flood
+TAIL_S = 3.0  # steps after the flood, so that no worker ends while it lasts
+
+
+def worker(out_path: str, until: float) -> None:
+    import tensorflow as tf
+
+    import tf_bps as bps
+
+    bps.init()
+    tensor = tf.ones([1 << 20], tf.float32)
+    steps = []
+    while time.time() < until:
+        start = time.time()
+        bps.push_pull(tensor, name="flooded").numpy()
+        steps.append((start, time.time() - start))
+    if bps.rank() == 0:
+        with open(out_path, "w") as out:
+            json.dump(steps, out)
+    bps.shutdown()
+
+
+def flood(port: int, peers: int, start: float, end: float, out_path: str) -> None:
+    import zmq
+
+    context = zmq.Context()
+    dealers = []
+    for _ in range(peers):
+        dealer = context.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.SNDHWM, 100)
+        dealers.append(dealer)
+    time.sleep(max(0.0, start - time.time()))
+    for dealer in dealers:
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+    hello = json.dumps({"type": "hello", "nonce": "0" * 32}).encode()
+    sent = 0
+    while time.time() < end:
+        for dealer in dealers:
+            try:
+                dealer.send(hello, zmq.NOBLOCK)
+                sent += 1
+            except zmq.Again:
+                pass
+            while dealer.poll(0):
+                dealer.recv()
+    for dealer in dealers:
+        dealer.close()
+    context.term()
+    with open(out_path, "w") as out:
+        json.dump({"sent": sent}, out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peers", type=int, default=2000)
+    parser.add_argument("--seconds", type=float, default=12.0, help="how long the flood lasts")
+    parser.add_argument("--role", choices=["worker", "flood"], help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--start", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--end", type=float, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    if args.role == "worker":
+        return worker(args.out, args.end)
+    if args.role == "flood":
+        return flood(args.port, args.peers, args.start, args.end, args.out)
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    flood_start = time.time() + WARM_UP_S + CALM_S
+    flood_end = flood_start + args.seconds
+    with tempfile.TemporaryDirectory() as scratch:
+        steps_path, flood_path = (os.path.join(scratch, name) for name in ("steps", "flood"))
+        env = {**os.environ, "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port),
+               "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1",
+               "BYTEPS_JOB_TOKEN": "the flooded job's token"}
+        launch = [sys.executable, "-m", "tf_bps.launch"]
+        worker_command = [*launch, sys.executable, __file__, "--role", "worker", "--out",
+                          steps_path, "--end", str(flood_end + TAIL_S)]
+        flood_command = [sys.executable, __file__, "--role", "flood", "--port", str(port),
+                         "--peers", str(args.peers), "--start", str(flood_start), "--end",
+                         str(flood_end), "--out", flood_path]
+        jobs.run_processes([
+            (launch, {**env, "DMLC_ROLE": "scheduler"}),
+            (launch, {**env, "DMLC_ROLE": "server"}),
+            (worker_command, {**env, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": "0"}),
+            (worker_command, {**env, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": "1"}),
+            (flood_command, env)])
+        steps = json.load(open(steps_path))
+        sent = json.load(open(flood_path))["sent"]
+    calm = [took for start, took in steps if flood_start - CALM_S <= start < flood_start]
+    # From a second in: the peers connecting are part of the flood, but the first
+    # second is mostly their TCP handshakes.
+    flooded = [took for start, took in steps if flood_start + 1 <= start < flood_end]
+    if not calm or not flooded:
+        raise RuntimeError(f"too few steps: {len(calm)} before the flood, {len(flooded)} in it "
+                           f"(the job started later than {WARM_UP_S:g} s?)")
+    before, during = statistics.median(calm), statistics.median(flooded)
+    print(f"2 workers, 1 server, 4 MB push_pull; {args.peers} strangers flooding the scheduler "
+          f"with hellos for {args.seconds:g} s ({sent} hellos sent)")
+    print(f"median step before the flood {before * 1e3:.1f} ms ({len(calm)} steps), during it "
+          f"{during * 1e3:.1f} ms ({len(flooded)} steps): {during / before:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
