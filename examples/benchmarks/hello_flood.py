@@ -1,15 +1,20 @@
 """Training while strangers flood the scheduler with hellos, against the same job's
 steps before the flood.
 
-    python examples/benchmarks/hello_flood.py [--peers 2000] [--seconds 12]
+    python examples/benchmarks/hello_flood.py [--peers 2000] [--seconds 12] [--same-priority]
 
-Starts a job role by role on this machine (a scheduler, one server, 2 workers that
+Starts a job role by role on this machine (the scheduler, one server, 2 workers that
 push_pull 4 MB for as long as the run lasts, a job token), and a flooding process: once
 the workers have trained for a while, --peers ZeroMQ DEALER connections to the
 scheduler's port each say a well-formed hello, over and over, for --seconds, reading
 the challenges back as a stranger would. Prints the median step time before the flood
-and during it, their ratio, and how many hellos the flood sent. Every node must stay in
+and during it, their ratio, how many hellos the flood sent, and the scheduler's resident
+memory before and at the end of the flood. Every node must stay in
 the job: the scheduler keeps no state for a hello and still hears the heartbeats.
+
+The flood stands for strangers on other machines, so it runs at the lowest priority
+(nice 19): on a small machine it would otherwise take a whole core from the job, which
+measures the machine rather than the scheduler. --same-priority measures that too.
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ import json
 import os
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import jobs
@@ -48,10 +55,14 @@ def worker(out_path: str, until: float) -> None:
     bps.shutdown()
 
 
-def flood(port: int, peers: int, start: float, end: float, out_path: str) -> None:
+def flood(port: int, peers: int, start: float, end: float, out_path: str,
+          same_priority: bool) -> None:
     import zmq
 
+    if not same_priority:
+        os.nice(19)
     context = zmq.Context()
+    context.set(zmq.MAX_SOCKETS, peers + 16)  # ZeroMQ's default is 1023
     dealers = []
     for _ in range(peers):
         dealer = context.socket(zmq.DEALER)
@@ -79,10 +90,26 @@ def flood(port: int, peers: int, start: float, end: float, out_path: str) -> Non
         json.dump({"sent": sent}, out)
 
 
+def resident_mb(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def sample_memory(pid: int, when: dict[str, float], out: dict[str, float]) -> None:
+    """The resident memory of process `pid` at each of the wall-clock times `when`."""
+    for label, at in sorted(when.items(), key=lambda item: item[1]):
+        time.sleep(max(0.0, at - time.time()))
+        out[label] = resident_mb(pid)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peers", type=int, default=2000)
     parser.add_argument("--seconds", type=float, default=12.0, help="how long the flood lasts")
+    parser.add_argument("--same-priority", action="store_true",
+                        help="run the flood at the job's priority (by default it runs niced)")
     parser.add_argument("--role", choices=["worker", "flood"], help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -93,7 +120,7 @@ def main() -> None:
     if args.role == "worker":
         return worker(args.out, args.end)
     if args.role == "flood":
-        return flood(args.port, args.peers, args.start, args.end, args.out)
+        return flood(args.port, args.peers, args.start, args.end, args.out, args.same_priority)
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -110,13 +137,27 @@ def main() -> None:
                           steps_path, "--end", str(flood_end + TAIL_S)]
         flood_command = [sys.executable, __file__, "--role", "flood", "--port", str(port),
                          "--peers", str(args.peers), "--start", str(flood_start), "--end",
-                         str(flood_end), "--out", flood_path]
-        jobs.run_processes([
-            (launch, {**env, "DMLC_ROLE": "scheduler"}),
-            (launch, {**env, "DMLC_ROLE": "server"}),
-            (worker_command, {**env, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": "0"}),
-            (worker_command, {**env, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": "1"}),
-            (flood_command, env)])
+                         str(flood_end), "--out", flood_path,
+                         *(["--same-priority"] if args.same_priority else [])]
+        scheduler = subprocess.Popen([sys.executable, "-m", "tf_bps.control.scheduler"],
+                                     env={**env, "DMLC_ROLE": "scheduler"})
+        try:
+            others = [(launch, {**env, "DMLC_ROLE": "server"}),
+                      (worker_command, {**env, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": "0"}),
+                      (worker_command, {**env, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": "1"}),
+                      (flood_command, env)]
+            memory = {}
+            sampler = threading.Thread(target=sample_memory, daemon=True, args=(
+                scheduler.pid, {"before": flood_start - 1, "end": flood_end - 0.5}, memory))
+            sampler.start()
+            jobs.run_processes(others)
+            sampler.join()
+            if scheduler.wait(timeout=60) != 0:
+                raise RuntimeError("the scheduler failed")
+        finally:
+            if scheduler.poll() is None:
+                scheduler.kill()
+                scheduler.wait()
         steps = json.load(open(steps_path))
         sent = json.load(open(flood_path))["sent"]
     calm = [took for start, took in steps if flood_start - CALM_S <= start < flood_start]
@@ -131,6 +172,8 @@ def main() -> None:
           f"with hellos for {args.seconds:g} s ({sent} hellos sent)")
     print(f"median step before the flood {before * 1e3:.1f} ms ({len(calm)} steps), during it "
           f"{during * 1e3:.1f} ms ({len(flooded)} steps): {during / before:.2f}x")
+    print(f"scheduler resident memory: {memory['before']:.0f} MB before the flood, "
+          f"{memory['end']:.0f} MB at its end")
 
 
 if __name__ == "__main__":

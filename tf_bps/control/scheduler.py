@@ -30,6 +30,7 @@ log = logging.getLogger("tf_bps.scheduler")
 # A node's messages are small JSON objects; anything larger is not one of ours, and
 # ZeroMQ drops the connection that sends it before allocating it.
 MAX_MESSAGE_BYTES = 64 * 1024
+MESSAGES_QUEUED_PER_PEER = 64
 # Workers the elastic launcher starts together join at one commit: those registered
 # wait for the others this long at most (one that fails to start is reported sooner).
 LAUNCH_WAIT_S = 30.0
@@ -48,6 +49,10 @@ class Scheduler:
         self._socket.setsockopt(zmq.LINGER, 2000)
         self._socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
         self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        # A node has a few messages in flight at most; a flood of strangers' connections
+        # then holds MESSAGES_QUEUED_PER_PEER each, not ZeroMQ's default of 1000.
+        self._socket.setsockopt(zmq.SNDHWM, MESSAGES_QUEUED_PER_PEER)
+        self._socket.setsockopt(zmq.RCVHWM, MESSAGES_QUEUED_PER_PEER)
         # Only the address the job knows the scheduler by, when it is this machine's.
         address = socket.gethostbyname(root_uri)
         local = is_local_address(address) and not config.listen_any
