@@ -97,14 +97,17 @@ def _resets(output: str) -> list[str]:
     return [line for line in output.splitlines() if line.startswith("RESET")]
 
 
-@pytest.mark.parametrize("merge", ["0", "1"])
-def test_losing_rank_0_re_forms_the_job_with_the_survivors_renumbered(procs, merge):
+@pytest.mark.parametrize("merge,encrypt", [("0", "0"), ("1", "0"), ("0", "1")],
+                         ids=["alone", "merged", "encrypted"])
+def test_losing_rank_0_re_forms_the_job_with_the_survivors_renumbered(procs, merge, encrypt):
     # Horovod's "rank 0 killed" scenario: the survivors go on as a job of 2, the new
     # rank 0 is the oldest survivor, and every sum after the loss counts 2 workers
     # (elastic_training.py checks each one). Merged, the host's workers sum among
-    # themselves first, with rank 0 leading some partitions when it dies.
+    # themselves first, with rank 0 leading some partitions when it dies. Encrypted,
+    # the survivors and the server register again under fresh keys.
     job = procs.start_job_by_role(3, 1, "elastic_training.py", "120", "0.05", BYTEPS_ELASTIC=1,
-                                  BYTEPS_LOCAL_MERGE=merge)
+                                  BYTEPS_LOCAL_MERGE=merge, BYTEPS_ENCRYPT=encrypt,
+                                  BYTEPS_JOB_TOKEN="the job's token")
     _wait_until_ready(job["worker0"], job["worker1"], job["worker2"])
     time.sleep(1.0)
     procs.end(job["worker0"])

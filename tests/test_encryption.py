@@ -3,6 +3,7 @@ gradients are not in the clear on the wire, a frame tampered with or replayed by
 in the middle ends the job naming the worker (never a wrong sum), and nodes started
 with different settings are told why they cannot talk."""
 
+import json
 import os
 import socket
 import struct
@@ -34,15 +35,12 @@ def _recv_exact(sock: socket.socket, count: int) -> bytes:
     return bytes(data)
 
 
-class ManInTheMiddle:
-    """Listens on 127.0.0.2:`port` and relays to the server at 127.0.0.1:`port`. It
-    reads the worker's side frame by frame (headers are in the clear) and keeps what it
-    saw; `mischief` "tamper" flips a bit in the payload of the worker's 20th push,
-    "replay" sends that push twice."""
+class Relay:
+    """Listens on 127.0.0.2:`port` and relays each connection to 127.0.0.1:`port`: what
+    the connecting side sends through `upstream(src, dst)`, the answers as they are."""
 
-    def __init__(self, port: int, sealed: bool, mischief: str | None = None):
-        self.port, self.sealed, self.mischief = port, sealed, mischief
-        self.seen = bytearray()
+    def __init__(self, port: int):
+        self.port = port
         self.done_mischief = threading.Event()
         self.listener = socket.create_server(("127.0.0.2", port))
         self.listener.settimeout(0.5)
@@ -59,47 +57,95 @@ class ManInTheMiddle:
     def _accept(self) -> None:
         while not self.stop.is_set():
             try:
-                worker, _ = self.listener.accept()
+                near, _ = self.listener.accept()
             except TimeoutError:
                 continue
-            server = socket.create_connection(("127.0.0.1", self.port), timeout=5)
-            for sock in (worker, server):
+            far = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+            for sock in (near, far):
                 sock.settimeout(None)
-            for target in (self._worker_to_server, self._server_to_worker):
-                thread = threading.Thread(target=target, args=(worker, server), daemon=True)
+            for target, args in ((self._guarded(self.upstream), (near, far)),
+                                 (self._guarded(self.downstream), (far, near))):
+                thread = threading.Thread(target=target, args=args, daemon=True)
                 thread.start()
                 self.threads.append(thread)
 
-    def _server_to_worker(self, worker: socket.socket, server: socket.socket) -> None:
-        try:
-            while chunk := server.recv(1 << 16):
-                worker.sendall(chunk)
-        except OSError:
-            pass
-        worker.close()
+    @staticmethod
+    def _guarded(relay):
+        def run(src: socket.socket, dst: socket.socket) -> None:
+            try:
+                relay(src, dst)
+            except OSError:
+                pass
+            dst.close()
+        return run
 
-    def _worker_to_server(self, worker: socket.socket, server: socket.socket) -> None:
+    def upstream(self, src: socket.socket, dst: socket.socket) -> None:
+        while chunk := src.recv(1 << 16):
+            dst.sendall(chunk)
+
+    downstream = upstream
+
+
+class DataManInTheMiddle(Relay):
+    """Between a worker and its server: reads the worker's side frame by frame (headers
+    are in the clear) and keeps what it saw; `mischief` "tamper" flips a bit in the
+    payload of the worker's 20th push, "replay" sends that push twice."""
+
+    def __init__(self, port: int, sealed: bool, mischief: str | None = None):
+        self.sealed, self.mischief = sealed, mischief
+        self.seen = bytearray()
+        super().__init__(port)
+
+    def upstream(self, worker: socket.socket, server: socket.socket) -> None:
         tag = TAG_BYTES if self.sealed else 0
         pushes = 0
-        try:
-            server.sendall(_recv_exact(worker, HELLO_BYTES))
-            while True:
-                start = _recv_exact(worker, HEADER_BYTES + tag)
-                length = struct.unpack_from("<Q", start, LENGTH_OFFSET)[0]
-                frame = bytearray(start + _recv_exact(worker, length + (tag if length else 0)))
-                if len(self.seen) < (4 << 20):
-                    self.seen += frame
-                pushes += frame[TYPE_OFFSET] == PUSH
-                if pushes == 20 and frame[TYPE_OFFSET] == PUSH and length and self.mischief:
-                    if self.mischief == "tamper":
-                        frame[HEADER_BYTES + tag + length // 2] ^= 0x10
-                    else:
-                        server.sendall(frame)  # replayed below
-                    self.done_mischief.set()
-                server.sendall(frame)
-        except OSError:
-            pass
-        server.close()
+        server.sendall(_recv_exact(worker, HELLO_BYTES))
+        while True:
+            start = _recv_exact(worker, HEADER_BYTES + tag)
+            length = struct.unpack_from("<Q", start, LENGTH_OFFSET)[0]
+            frame = bytearray(start + _recv_exact(worker, length + (tag if length else 0)))
+            if len(self.seen) < (4 << 20):
+                self.seen += frame
+            pushes += frame[TYPE_OFFSET] == PUSH
+            if pushes == 20 and frame[TYPE_OFFSET] == PUSH and length and self.mischief:
+                if self.mischief == "tamper":
+                    frame[HEADER_BYTES + tag + length // 2] ^= 0x10
+                else:
+                    server.sendall(frame)  # replayed below
+                self.done_mischief.set()
+            server.sendall(frame)
+
+
+class ControlManInTheMiddle(Relay):
+    """Between the scheduler and the node connecting through it: reads the scheduler's
+    side as ZeroMQ frames (ZMTP 3), keeps the messages, and after the fifth slips in a
+    forged one, a clear abort."""
+
+    FORGED = json.dumps({"type": "abort", "reason": "forged by a man in the middle"}).encode()
+
+    def __init__(self, port: int):
+        self.messages = 0
+        super().__init__(port)
+
+    def downstream(self, scheduler: socket.socket, node: socket.socket) -> None:
+        greeting = 64  # passed on as it comes: each side waits for parts of the other's
+        while greeting:
+            chunk = scheduler.recv(greeting)
+            if not chunk:
+                return
+            node.sendall(chunk)
+            greeting -= len(chunk)
+        while True:
+            flags = _recv_exact(scheduler, 1)
+            size_bytes = _recv_exact(scheduler, 8 if flags[0] & 0x02 else 1)
+            size = int.from_bytes(size_bytes, "big")
+            node.sendall(flags + size_bytes + _recv_exact(scheduler, size))
+            if flags[0] & 0x04:  # a command (READY, PING)
+                continue
+            self.messages += 1
+            if self.messages == 5:
+                node.sendall(bytes([0, len(self.FORGED)]) + self.FORGED)
+                self.done_mischief.set()
 
 
 def _hosts_file(tmp_path) -> str:
@@ -125,7 +171,7 @@ def _job_through_the_middle(procs, tmp_path, encrypt: bool, mischief: str | None
            "server": procs.start(LAUNCH, base_env(DMLC_ROLE="server", DMLC_NODE_HOST="localhost",
                                                   BYTEPS_LOG_LEVEL="INFO", **env))}
     port = int(wait_for_line(job["server"], r"listening on port (\d+)").group(1))
-    middle = ManInTheMiddle(port, sealed=encrypt, mischief=mischief)
+    middle = DataManInTheMiddle(port, sealed=encrypt, mischief=mischief)
     hosts = _hosts_file(tmp_path)
     for rank in range(2):
         command = [*LAUNCH, *worker_command("steady_sums.py")]
@@ -176,24 +222,63 @@ def test_a_frame_changed_on_the_way_ends_the_job_naming_the_worker(procs, tmp_pa
     assert outputs["worker0"][0] != 0, outputs["worker0"][1]
 
 
-@pytest.mark.parametrize("sealed_side", ["worker", "server"])
-def test_nodes_started_with_different_settings_are_told_why(procs, sealed_side):
+@needs_root
+@pytest.mark.parametrize("encrypt", [True, False], ids=["encrypted", "clear"])
+def test_a_forged_scheduler_message(procs, tmp_path, encrypt):
+    # Worker 0 reaches the scheduler through a man in the middle that slips a forged
+    # abort into what the scheduler says. In the clear it ends the worker; sealed, the
+    # worker drops it and the job completes with every sum right.
+    port = free_port()
+    env = dict(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=port, DMLC_NUM_WORKER=2,
+               DMLC_NUM_SERVER=1, BYTEPS_JOB_TOKEN="the job's token", BYTEPS_ENABLE_IPC=0,
+               BYTEPS_ENCRYPT=int(encrypt), TEST_ROUNDS=250, TEST_ELEMENTS=4096)
+    middle = ControlManInTheMiddle(port)
+    job = {"scheduler": procs.start(LAUNCH, base_env(DMLC_ROLE="scheduler", **env)),
+           "server": procs.start(LAUNCH, base_env(DMLC_ROLE="server", **env))}
+    for rank in range(2):
+        command = [*LAUNCH, *worker_command("steady_sums.py")]
+        where = {}
+        if rank == 0:
+            command = _behind_the_man_in_the_middle(command, _hosts_file(tmp_path))
+            where = {"DMLC_PS_ROOT_URI": "localhost"}
+        job[f"worker{rank}"] = procs.start(
+            command, base_env(**{**env, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": rank, **where}))
+    try:
+        outputs = _outputs(job)
+    finally:
+        middle.close()
+    assert middle.done_mischief.is_set()
+    status, output = outputs["worker0"]
+    if encrypt:
+        for name, (code, text) in outputs.items():
+            assert code == 0, (name, text)
+        assert "SUMS OK 0" in output and "does not authenticate" in output, output
+    else:
+        assert status != 0 and "forged by a man in the middle" in output, output
+
+
+@pytest.mark.parametrize("odd_one", ["worker sealing", "server sealing", "worker in the clear"])
+def test_nodes_started_with_different_settings_are_told_why(procs, odd_one):
+    # The scheduler checks each registration first: a node whose BYTEPS_ENCRYPT is not
+    # its own is refused saying which side seals (the servers check the workers again,
+    # tests/cpp/sealed_frames_test.cc).
+    node, setting = odd_one.split(" ", 1)
     env = dict(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=free_port(), DMLC_NUM_WORKER=1,
                DMLC_NUM_SERVER=1, BYTEPS_JOB_TOKEN="the job's token", BYTEPS_FORCE_DISTRIBUTED=1,
-               TEST_ROUNDS=3)
-    sealed = dict(BYTEPS_ENCRYPT=1)
+               BYTEPS_ENCRYPT=int(setting == "in the clear"), TEST_ROUNDS=3)
+    odd = {"BYTEPS_ENCRYPT": str(int(setting == "sealing"))}
     job = {"scheduler": procs.start(LAUNCH, base_env(DMLC_ROLE="scheduler", **env)),
            "server": procs.start(LAUNCH, base_env(
-               DMLC_ROLE="server", **env, **(sealed if sealed_side == "server" else {}))),
-           "worker0": procs.start([*LAUNCH, *worker_command("steady_sums.py")], base_env(
-               DMLC_ROLE="worker", **env, **(sealed if sealed_side == "worker" else {})))}
-    status, output = finish(job["worker0"], timeout=60)
+               **{**env, "DMLC_ROLE": "server", **(odd if node == "server" else {})})),
+           "worker": procs.start([*LAUNCH, *worker_command("steady_sums.py")], base_env(
+               **{**env, "DMLC_ROLE": "worker", **(odd if node == "worker" else {})}))}
+    status, output = finish(job[node], timeout=60)
     assert status != 0, output
-    said = ("worker 0 seals its frames and this server sends them in the clear"
-            if sealed_side == "worker" else
-            "worker 0 sends its frames in the clear and this server seals them")
-    assert said in output and "BYTEPS_ENCRYPT" in output, output
-    for name in ("scheduler", "server"):
+    said = ("this node seals its control messages and the scheduler does not"
+            if setting == "sealing" else
+            "this node sends its control messages in the clear and the scheduler seals them")
+    assert f"the scheduler refused this node: {said} (BYTEPS_ENCRYPT)" in output, output
+    for name in job:
         procs.end(job[name])
 
 
@@ -218,3 +303,24 @@ def test_every_collective_is_right_when_encrypted(procs, tmp_path):
                                   TEST_TCP_WORKERS="1", timeout=240)
     assert status == 0, output
     check_collectives(tmp_path, 3)
+
+
+def test_a_sealed_control_message_opens_once_in_order_and_untouched():
+    # tf_bps/runtime/sealing.py on both sides of one registration, in this process.
+    from tf_bps.runtime.sealing import ControlSeal
+
+    node = ControlSeal("the job's token", "challenge", "node nonce", "node")
+    scheduler = ControlSeal("the job's token", "challenge", "node nonce", "scheduler")
+    first, second, third = (node.seal({"type": "heartbeat", "n": n}) for n in range(3))
+    assert "heartbeat" not in first["box"] and first["seq"] == 1
+    assert scheduler.open(second) == {"type": "heartbeat", "n": 1}  # the first was lost
+    assert scheduler.open(second) is None  # replayed
+    assert scheduler.open(first) is None  # too late: older than one opened
+    tampered = {**third, "box": third["box"][:-2] + ("00" if third["box"][-2:] != "00" else "01")}
+    assert scheduler.open(tampered) is None
+    assert scheduler.open({**third, "seq": 7}) is None  # moved to another number
+    assert scheduler.open(third) == {"type": "heartbeat", "n": 2}
+    assert node.open(scheduler.seal({"type": "heartbeat_ack"})) == {"type": "heartbeat_ack"}
+    stranger = ControlSeal("a guess", "challenge", "node nonce", "scheduler")
+    assert stranger.open(node.seal({"type": "done"})) is None
+    assert scheduler.open({"type": "abort", "reason": "in the clear"}) is None

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "../common/logging.h"
 #include "../wire/auth.h"
 #include "settings.h"
 
@@ -21,6 +22,24 @@ std::string Hex(const uint8_t* bytes, size_t count) {
     hex += kDigits[bytes[i] & 15];
   }
   return hex;
+}
+
+// The bytes `hex` spells; false if it is not hex.
+bool FromHex(const std::string& hex, std::string* bytes) {
+  if (hex.size() % 2) return false;
+  bytes->clear();
+  for (size_t i = 0; i < hex.size(); i += 2) {
+    int value = 0;
+    for (char digit : {hex[i], hex[i + 1]}) {
+      const int nibble = isdigit(static_cast<unsigned char>(digit)) ? digit - '0'
+                         : digit >= 'a' && digit <= 'f'             ? digit - 'a' + 10
+                                                                    : -1;
+      if (nibble < 0) return false;
+      value = value * 16 + nibble;
+    }
+    bytes->push_back(static_cast<char>(value));
+  }
+  return true;
 }
 
 // Compares in time that does not depend on where the texts differ.
@@ -96,7 +115,7 @@ Status SchedulerLink::NextReply(Clock::time_point deadline, double timeout_s,
                    : " s (is it running, and have all " + std::to_string(options_.num_workers) +
                          " worker(s) and " + std::to_string(options_.num_servers) +
                          " server(s) started? see BYTEPS_OP_TIMEOUT)"));
-    if (!Json::Parse(text, reply).ok()) continue;  // Not one of its messages.
+    if (!Decode(text, reply)) continue;  // Not one of its messages.
     const std::string& kind = (*reply)["type"].str();
     if (kind == type) return Status::OK();
     if (kind == "abort")
@@ -113,6 +132,7 @@ Status SchedulerLink::Register(const std::string& role, const std::string& host,
   const Clock::time_point deadline = (registered_ ? Clock::now() : started_) + Seconds(timeout_s);
   std::string mine;
   Status status = NewNonce(&mine);
+  sealed_ = false;  // A new registration: its hello goes in the clear.
   if (status.ok()) status = Send(JsonWriter().Add("type", "hello").Add("nonce", mine).Finish());
   Json challenge;
   if (status.ok()) status = NextReply(deadline, timeout_s, "challenge", &challenge);
@@ -122,17 +142,71 @@ Status SchedulerLink::Register(const std::string& role, const std::string& host,
                          "the scheduler at " + endpoint_ +
                              " does not know this job's token (BYTEPS_JOB_TOKEN): it is not "
                              "this job's scheduler");
+  const std::string& nonce = challenge["nonce"].str();  // The scheduler keeps no challenge.
   fields.Add("type", "register")
       .Add("role", role)
       .Add("pid", static_cast<int64_t>(getpid()))
-      .Add("host", host)
-      .Add("nonce", challenge["nonce"].str())  // The scheduler keeps no challenge.
-      .Add("proof", ControlProof(options_.token, "node", challenge["nonce"].str()));
-  status = Send(fields.Finish());
+      .Add("host", host);
+  JsonWriter registration;
+  if (options_.encrypt) {
+    // The fields go sealed as message 1; the scheduler derives the keys from the nonces.
+    status = DeriveControlKeys(options_.token, nonce, mine, &keys_);
+    std::string box;
+    if (status.ok()) status = SealMessage(keys_.node_to_scheduler, 1, fields.Finish(), &box);
+    if (!status.ok()) return status;
+    sent_ = 1;
+    opened_ = 0;
+    registration.Add("type", "register")
+        .Add("node_nonce", mine)
+        .Add("seq", int64_t{1})
+        .Add("box", Hex(reinterpret_cast<const uint8_t*>(box.data()), box.size()));
+  } else {
+    registration = fields;
+  }
+  registration.Add("nonce", nonce).Add("proof", ControlProof(options_.token, "node", nonce));
+  status = dealer_->Send(registration.Finish());
+  sealed_ = options_.encrypt;
+  registering_ = true;
   if (status.ok()) status = NextReply(deadline, timeout_s, "book", book);
+  registering_ = false;
   last_heard_ = Clock::now();
   if (status.ok()) registered_ = true;
   return status;
+}
+
+Status SchedulerLink::Send(const std::string& message) {
+  if (!sealed_) return dealer_->Send(message);
+  std::string box;
+  Status status = SealMessage(keys_.node_to_scheduler, ++sent_, message, &box);
+  if (!status.ok()) return status;
+  return dealer_->Send(
+      JsonWriter()
+          .Add("type", "sealed")
+          .Add("seq", static_cast<int64_t>(sent_))
+          .Add("box", Hex(reinterpret_cast<const uint8_t*>(box.data()), box.size()))
+          .Finish());
+}
+
+bool SchedulerLink::Decode(const std::string& text, Json* message) {
+  if (!Json::Parse(text, message).ok()) return false;
+  const std::string& type = (*message)["type"].str();
+  if (!options_.encrypt) return true;
+  if (!sealed_) return type != "sealed";
+  if (type != "sealed") return registering_ && type == "abort";
+  int64_t sequence = 0;
+  std::string box, clear;
+  const bool opened =
+      (*message)["seq"].AsInt(static_cast<int64_t>(opened_) + 1, INT64_MAX, &sequence) &&
+      FromHex((*message)["box"].str(), &box) &&
+      OpenMessage(keys_.scheduler_to_node, static_cast<uint64_t>(sequence), box, &clear) &&
+      Json::Parse(clear, message).ok();
+  if (!opened) {
+    BPS_LOG(kWarning) << "dropped a message from the scheduler at " << endpoint_
+                      << " that does not authenticate (BYTEPS_ENCRYPT)";
+    return false;
+  }
+  opened_ = static_cast<uint64_t>(sequence);
+  return true;
 }
 
 Status SchedulerLink::Drain(std::vector<Json>* orders) {
@@ -144,7 +218,7 @@ Status SchedulerLink::Drain(std::vector<Json>* orders) {
     if (!status.ok() || !received) return status;
     last_heard_ = Clock::now();
     Json message;
-    if (!Json::Parse(text, &message).ok()) continue;
+    if (!Decode(text, &message)) continue;
     const std::string& type = message["type"].str();
     if (type == "exit" || type == "abort" || type == "reform")
       orders->push_back(std::move(message));

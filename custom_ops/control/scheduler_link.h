@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../common/common.h"
+#include "../wire/crypto.h"
 #include "json.h"
 #include "zmq_dealer.h"
 
@@ -20,6 +21,7 @@ struct SchedulerLinkOptions {
   std::string host;        // DMLC_PS_ROOT_URI
   int port = 0;            // DMLC_PS_ROOT_PORT
   std::string token;       // BYTEPS_JOB_TOKEN
+  bool encrypt = false;    // BYTEPS_ENCRYPT: messages after the proofs are sealed
   double timeout_s = 300;  // BYTEPS_OP_TIMEOUT: for the connection and the address book
   double heartbeat_interval_s = 1;
   double heartbeat_timeout_s = 10;
@@ -44,7 +46,8 @@ class SchedulerLink {
   // `extra_fd` to turn readable (-1: none). Fails once the scheduler has been silent
   // for longer than the heartbeat timeout.
   Status PollOnce(int extra_fd, std::vector<Json>* orders, bool* extra_ready);
-  Status Send(const std::string& message) { return dealer_->Send(message); }
+  // Sealed once registered, with BYTEPS_ENCRYPT.
+  Status Send(const std::string& message);
   const std::string& endpoint() const { return endpoint_; }
 
  private:
@@ -56,6 +59,10 @@ class SchedulerLink {
                    Json* reply);
   // Takes the scheduler's orders that have arrived, a bounded number at a time.
   Status Drain(std::vector<Json>* orders);
+  // The message `text` holds (opened, when sealed); false for one to drop: not JSON,
+  // or with BYTEPS_ENCRYPT one that does not open (only a refusal comes in the clear,
+  // while registering).
+  bool Decode(const std::string& text, Json* message);
 
   static constexpr int kMaxMessagesPerPoll = 64;
 
@@ -66,6 +73,13 @@ class SchedulerLink {
   bool registered_ = false;    // once: later registrations re-form the job
   Clock::time_point last_heard_;
   Clock::time_point next_heartbeat_;
+  // BYTEPS_ENCRYPT (tf_bps/runtime/sealing.py tells the envelope): the keys of the
+  // last registration, and the sequence numbers sent and opened under them.
+  bool sealed_ = false;
+  bool registering_ = false;
+  ControlKeys keys_{};
+  uint64_t sent_ = 0;
+  uint64_t opened_ = 0;
 };
 
 // What `side` ("node" or "scheduler") shows for the other side's nonce: the hex

@@ -68,6 +68,39 @@ void Init(int rank, int size, const std::vector<std::tuple<std::string, int, boo
   Check(result);
 }
 
+// bps_control_keys: (node to scheduler, scheduler to node).
+py::tuple ControlKeys(const std::string& token, const std::string& scheduler_nonce,
+                      const std::string& node_nonce) {
+  unsigned char keys[64];
+  Check(bps_control_keys(token.c_str(), scheduler_nonce.c_str(), node_nonce.c_str(), keys));
+  return py::make_tuple(py::bytes(reinterpret_cast<char*>(keys), 32),
+                        py::bytes(reinterpret_cast<char*>(keys) + 32, 32));
+}
+
+const unsigned char* Key(const std::string& key) {
+  if (key.size() != 32) throw std::invalid_argument("a key is 32 bytes");
+  return reinterpret_cast<const unsigned char*>(key.data());
+}
+
+py::bytes SealMessage(const std::string& key, unsigned long long sequence,
+                      const std::string& clear) {
+  std::string sealed(clear.size() + 16, '\0');
+  Check(bps_seal_message(Key(key), sequence, clear.data(), static_cast<int>(clear.size()),
+                         sealed.data()));
+  return py::bytes(sealed);
+}
+
+// None when `sealed` does not authenticate.
+py::object OpenMessage(const std::string& key, unsigned long long sequence,
+                       const std::string& sealed) {
+  if (sealed.size() < 16) return py::none();
+  std::string clear(sealed.size() - 16, '\0');
+  if (bps_open_message(Key(key), sequence, sealed.data(), static_cast<int>(sealed.size()),
+                       clear.data()) != 0)
+    return py::none();
+  return py::bytes(clear);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_bps_worker, m) {
@@ -81,6 +114,14 @@ PYBIND11_MODULE(_bps_worker, m) {
   m.def(
       "init_local", [] { Check(bps_worker_init_local()); },
       "One worker and no servers: every collective is local.");
+  m.def("control_keys", &ControlKeys, py::arg("token"), py::arg("scheduler_nonce"),
+        py::arg("node_nonce"),
+        "A registration's keys (BYTEPS_ENCRYPT): (node to scheduler, "
+        "scheduler to node).");
+  m.def("seal_message", &SealMessage, py::arg("key"), py::arg("sequence"), py::arg("clear"),
+        "Seals one control message as number `sequence`.");
+  m.def("open_message", &OpenMessage, py::arg("key"), py::arg("sequence"), py::arg("sealed"),
+        "The clear text of a sealed control message, or None if it does not authenticate.");
   m.def("init", &Init, py::arg("rank"), py::arg("size"), py::arg("servers"),
         py::arg("partition_bytes"), py::arg("credit_bytes"), py::arg("timeout_ms"),
         py::arg("token"), py::arg("local_ranks") = std::vector<int>{},

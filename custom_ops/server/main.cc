@@ -254,6 +254,7 @@ int Serve(const Settings& settings) {
   link_options.host = settings.Text("DMLC_PS_ROOT_URI");
   link_options.port = static_cast<int>(settings.Int("DMLC_PS_ROOT_PORT"));
   link_options.token = options.token;
+  link_options.encrypt = options.encrypt;
   link_options.timeout_s = timeout_s;
   link_options.heartbeat_interval_s = settings.Number("PS_HEARTBEAT_INTERVAL");
   link_options.heartbeat_timeout_s = settings.Number("PS_HEARTBEAT_TIMEOUT");

@@ -42,30 +42,82 @@ Status RandomNonce(Nonce* nonce) {
   return Status::OK();
 }
 
-Status DeriveConnectionKeys(const std::string& token, const Nonce& server_nonce,
-                            const Nonce& worker_nonce, uint32_t rank, ConnectionKeys* keys) {
-  uint8_t salt[2 * sizeof(Nonce)];
-  std::memcpy(salt, server_nonce.data(), server_nonce.size());
-  std::memcpy(salt + server_nonce.size(), worker_nonce.data(), worker_nonce.size());
-  std::string info = "tf_bps connection keys, worker ";
-  info += std::to_string(rank);
-  uint8_t derived[2 * sizeof(SealKey)];
-  size_t length = sizeof(derived);
+namespace {
+
+// HKDF-SHA256 of the token, `salt` and `info` into `out` (`bytes` long).
+Status DeriveKeys(const std::string& token, const std::string& salt, const std::string& info,
+                  uint8_t* out, size_t bytes) {
+  size_t length = bytes;
   EVP_PKEY_CTX* kdf = EVP_PKEY_CTX_new_id(EVP_PKEY_HKDF, nullptr);
+  const auto* salt_bytes = reinterpret_cast<const unsigned char*>(salt.data());
   const bool ok =
       kdf && EVP_PKEY_derive_init(kdf) > 0 && EVP_PKEY_CTX_set_hkdf_md(kdf, EVP_sha256()) > 0 &&
-      EVP_PKEY_CTX_set1_hkdf_salt(kdf, salt, sizeof(salt)) > 0 &&
+      EVP_PKEY_CTX_set1_hkdf_salt(kdf, salt_bytes, static_cast<int>(salt.size())) > 0 &&
       EVP_PKEY_CTX_set1_hkdf_key(kdf, reinterpret_cast<const unsigned char*>(token.data()),
                                  static_cast<int>(token.size())) > 0 &&
       EVP_PKEY_CTX_add1_hkdf_info(kdf, reinterpret_cast<const unsigned char*>(info.data()),
                                   static_cast<int>(info.size())) > 0 &&
-      EVP_PKEY_derive(kdf, derived, &length) > 0 && length == sizeof(derived);
+      EVP_PKEY_derive(kdf, out, &length) > 0 && length == bytes;
   EVP_PKEY_CTX_free(kdf);
-  if (!ok) return Status::Error("deriving a connection's keys failed (OpenSSL HKDF)");
-  std::memcpy(keys->worker_to_server.data(), derived, sizeof(SealKey));
-  std::memcpy(keys->server_to_worker.data(), derived + sizeof(SealKey), sizeof(SealKey));
+  return ok ? Status::OK() : Status::Error("deriving keys failed (OpenSSL HKDF)");
+}
+
+// Two keys of one derivation, in order.
+Status DerivePair(const std::string& token, const std::string& salt, const std::string& info,
+                  SealKey* first, SealKey* second) {
+  uint8_t derived[2 * sizeof(SealKey)];
+  Status status = DeriveKeys(token, salt, info, derived, sizeof(derived));
+  if (status.ok()) {
+    std::memcpy(first->data(), derived, sizeof(SealKey));
+    std::memcpy(second->data(), derived + sizeof(SealKey), sizeof(SealKey));
+  }
   OPENSSL_cleanse(derived, sizeof(derived));
-  return Status::OK();
+  return status;
+}
+
+}  // namespace
+
+Status DeriveConnectionKeys(const std::string& token, const Nonce& server_nonce,
+                            const Nonce& worker_nonce, uint32_t rank, ConnectionKeys* keys) {
+  std::string salt(reinterpret_cast<const char*>(server_nonce.data()), server_nonce.size());
+  salt.append(reinterpret_cast<const char*>(worker_nonce.data()), worker_nonce.size());
+  return DerivePair(token, salt, "tf_bps connection keys, worker " + std::to_string(rank),
+                    &keys->worker_to_server, &keys->server_to_worker);
+}
+
+Status DeriveControlKeys(const std::string& token, const std::string& scheduler_nonce,
+                         const std::string& node_nonce, ControlKeys* keys) {
+  return DerivePair(token, scheduler_nonce + "|" + node_nonce, "tf_bps control keys",
+                    &keys->node_to_scheduler, &keys->scheduler_to_node);
+}
+
+Status SealMessage(const SealKey& key, uint64_t sequence, const std::string& clear,
+                   std::string* sealed) {
+  std::unique_ptr<RecordCipher> cipher;
+  Status status = RecordCipher::Create(key, RecordCipher::Role::kSeal, &cipher);
+  if (!status.ok()) return status;
+  cipher->records_ = sequence;
+  RecordCipher::Tag tag;
+  sealed->assign(clear.size(), '\0');
+  status = cipher->Begin();
+  if (status.ok()) status = cipher->Encrypt(clear.data(), sealed->data(), clear.size());
+  if (status.ok()) status = cipher->Finish(&tag);
+  sealed->append(reinterpret_cast<const char*>(tag.data()), tag.size());
+  return status;
+}
+
+bool OpenMessage(const SealKey& key, uint64_t sequence, const std::string& sealed,
+                 std::string* clear) {
+  std::unique_ptr<RecordCipher> cipher;
+  if (sealed.size() < RecordCipher::kTagBytes ||
+      !RecordCipher::Create(key, RecordCipher::Role::kOpen, &cipher).ok())
+    return false;
+  cipher->records_ = sequence;
+  RecordCipher::Tag tag;
+  const size_t bytes = sealed.size() - tag.size();
+  std::memcpy(tag.data(), sealed.data() + bytes, tag.size());
+  clear->assign(sealed, 0, bytes);
+  return cipher->Open(clear->data(), bytes, tag);
 }
 
 // ---------------------------------------------------------------------------

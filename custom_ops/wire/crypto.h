@@ -57,6 +57,23 @@ struct ConnectionKeys {
 Status DeriveConnectionKeys(const std::string& token, const Nonce& server_nonce,
                             const Nonce& worker_nonce, uint32_t rank, ConnectionKeys* keys);
 
+// The scheduler's messages (BYTEPS_ENCRYPT): keys per registration, from the token, the
+// scheduler's challenge and the node's nonce (both as they travel, in hex), one per
+// direction; each message sealed alone under its sequence number, which travels with
+// it. A receiver takes only numbers above the last it opened, so a message may be lost
+// (ZeroMQ drops some for a peer that does not read) but never replayed or reordered.
+struct ControlKeys {
+  SealKey node_to_scheduler;
+  SealKey scheduler_to_node;
+};
+Status DeriveControlKeys(const std::string& token, const std::string& scheduler_nonce,
+                         const std::string& node_nonce, ControlKeys* keys);
+Status SealMessage(const SealKey& key, uint64_t sequence, const std::string& clear,
+                   std::string* sealed);
+// False when `sealed` does not authenticate under `key` and `sequence`.
+bool OpenMessage(const SealKey& key, uint64_t sequence, const std::string& sealed,
+                 std::string* clear);
+
 // Seals the records one side sends, or opens those it receives: one direction of one
 // connection, used by one thread at a time.
 class RecordCipher {
@@ -88,6 +105,10 @@ class RecordCipher {
   RecordCipher(void* context, Role role) : context_(context), role_(role) {}
   // The nonce of the next record; false once 2^64 records were counted.
   bool NextNonce(uint8_t nonce[12]);
+
+  // A message's cipher starts its count at the message's sequence number.
+  friend Status SealMessage(const SealKey&, uint64_t, const std::string&, std::string*);
+  friend bool OpenMessage(const SealKey&, uint64_t, const std::string&, std::string*);
 
   void* context_;  // EVP_CIPHER_CTX, kept out of this header
   const Role role_;

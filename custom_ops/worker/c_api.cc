@@ -10,6 +10,7 @@
 
 #include "../common/logging.h"
 #include "../common/reduce.h"
+#include "../wire/crypto.h"
 #include "task.h"
 #include "worker.h"
 
@@ -366,6 +367,38 @@ void bps_worker_shutdown(void) {
     state.early_abort.clear();
   }
   if (worker) worker->Stop();
+}
+
+int bps_control_keys(const char* token, const char* scheduler_nonce, const char* node_nonce,
+                     unsigned char* keys) {
+  bps::ControlKeys derived;
+  Status status = bps::DeriveControlKeys(token, scheduler_nonce, node_nonce, &derived);
+  std::memcpy(keys, derived.node_to_scheduler.data(), derived.node_to_scheduler.size());
+  std::memcpy(keys + derived.node_to_scheduler.size(), derived.scheduler_to_node.data(),
+              derived.scheduler_to_node.size());
+  return status.ok() ? 0 : bps::Fail(status);
+}
+
+int bps_seal_message(const unsigned char* key, unsigned long long sequence, const char* clear,
+                     int bytes, char* out) {
+  bps::SealKey seal_key;
+  std::memcpy(seal_key.data(), key, seal_key.size());
+  std::string sealed;
+  Status status = bps::SealMessage(seal_key, sequence, std::string(clear, bytes), &sealed);
+  if (status.ok()) std::memcpy(out, sealed.data(), sealed.size());
+  return status.ok() ? 0 : bps::Fail(status);
+}
+
+int bps_open_message(const unsigned char* key, unsigned long long sequence, const char* sealed,
+                     int bytes, char* out) {
+  bps::SealKey seal_key;
+  std::memcpy(seal_key.data(), key, seal_key.size());
+  std::string clear;
+  if (!bps::OpenMessage(seal_key, sequence, std::string(sealed, bytes), &clear))
+    return bps::Fail(
+        Status::Error(bps::ErrorKind::kInvalidArgument, "a control message does not authenticate"));
+  std::memcpy(out, clear.data(), clear.size());
+  return 0;
 }
 
 }  // extern "C"

@@ -126,6 +126,21 @@ typedef void (*bps_done_fn)(void* ctx, int error_kind, const char* message);
  * input/output must stay valid until then. */
 void bps_enqueue(const bps_op* op, bps_allocate_fn allocate, bps_done_fn done, void* ctx);
 
+/* The scheduler's messages with BYTEPS_ENCRYPT (custom_ops/wire/crypto.h), for the
+ * Python side of the control plane: a registration's two 32-byte keys (node to
+ * scheduler, then scheduler to node) into `keys` (64 bytes), from the job token and
+ * both nonces as they travel; 0 on success. */
+int bps_control_keys(const char* token, const char* scheduler_nonce, const char* node_nonce,
+                     unsigned char* keys);
+/* Seals `bytes` of `clear` as message `sequence` under the 32-byte `key` into `out`
+ * (`bytes` + 16 long); 0 on success. */
+int bps_seal_message(const unsigned char* key, unsigned long long sequence, const char* clear,
+                     int bytes, char* out);
+/* Opens `bytes` of `sealed` (16 or more) into `out` (`bytes` - 16 long); 0 when it
+ * authenticates as message `sequence` under `key`. */
+int bps_open_message(const unsigned char* key, unsigned long long sequence, const char* sealed,
+                     int bytes, char* out);
+
 #ifdef __cplusplus
 }
 #endif

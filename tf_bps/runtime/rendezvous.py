@@ -11,13 +11,15 @@ Registration proves the job token both ways (BYTEPS_JOB_TOKEN, a keyed hash over
 other side's fresh nonce, never the token itself): the node says hello with a nonce,
 the scheduler answers with its proof and a nonce of its own, and the registration
 carries the node's proof. A node that cannot prove it is refused; a scheduler that
-cannot is not trusted.
+cannot is not trusted. With BYTEPS_ENCRYPT, everything after the proofs is sealed
+(sealing.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import logging
 import os
 import secrets
@@ -28,6 +30,7 @@ from collections.abc import Callable
 import zmq
 
 from tf_bps.runtime.config import Config
+from tf_bps.runtime.sealing import ControlSeal
 
 log = logging.getLogger("tf_bps")
 
@@ -68,6 +71,10 @@ class SchedulerLink:
         self._endpoint = scheduler_endpoint(config)
         self._thread: threading.Thread | None = None
         self._wake_send: zmq.Socket | None = None
+        # BYTEPS_ENCRYPT: seals every message after the registration (sealing.py).
+        self._seal: ControlSeal | None = None
+        self._seal_lock = threading.Lock()  # the monitor and the caller both send
+        self._registering = False  # a refusal may come in the clear until the book
 
     def register(self, role: str, **fields) -> dict:
         """Proves the job token, registers this node and waits for the address book."""
@@ -83,10 +90,20 @@ class SchedulerLink:
         # The challenge goes back with its proof: the scheduler keeps none (challenges.py).
         nonce = str(challenge.get("nonce"))
         message = {"type": "register", "role": role, "pid": os.getpid(), "host": host,
-                   "nonce": nonce, "proof": proof(self._config.job_token, "node", nonce),
                    **fields}
-        self._socket.send_json(message)
-        book = self._next_reply(deadline, "book")
+        shown = {"nonce": nonce, "proof": proof(self._config.job_token, "node", nonce)}
+        if self._config.encrypt:
+            # The fields go sealed; the scheduler derives the keys from the clear nonces.
+            self._seal = ControlSeal(self._config.job_token, nonce, mine, "node")
+            sealed = self._seal.seal(message)
+            message = {"type": "register", "node_nonce": mine, "seq": sealed["seq"],
+                       "box": sealed["box"]}
+        self._socket.send_json({**message, **shown})
+        self._registering = True
+        try:
+            book = self._next_reply(deadline, "book")
+        finally:
+            self._registering = False
         self._last_ack = time.monotonic()
         return book
 
@@ -101,8 +118,8 @@ class SchedulerLink:
                     f"{self._config.op_timeout:g} s (is it running, and have all "
                     f"{self._config.num_worker} worker(s) and {self._config.num_server} "
                     "server(s) started? see BYTEPS_OP_TIMEOUT)")
-            reply = self._socket.recv_json()
-            if not isinstance(reply, dict):
+            reply = self._decode(self._socket.recv())
+            if reply is None:
                 continue
             if reply.get("type") == kind:
                 return reply
@@ -119,7 +136,7 @@ class SchedulerLink:
         """
         now = time.monotonic()
         if now >= self._next_heartbeat:
-            self._socket.send_json({"type": "heartbeat"})
+            self.send({"type": "heartbeat"})
             self._next_heartbeat = now + self._config.heartbeat_interval
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
@@ -129,7 +146,9 @@ class SchedulerLink:
         ready = dict(poller.poll(wait_ms))
         messages = []
         while self._socket.poll(0):
-            message = self._socket.recv_json()
+            message = self._decode(self._socket.recv())
+            if message is None:
+                continue
             self._last_ack = time.monotonic()
             if message["type"] != "heartbeat_ack":
                 messages.append(message)
@@ -141,7 +160,29 @@ class SchedulerLink:
         return messages, [item for item in extra or [] if item in ready]
 
     def send(self, message: dict) -> None:
-        self._socket.send_json(message)
+        with self._seal_lock:
+            if self._seal is not None:
+                message = self._seal.seal(message)
+            self._socket.send_json(message)
+
+    def _decode(self, raw: bytes) -> dict | None:
+        """A message from the scheduler, or None for one to drop: not a JSON object with
+        a "type", or, with BYTEPS_ENCRYPT, one that does not open (a refusal before
+        the registration is the only clear message taken then)."""
+        try:
+            message = json.loads(raw)
+        except ValueError:
+            return None
+        if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+            return None
+        clear_allowed = self._seal is None or (self._registering and message["type"] == "abort")
+        if not self._config.encrypt or (clear_allowed and message["type"] != "sealed"):
+            return message
+        opened = self._seal.open(message) if self._seal is not None else None
+        if opened is None:
+            log.warning("dropped a control message from %s that does not authenticate "
+                        "(BYTEPS_ENCRYPT)", self._endpoint)
+        return opened
 
     def start_monitor(self, on_abort: Callable[[str], None],
                       on_notice: Callable[[dict], None],
@@ -178,11 +219,11 @@ class SchedulerLink:
                 if watch and watch[0] in ready:
                     os.read(watch[0], 4096)
                     for report in watch[1]():
-                        self._socket.send_json(report)
+                        self.send(report)
                 if wake in ready:
                     farewell = wake.recv_json()
                     if farewell is not None:
-                        self._socket.send_json(farewell)
+                        self.send(farewell)
                     return
         except RendezvousError as error:
             on_abort(str(error))
@@ -200,6 +241,6 @@ class SchedulerLink:
             self._thread.join(timeout=5)
             self._wake_send.close(linger=0)
         elif farewell is not None:
-            self._socket.send_json(farewell)
+            self.send(farewell)
         self._socket.close()
         self._context.term()
