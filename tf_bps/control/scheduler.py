@@ -24,7 +24,7 @@ from tf_bps.control.challenges import Challenges
 from tf_bps.control.membership import Gathering, Node, address_books
 from tf_bps.runtime.config import Config, ConfigError, configure_logging, is_local_address
 from tf_bps.runtime.rendezvous import proof, proof_matches
-from tf_bps.runtime.sealing import ControlSeal
+from tf_bps.runtime.sealing import SchedulerSeals
 
 log = logging.getLogger("tf_bps.scheduler")
 
@@ -76,14 +76,11 @@ class Scheduler:
         self._announced = False  # the joiners were announced to this generation
         # Servers the job went on without (by connection): told to stop if they speak.
         self._dropped: set[bytes] = set()
-        # BYTEPS_ENCRYPT: each registered connection's seal (rendezvous.py, sealing.py);
-        # only nodes that proved the token get one.
-        self._seals: dict[bytes, ControlSeal] = {}
+        # BYTEPS_ENCRYPT: each registered connection's seal (sealing.py).
+        self._seals = SchedulerSeals(config.job_token, config.encrypt)
 
     def _send(self, identity: bytes, message: dict) -> None:
-        seal = self._seals.get(identity)
-        if seal is not None:
-            message = seal.seal(message)
+        message = self._seals.seal(identity, message)
         self._socket.send_multipart([identity, zmq.utils.jsonapi.dumps(message)])
 
     def _receive(self, timeout_s: float) -> tuple[bytes, dict] | None:
@@ -246,42 +243,11 @@ class Scheduler:
         return node
 
     def _unseal(self, identity: bytes, message: dict) -> dict | None:
-        """With BYTEPS_ENCRYPT, the message a sealed one holds, and a registration's
-        fields opened (its connection gets a seal); None for one to drop. Hellos and
-        registrations say whether they seal, and a node whose setting differs is
-        refused saying so."""
-        kind = message["type"]
-        sealing = "box" in message
-        if kind == "register" and sealing != self._config.encrypt:
-            self._refuse(identity, (
-                "this node seals its control messages and the scheduler does not"
-                if sealing else
-                "this node sends its control messages in the clear and the scheduler seals "
-                "them") + " (BYTEPS_ENCRYPT): start every node of the job with the same setting")
-            return None
-        if kind == "hello":  # A new registration: its challenge goes in the clear.
-            self._seals.pop(identity, None)
-            return message
-        if not self._config.encrypt:
-            return message
-        if kind == "register":
-            nonce, node_nonce = message.get("nonce"), message.get("node_nonce")
-            if not isinstance(nonce, str) or not isinstance(node_nonce, str) or \
-                    len(nonce) > 64 or len(node_nonce) > 64:
-                return None
-            seal = ControlSeal(self._config.job_token, nonce, node_nonce, "scheduler")
-            fields = seal.open(message)
-            if fields is None or fields["type"] != "register":
-                self._refuse(identity, "its registration does not open with this job's token "
-                                       "(BYTEPS_JOB_TOKEN)")
-                return None
-            self._seals[identity] = seal
-            return {**fields, "nonce": nonce, "proof": message.get("proof")}
-        seal = self._seals.get(identity)
-        opened = seal.open(message) if seal is not None else None
-        if opened is None and seal is not None:
-            log.warning("dropped a control message that does not authenticate (BYTEPS_ENCRYPT)")
-        return opened
+        """The message as sent, opened when sealed (sealing.py); None to drop it."""
+        message, refusal = self._seals.open(identity, message)
+        if refusal:
+            self._refuse(identity, refusal)
+        return message
 
     def _challenge(self, identity: bytes, message: dict) -> None:
         """Answers a hello: the scheduler's proof for the node's nonce, and a nonce of its
@@ -434,8 +400,8 @@ class Scheduler:
         books = address_books(gathering)
         self._generation = gathering.number
         self._nodes = {node.identity: node for node in gathering.servers + gathering.workers}
-        keep = {*self._nodes, *self._launchers, *(node.identity for node in self._joining)}
-        self._seals = {identity: seal for identity, seal in self._seals.items() if identity in keep}
+        self._seals.keep_only({*self._nodes, *self._launchers,
+                               *(node.identity for node in self._joining)})
         now = time.monotonic()
         for node in self._nodes.values():
             node.last_seen = now

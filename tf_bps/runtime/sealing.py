@@ -13,6 +13,9 @@ state for a node that has not registered.
 from __future__ import annotations
 
 import json
+import logging
+
+log = logging.getLogger("tf_bps.scheduler")
 
 # Bounds a box before it is decoded (the scheduler's messages are far smaller).
 MAX_BOX_CHARS = 128 * 1024
@@ -56,3 +59,55 @@ class ControlSeal:
             return None
         self._opened = seq
         return message
+
+
+class SchedulerSeals:
+    """The scheduler's side: a seal for each connection that registered with a box that
+    opens under the token (so never one for a stranger)."""
+
+    def __init__(self, token: str, encrypt: bool):
+        self._token, self._encrypt = token, encrypt
+        self._seals: dict[bytes, ControlSeal] = {}
+
+    def seal(self, identity: bytes, message: dict) -> dict:
+        seal = self._seals.get(identity)
+        return seal.seal(message) if seal is not None else message
+
+    def open(self, identity: bytes, message: dict) -> tuple[dict | None, str]:
+        """(the message `identity` sent, opened if sealed, or None to drop it; why the
+        node is refused, or ""). A registration's fields are opened and its connection
+        gets a new seal; a hello starts a registration, in the clear."""
+        kind, sealing = message["type"], "box" in message
+        if kind == "register" and sealing != self._encrypt:
+            return None, ((
+                "this node seals its control messages and the scheduler does not" if sealing
+                else "this node sends its control messages in the clear and the scheduler "
+                     "seals them") + " (BYTEPS_ENCRYPT): start every node of the job with the "
+                "same setting")
+        if kind == "hello":
+            self._seals.pop(identity, None)
+            return message, ""
+        if not self._encrypt:
+            return message, ""
+        if kind == "register":
+            return self._register(identity, message)
+        seal = self._seals.get(identity)
+        opened = seal.open(message) if seal is not None else None
+        if opened is None and seal is not None:
+            log.warning("dropped a control message that does not authenticate (BYTEPS_ENCRYPT)")
+        return opened, ""
+
+    def _register(self, identity: bytes, message: dict) -> tuple[dict | None, str]:
+        nonce, node_nonce = message.get("nonce"), message.get("node_nonce")
+        if not all(isinstance(text, str) and len(text) <= 64 for text in (nonce, node_nonce)):
+            return None, ""
+        seal = ControlSeal(self._token, nonce, node_nonce, "scheduler")
+        fields = seal.open(message)
+        if fields is None or fields["type"] != "register":
+            return None, "its registration does not open with this job's token (BYTEPS_JOB_TOKEN)"
+        self._seals[identity] = seal
+        return {**fields, "nonce": nonce, "proof": message.get("proof")}, ""
+
+    def keep_only(self, identities: set[bytes]) -> None:
+        """Forgets the seals of connections no longer in the job."""
+        self._seals = {i: seal for i, seal in self._seals.items() if i in identities}
