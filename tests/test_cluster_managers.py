@@ -4,6 +4,7 @@ the job from the variables its manager sets (tf_bps/runtime/cluster_env.py). A r
 their variables, on hosts made of network namespaces (tests/netbed.py)."""
 
 import json
+import re
 import shutil
 import time
 
@@ -11,7 +12,7 @@ import pytest
 from conftest import base_env, finish, worker_command
 from netbed import NetBed, NetBedUnavailable
 
-from tf_bps.runtime.cluster_env import expand_nodelist
+from tf_bps.runtime.cluster_env import ClusterError, expand_nodelist
 from tf_bps.runtime.config import Config, ConfigError
 
 
@@ -130,6 +131,17 @@ def test_placements_tf_bps_cannot_run_are_refused():
 
 
 def test_slurm_node_lists_expand():
+    # Every form Slurm writes, as `scontrol show hostnames` expands it.
     assert expand_nodelist("node[01-03,07],gpu5,a[9-10]") == [
         "node01", "node02", "node03", "node07", "gpu5", "a9", "a10"]
     assert expand_nodelist("10.0.0.[1-2]") == ["10.0.0.1", "10.0.0.2"]
+    assert expand_nodelist("node[1-2]-ib") == ["node1-ib", "node2-ib"]  # a suffix
+    assert expand_nodelist("rack[1-2]-node[1-2]") == [  # several groups, the first outermost
+        "rack1-node1", "rack1-node2", "rack2-node1", "rack2-node2"]
+    assert expand_nodelist("n[008-011]") == ["n008", "n009", "n010", "n011"]  # padding
+    assert expand_nodelist("a,b-[1,3-4]x,c") == ["a", "b-1x", "b-3x", "b-4x", "c"]
+    assert expand_nodelist(" single ") == ["single"]
+    for bad, part in [("n[1-x]", "1-x"), ("n[3-1]", "3-1"), ("n[]", ""), ("n[1-2", "n[1-2"),
+                      ("n]1[", "n]1["), ("n[[1]]", "n[[1]]")]:
+        with pytest.raises(ClusterError, match=re.escape(f"cannot read {part!r}")):
+            expand_nodelist(bad)

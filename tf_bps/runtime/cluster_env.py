@@ -155,18 +155,41 @@ def _tf_config(env: Mapping[str, str]) -> Placement:
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
-    """Slurm's compressed host list: `node[01-03,07],gpu5` -> node01 node02 node03
-    node07 gpu5."""
-    hosts = []
-    for match in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?(?:,|$)", nodelist.strip()):
-        prefix, ranges = match.group(1), match.group(2)
-        if ranges is None:
-            hosts.append(prefix)
-            continue
-        for part in ranges.split(","):
-            first, _, last = part.partition("-")
-            if not first.isdigit() or (last and not last.isdigit()):
-                raise ClusterError(f"SLURM_NODELIST={nodelist!r}: cannot read {part!r}")
-            for number in range(int(first), int(last or first) + 1):
-                hosts.append(f"{prefix}{number:0{len(first)}d}")
-    return hosts
+    """Slurm's compressed host list, as `scontrol show hostnames` expands it: entries
+    split at commas outside brackets; in each, every bracket group (numbers and ranges,
+    zero-padded to the width of their first bound) multiplies the names, the first group
+    outermost. `node[01-02,07],gpu5,rack[1-2]-ib[3-4]` -> node01 node02 node07 gpu5
+    rack1-ib3 rack1-ib4 rack2-ib3 rack2-ib4."""
+    def invalid(what: str) -> ClusterError:
+        return ClusterError(f"SLURM_NODELIST={nodelist!r}: cannot read {what!r}")
+
+    def numbers(group: str) -> list[str]:
+        found = []
+        for part in group.split(","):
+            first, dash, last = part.partition("-")
+            if not first.isdigit() or (dash and not last.isdigit()) or \
+                    (dash and int(last) < int(first)):
+                raise invalid(part)
+            found += [f"{n:0{len(first)}d}" for n in range(int(first), int(last or first) + 1)]
+        return found
+
+    def expand(entry: str) -> list[str]:
+        names = [""]
+        for match in re.finditer(r"([^\[\]]*)(?:\[([^\[\]]*)\])?", entry):
+            names = [name + match.group(1) for name in names]
+            if match.group(2) is not None:
+                group = numbers(match.group(2))
+                names = [name + number for name in names for number in group]
+        return names
+
+    entries, depth, start = [], 0, 0
+    for at, char in enumerate(nodelist.strip() + ","):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth not in (0, 1):
+            raise invalid(nodelist)
+        if char == "," and depth == 0:
+            entries.append(nodelist.strip()[start:at])
+            start = at + 1
+    if depth:
+        raise invalid(nodelist)
+    return [host for entry in entries if entry for host in expand(entry)]
