@@ -13,7 +13,9 @@ are in this file:
     worker, initial values from rank 0, and reductions that always cross workers.
   - input_util / cross_device_ops helpers that MirroredExtended itself uses.
   - Keras 3's ModelCheckpoint and BackupAndRestore, which write on every worker: under
-    this strategy only rank 0 writes (see _save_on_rank_0_only).
+    this strategy only rank 0 writes (see _save_on_rank_0_only); and its TensorBoard,
+    whose logs the other workers write to a folder of their own, removed at the end
+    (_tensorboard_on_rank_0).
 
 With BYTEPS_ENABLE_ASYNC=1 training is asynchronous (tf_bps/training/asynchronous.py): reductions
 stay inside the worker, and every update of a trainable variable is followed by an
@@ -25,6 +27,8 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
+import shutil
 
 import keras
 import tensorflow as tf
@@ -297,6 +301,7 @@ class ParameterServerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         distribute_lib.Strategy.__init__(self, extended)
         self._bps_cluster_resolver = None
         _save_on_rank_0_only()
+        _tensorboard_on_rank_0()
 
     def reduce(self, reduce_op, value, axis):
         # Keras reduces multi-worker metric results with axis=0 even when they are
@@ -332,9 +337,11 @@ class MirroredStrategy(ParameterServerStrategy):
         super().__init__(devices=devices)
 
 
-def _on_a_worker_other_than_rank_0(callback) -> bool:
-    """Whether `callback` runs on a worker other than rank 0 of a multi-worker job."""
-    strategy = getattr(getattr(callback, "model", None), "distribute_strategy", None)
+def _on_a_worker_other_than_rank_0(callback, model=None) -> bool:
+    """Whether `callback` (of `model`, or its own) runs on a worker other than rank 0 of
+    a multi-worker job."""
+    model = model if model is not None else getattr(callback, "model", None)
+    strategy = getattr(model, "distribute_strategy", None)
     return (isinstance(strategy, ParameterServerStrategy)
             and not strategy.extended.should_checkpoint)
 
@@ -357,3 +364,38 @@ def _save_on_rank_0_only() -> None:
                 return _original(self, *args, **kwargs)
 
             setattr(cls, method, on_rank_0)
+
+
+@functools.cache
+def _tensorboard_on_rank_0() -> None:
+    """Private (Keras 3): TensorBoard writes its event files under `log_dir` on every
+    worker, so the job's log would hold one run per worker, interleaved. As
+    MultiWorkerMirroredStrategy did under Keras 2 (and TensorFlow's multi-worker
+    tutorial shows), the other workers write to `log_dir/workertemp_<rank>` instead,
+    removed when training ends: rank 0's is the job's log."""
+    tensorboard = keras.callbacks.TensorBoard
+    set_model, on_train_end = tensorboard.set_model, tensorboard.on_train_end
+
+    @functools.wraps(set_model)
+    def set_model_on_rank_0(self, model):
+        self._tf_bps_scratch = None
+        if not _on_a_worker_other_than_rank_0(self, model):
+            return set_model(self, model)
+        log_dir = self.log_dir
+        self.log_dir = os.path.join(log_dir, f"workertemp_{bps.rank()}")
+        try:
+            set_model(self, model)  # Its writers (the model summary's, say) go there.
+        finally:
+            self.log_dir = log_dir
+        self._tf_bps_scratch = self._log_write_dir
+        return None
+
+    @functools.wraps(on_train_end)
+    def on_train_end_removing_scratch(self, logs=None):
+        on_train_end(self, logs)
+        scratch = getattr(self, "_tf_bps_scratch", None)
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    tensorboard.set_model = set_model_on_rank_0
+    tensorboard.on_train_end = on_train_end_removing_scratch

@@ -41,7 +41,8 @@ def base_env(**overrides) -> dict[str, str]:
     """The test's environment without any job variables, plus `overrides`."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("DMLC_", "BYTEPS_", "PS_"))}
-    env.update(TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1",
+    # PYTHONFAULTHANDLER: a process that crashes prints where each of its threads was.
+    env.update(TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1",
                PYTHONPATH=os.pathsep.join([str(WORKERS), env.get("PYTHONPATH", "")]))
     env.update({k: str(v) for k, v in overrides.items()})
     return env

@@ -95,6 +95,22 @@ def test_multi_worker_tutorial_with_the_strategy(procs, tmp_path):
                                                        "training_metadata.json"]
     assert not [n for n in os.listdir(tmp_path) if n.startswith("workertemp")]
     assert (tmp_path / "keras-model.keras").exists() and (tmp_path / "best.weights.h5").exists()
+    # TensorBoard: rank 0's run is the job's log; rank 1 wrote to a folder since removed.
+    assert sorted(os.listdir(tmp_path / "logs")) == ["train"], output
+    [events] = os.listdir(tmp_path / "logs" / "train")
+    tags = _scalar_tags(tmp_path / "logs" / "train" / events)
+    assert tags.count("epoch_loss") == 2, tags  # one per epoch, from one worker
+
+
+def _scalar_tags(path) -> list[str]:
+    """The summary tags of a TensorBoard event file, read with TensorFlow's own reader."""
+    import tensorflow as tf
+
+    tags = []
+    for record in tf.data.TFRecordDataset(str(path)):
+        event = tf.compat.v1.Event.FromString(record.numpy())
+        tags += [value.tag for value in event.summary.value]
+    return tags
 
 
 def test_multi_worker_tutorial_alone(procs, tmp_path):

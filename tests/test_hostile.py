@@ -1,6 +1,7 @@
 """Strangers and garbage at the job's ports: a job either completes with correct sums or
 stops naming the cause; no process dies from what reached its port."""
 
+import contextlib
 import json
 import os
 import socket
@@ -22,6 +23,19 @@ def _completes_with_right_sums(job: dict) -> dict[str, str]:
         if name.startswith("worker"):
             assert f"SUMS OK {name.removeprefix('worker')}" in outputs[name], outputs[name]
     return outputs
+
+
+@contextlib.contextmanager
+def _meanwhile(mischief, *args):
+    """Runs `mischief(*args, stop)` in a thread while the body of the `with` runs."""
+    stop = threading.Event()
+    thread = threading.Thread(target=mischief, args=(*args, stop), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
 
 
 def _send_raw(port: int, data: bytes) -> None:
@@ -66,21 +80,15 @@ def test_the_scheduler_survives_garbage_and_refuses_strangers(procs):
     port = free_port()
     job = procs.start_job_by_role(2, 1, "steady_sums.py", TEST_ROUNDS=150, DMLC_PS_ROOT_PORT=port,
                                   BYTEPS_JOB_TOKEN="the job's secret")
-    stop = threading.Event()
-    sender = threading.Thread(target=_junk, args=(port, stop), daemon=True)
-    sender.start()
-    try:
+    with _meanwhile(_junk, port):
         outputs = _completes_with_right_sums(job)
-    finally:
-        stop.set()
-        sender.join(timeout=10)
     log = outputs["scheduler"]
     assert "dropped a malformed message" in log, log
     # Garbage registrations are refused before any field is believed.
     assert "answers no challenge this scheduler issued to it" in log, log
 
 
-def _hello_flood(port: int, peers: int, stop: threading.Event, sent: list) -> None:
+def _hello_flood(port: int, peers: int, sent: list, stop: threading.Event) -> None:
     """Strangers that know the protocol: `peers` connections saying hello, over and
     over, each asking for a challenge the scheduler would once have had to keep."""
     context = zmq.Context()
@@ -111,17 +119,11 @@ def _hello_flood(port: int, peers: int, stop: threading.Event, sent: list) -> No
 def test_a_hello_flood_during_start_up_keeps_no_node_out(procs):
     # Challenges are stateless now: there is no table for the flood to push the real
     # nodes' challenges out of, so every node registers and the sums come out right.
-    port = free_port()
-    stop, sent = threading.Event(), [0]
-    flood = threading.Thread(target=_hello_flood, args=(port, 500, stop, sent), daemon=True)
-    flood.start()
-    try:
+    port, sent = free_port(), [0]
+    with _meanwhile(_hello_flood, port, 500, sent):
         job = procs.start_job_by_role(2, 1, "steady_sums.py", TEST_ROUNDS=100,
                                       DMLC_PS_ROOT_PORT=port, BYTEPS_JOB_TOKEN="the job's secret")
         outputs = _completes_with_right_sums(job)
-    finally:
-        stop.set()
-        flood.join(timeout=10)
     assert sent[0] > 10_000, sent
     assert "refused" not in outputs["scheduler"], outputs["scheduler"]
 
@@ -134,15 +136,9 @@ def test_a_hello_flood_during_training_keeps_every_node_in(procs):
                                   BYTEPS_JOB_TOKEN="the job's secret", PS_HEARTBEAT_TIMEOUT=5)
     for rank in range(2):
         wait_for_line(job[f"worker{rank}"], "READY")
-    stop, sent = threading.Event(), [0]
-    port = int(procs.job_env["DMLC_PS_ROOT_PORT"])
-    flood = threading.Thread(target=_hello_flood, args=(port, 1000, stop, sent), daemon=True)
-    flood.start()
-    try:
+    sent = [0]
+    with _meanwhile(_hello_flood, int(procs.job_env["DMLC_PS_ROOT_PORT"]), 1000, sent):
         outputs = _completes_with_right_sums(job)
-    finally:
-        stop.set()
-        flood.join(timeout=10)
     assert sent[0] > 10_000, sent
     assert "heartbeat" not in outputs["scheduler"], outputs["scheduler"]
 

@@ -61,6 +61,21 @@ def test_the_server_is_a_native_program_needing_only_libc():
     assert libraries <= {"libc.so.6", "libm.so.6", "ld-linux-x86-64.so.2"}, libraries
 
 
+def test_the_native_server_answers_help_and_version():
+    import tf_bps
+
+    server = str(server_executable())
+    version = subprocess.run([server, "--version"], capture_output=True, text=True, timeout=10)
+    assert version.returncode == 0 and version.stdout == (
+        f"bps_server (tf_bps) {tf_bps.__version__}\n"), version
+    usage = subprocess.run([server, "--help"], capture_output=True, text=True, timeout=10)
+    assert usage.returncode == 0 and "DMLC_PS_ROOT_URI" in usage.stdout, usage
+    stray = subprocess.run([server, "--port", "9000"], capture_output=True, text=True,
+                           timeout=10)
+    assert stray.returncode == 2, stray
+    assert "unexpected argument '--port'" in stray.stderr and "usage:" in stray.stderr, stray
+
+
 # Bad values of every kind in settings.def, and the rules that tie variables together.
 SERVER_CHECKS = [
     {"DMLC_NUM_WORKER": "two"},

@@ -18,7 +18,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 fi
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check \
-  "tensorflow==2.21.0" "pyzmq>=25" numpy "setuptools>=68" wheel "pybind11>=2.12" \
+  "tensorflow==2.21.0" tensorboard "pyzmq>=25" numpy "setuptools>=68" wheel "pybind11>=2.12" \
   pytest pytest-timeout ruff
 # --no-build-isolation: the ops must be compiled against the TensorFlow just installed.
 # With nvcc found (CUDA_HOME or PATH) the core's CUDA kernels are built too.

@@ -9,6 +9,10 @@
 
 namespace bps {
 
+// tf_bps's version (tf_bps/__init__.py's __version__; tests/test_job.py keeps
+// the two equal).
+constexpr char kVersion[] = "0.1.0";
+
 // Wire values: they travel in frame headers, so never renumber them.
 enum class DataType : uint8_t {
   kFloat16 = 1,

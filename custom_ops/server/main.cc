@@ -290,7 +290,46 @@ int Serve(const Settings& settings) {
   }
 }
 
-int Main() {
+constexpr char kUsage[] =
+    "usage: bps_server [--help | --version]\n"
+    "\n"
+    "The summation server of a tf_bps job: a native program with no Python and no\n"
+    "TensorFlow, configured by the environment like every other node (DMLC_ROLE=server\n"
+    "bpslaunch starts it too). What it reads:\n"
+    "  DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT  the scheduler's address (required)\n"
+    "  DMLC_NUM_WORKER, DMLC_NUM_SERVER     the job's size\n"
+    "  BYTEPS_JOB_TOKEN                     the job's secret, proven both ways\n"
+    "  BYTEPS_ENCRYPT=1                     encrypt every frame and control message\n"
+    "  DMLC_NODE_HOST, DMLC_INTERFACE       the address workers reach it at\n"
+    "  BYTEPS_SERVER_ENGINE_THREAD          summing threads\n"
+    "  BYTEPS_OP_TIMEOUT, PS_HEARTBEAT_*    how long it waits\n"
+    "  BYTEPS_ENABLE_ASYNC, BYTEPS_ELASTIC  the training mode\n"
+    "  BYTEPS_LOG_LEVEL, PS_VERBOSE         how much it says\n"
+    "README.md, \"Configuration\", lists every variable.\n";
+
+// --help and --version answer; anything else on the command line is a mistake (the
+// configuration is the environment's). -1: go on and serve.
+int CommandLine(int argc, char** argv) {
+  if (argc < 2) return -1;
+  const std::string flag = argv[1];
+  if (argc == 2 && (flag == "--help" || flag == "-h")) {
+    fputs(kUsage, stdout);
+    return 0;
+  }
+  if (argc == 2 && flag == "--version") {
+    printf("bps_server (tf_bps) %s\n", kVersion);
+    return 0;
+  }
+  fprintf(stderr,
+          "%s: unexpected argument %s: the server takes its settings from the "
+          "environment\n%s",
+          kPrefix, PythonRepr(flag).c_str(), kUsage);
+  return 2;
+}
+
+int Main(int argc, char** argv) {
+  const int answered = CommandLine(argc, argv);
+  if (answered >= 0) return answered;
   // A peer that closes its socket must cost a connection, never the process.
   signal(SIGPIPE, SIG_IGN);
   Settings settings;
@@ -310,4 +349,4 @@ int Main() {
 }  // namespace
 }  // namespace bps
 
-int main() { return bps::Main(); }
+int main(int argc, char** argv) { return bps::Main(argc, argv); }

@@ -53,6 +53,12 @@ int Fail(const std::string& message) {
   return Fail(Status::Error(ErrorKind::kInvalidArgument, message));
 }
 
+SealKey KeyAt(const unsigned char* bytes) {
+  SealKey key;
+  std::memcpy(key.data(), bytes, key.size());
+  return key;
+}
+
 int CopyOut(const std::string& text, char* buf, int capacity) {
   if (capacity > 0) std::snprintf(buf, static_cast<size_t>(capacity), "%s", text.c_str());
   return static_cast<int>(text.size());
@@ -381,20 +387,16 @@ int bps_control_keys(const char* token, const char* scheduler_nonce, const char*
 
 int bps_seal_message(const unsigned char* key, unsigned long long sequence, const char* clear,
                      int bytes, char* out) {
-  bps::SealKey seal_key;
-  std::memcpy(seal_key.data(), key, seal_key.size());
   std::string sealed;
-  Status status = bps::SealMessage(seal_key, sequence, std::string(clear, bytes), &sealed);
+  Status status = bps::SealMessage(bps::KeyAt(key), sequence, std::string(clear, bytes), &sealed);
   if (status.ok()) std::memcpy(out, sealed.data(), sealed.size());
   return status.ok() ? 0 : bps::Fail(status);
 }
 
 int bps_open_message(const unsigned char* key, unsigned long long sequence, const char* sealed,
                      int bytes, char* out) {
-  bps::SealKey seal_key;
-  std::memcpy(seal_key.data(), key, seal_key.size());
   std::string clear;
-  if (!bps::OpenMessage(seal_key, sequence, std::string(sealed, bytes), &clear))
+  if (!bps::OpenMessage(bps::KeyAt(key), sequence, std::string(sealed, bytes), &clear))
     return bps::Fail(
         Status::Error(bps::ErrorKind::kInvalidArgument, "a control message does not authenticate"));
   std::memcpy(out, clear.data(), clear.size());

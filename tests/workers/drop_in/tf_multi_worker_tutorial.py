@@ -103,7 +103,8 @@ multi_worker_model.save_weights = counting_save_weights
 callbacks = [tf.keras.callbacks.BackupAndRestore(backup_dir=os.path.join(out, "backup"),
                                                  delete_checkpoint=False),
              tf.keras.callbacks.ModelCheckpoint(os.path.join(out, "best.weights.h5"),
-                                                save_weights_only=True)]
+                                                save_weights_only=True),
+             tf.keras.callbacks.TensorBoard(log_dir=os.path.join(out, "logs"))]
 multi_worker_model.fit(multi_worker_dataset, epochs=2, steps_per_epoch=steps,
                        callbacks=callbacks)
 report(tf_bps.rank(), multi_worker_model.trainable_variables, task_type=task_type,
