@@ -69,11 +69,11 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
   Channel& conn = *worker->channel;
   const auto rank = static_cast<uint32_t>(worker->rank);
   Status status = Status::OK();
+  bool closed = false;  // by the worker's side, or broken; else this server dropped it
   while (true) {
     FrameHeader header;
     DataReader payload;
-    bool eof = false;
-    status = conn.Receive(&header, &payload, &eof);
+    status = conn.Receive(&header, &payload, &closed);
     if (status.ok() && header.type == static_cast<uint8_t>(FrameType::kBye)) {
       {
         std::lock_guard<std::mutex> lock(conns_mutex_);
@@ -90,8 +90,9 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
     if (!status.ok()) break;
   }
   if (!stopping_) {
-    SetFailure("worker rank " + std::to_string(rank) + " (" + conn.peer() +
-                   ") disconnected without shutting down: " + status.message(),
+    SetFailure("worker rank " + std::to_string(rank) + " (" + conn.peer() + ") " +
+                   (closed ? "disconnected without shutting down" : "was dropped") + ": " +
+                   status.message(),
                static_cast<int>(rank));
   }
 }

@@ -7,6 +7,7 @@
 #include <openssl/sha.h>
 #include <sys/random.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace bps {
