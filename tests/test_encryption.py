@@ -319,6 +319,8 @@ def test_a_sealed_control_message_opens_once_in_order_and_untouched():
     tampered = {**third, "box": third["box"][:-2] + ("00" if third["box"][-2:] != "00" else "01")}
     assert scheduler.open(tampered) is None
     assert scheduler.open({**third, "seq": 7}) is None  # moved to another number
+    for seq in (2**64, 2**70, -1, True, "3", None):  # a stranger's numbers: dropped, no error
+        assert scheduler.open({**third, "seq": seq}) is None
     assert scheduler.open(third) == {"type": "heartbeat", "n": 2}
     assert node.open(scheduler.seal({"type": "heartbeat_ack"})) == {"type": "heartbeat_ack"}
     stranger = ControlSeal("a guess", "challenge", "node nonce", "scheduler")

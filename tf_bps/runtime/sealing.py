@@ -17,8 +17,10 @@ import logging
 
 log = logging.getLogger("tf_bps.scheduler")
 
-# Bounds a box before it is decoded (the scheduler's messages are far smaller).
+# Bounds a box before it is decoded (the scheduler's messages are far smaller), and a
+# sequence number before it reaches the core (an unsigned 64-bit count there).
 MAX_BOX_CHARS = 128 * 1024
+MAX_SEQUENCE = 2**63
 
 
 def _engine():
@@ -47,7 +49,8 @@ class ControlSeal:
         sealed, tampered with, replayed or older than one already opened)."""
         seq, box = envelope.get("seq"), envelope.get("box")
         if (envelope.get("type") not in ("sealed", "register") or not isinstance(seq, int)
-                or isinstance(seq, bool) or seq <= self._opened or not isinstance(box, str)
+                or isinstance(seq, bool) or not self._opened < seq < MAX_SEQUENCE
+                or not isinstance(box, str)
                 or len(box) > MAX_BOX_CHARS):
             return None
         try:
