@@ -129,18 +129,25 @@ def test_a_hello_flood_during_start_up_keeps_no_node_out(procs):
 
 
 def test_a_hello_flood_during_training_keeps_every_node_in(procs):
-    # The flood starts once both workers train: the scheduler answers it and still
-    # hears every heartbeat, so no node is declared lost and every sum is right.
+    # The flood starts once both workers train: the scheduler still hears every
+    # heartbeat, so no node is declared lost and every sum is right, and it reads the
+    # strangers no faster than its bound, so it takes no core from the job.
     # (examples/benchmarks/hello_flood.py measures the step time it costs.)
     job = procs.start_job_by_role(2, 1, "steady_sums.py", TEST_ROUNDS=250,
                                   BYTEPS_JOB_TOKEN="the job's secret", PS_HEARTBEAT_TIMEOUT=5)
     for rank in range(2):
         wait_for_line(job[f"worker{rank}"], "READY")
-    sent = [0]
+    sent, scheduler = [0], job["scheduler"].pid
     with _meanwhile(_hello_flood, int(procs.job_env["DMLC_PS_ROOT_PORT"]), 1000, sent):
+        time.sleep(1)  # the strangers' TCP handshakes
+        cpu, start = _cpu_seconds(scheduler), time.monotonic()
+        time.sleep(4)
+        share = (_cpu_seconds(scheduler) - cpu) / (time.monotonic() - start)
         outputs = _completes_with_right_sums(job)
     assert sent[0] > 10_000, sent
     assert "heartbeat" not in outputs["scheduler"], outputs["scheduler"]
+    assert share < 0.3, f"the scheduler took {share:.0%} of a core answering the flood"
+    assert "(a flood?)" in outputs["scheduler"], outputs["scheduler"]
 
 
 HEADER = struct.Struct("<IBBBBIIIB3xiIQQqQII")  # custom_ops/wire/protocol.h: FrameHeader

@@ -8,9 +8,10 @@ push_pull 4 MB for as long as the run lasts, a job token), and a flooding proces
 the workers have trained for a while, --peers ZeroMQ DEALER connections to the
 scheduler's port each say a well-formed hello, over and over, for --seconds, reading
 the challenges back as a stranger would. Prints the median step time before the flood
-and during it, their ratio, how many hellos the flood sent, and the scheduler's resident
-memory before and at the end of the flood. Every node must stay in
-the job: the scheduler keeps no state for a hello and still hears the heartbeats.
+and during it, their ratio, how many hellos the flood sent and how many the scheduler
+answered, and the scheduler's resident memory before and at the end of the flood. Every
+node must stay in the job: the scheduler keeps no state for a hello, reads strangers at
+a bounded rate (tf_bps/control/throttle.py) and still hears the heartbeats.
 
 The flood stands for strangers on other machines, so it runs at the lowest priority
 (nice 19): on a small machine it would otherwise take a whole core from the job, which
@@ -45,10 +46,16 @@ def worker(out_path: str, until: float) -> None:
     bps.init()
     tensor = tf.ones([1 << 20], tf.float32)
     steps = []
-    while time.time() < until:
+    while True:
         start = time.time()
         bps.push_pull(tensor, name="flooded").numpy()
         steps.append((start, time.time() - start))
+        # The workers stop together (one more step than the other would wait for its
+        # peer forever): every 20 steps, outside the timing, they vote on the clock.
+        if len(steps) % 20 == 0:
+            late = tf.constant([float(time.time() >= until)])
+            if bps.push_pull(late, name="time_is_up", average=False).numpy()[0] > 0:
+                break
     if bps.rank() == 0:
         with open(out_path, "w") as out:
             json.dump(steps, out)
@@ -73,7 +80,7 @@ def flood(port: int, peers: int, start: float, end: float, out_path: str,
     for dealer in dealers:
         dealer.connect(f"tcp://127.0.0.1:{port}")
     hello = json.dumps({"type": "hello", "nonce": "0" * 32}).encode()
-    sent = 0
+    sent = answered = 0
     while time.time() < end:
         for dealer in dealers:
             try:
@@ -83,11 +90,12 @@ def flood(port: int, peers: int, start: float, end: float, out_path: str,
                 pass
             while dealer.poll(0):
                 dealer.recv()
+                answered += 1
     for dealer in dealers:
         dealer.close()
     context.term()
     with open(out_path, "w") as out:
-        json.dump({"sent": sent}, out)
+        json.dump({"sent": sent, "answered": answered}, out)
 
 
 def resident_mb(pid: int) -> float:
@@ -159,19 +167,21 @@ def main() -> None:
                 scheduler.kill()
                 scheduler.wait()
         steps = json.load(open(steps_path))
-        sent = json.load(open(flood_path))["sent"]
+        flooded = json.load(open(flood_path))
     calm = [took for start, took in steps if flood_start - CALM_S <= start < flood_start]
     # From a second in: the peers connecting are part of the flood, but the first
     # second is mostly their TCP handshakes.
-    flooded = [took for start, took in steps if flood_start + 1 <= start < flood_end]
-    if not calm or not flooded:
-        raise RuntimeError(f"too few steps: {len(calm)} before the flood, {len(flooded)} in it "
-                           f"(the job started later than {WARM_UP_S:g} s?)")
-    before, during = statistics.median(calm), statistics.median(flooded)
+    during_flood = [took for start, took in steps if flood_start + 1 <= start < flood_end]
+    if not calm or not during_flood:
+        raise RuntimeError(f"too few steps: {len(calm)} before the flood, "
+                           f"{len(during_flood)} in it (the job started later than "
+                           f"{WARM_UP_S:g} s?)")
+    before, during = statistics.median(calm), statistics.median(during_flood)
     print(f"2 workers, 1 server, 4 MB push_pull; {args.peers} strangers flooding the scheduler "
-          f"with hellos for {args.seconds:g} s ({sent} hellos sent)")
+          f"with hellos for {args.seconds:g} s ({flooded['sent']} hellos sent, "
+          f"{flooded['answered']} answered)")
     print(f"median step before the flood {before * 1e3:.1f} ms ({len(calm)} steps), during it "
-          f"{during * 1e3:.1f} ms ({len(flooded)} steps): {during / before:.2f}x")
+          f"{during * 1e3:.1f} ms ({len(during_flood)} steps): {during / before:.2f}x")
     print(f"scheduler resident memory: {memory['before']:.0f} MB before the flood, "
           f"{memory['end']:.0f} MB at its end")
 

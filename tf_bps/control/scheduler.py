@@ -22,6 +22,7 @@ import zmq
 
 from tf_bps.control.challenges import Challenges
 from tf_bps.control.membership import Gathering, Node, address_books
+from tf_bps.control.throttle import OUTSIDER_MESSAGES_PER_S, OutsiderThrottle
 from tf_bps.runtime.config import Config, ConfigError, configure_logging, is_local_address
 from tf_bps.runtime.rendezvous import proof, proof_matches
 from tf_bps.runtime.sealing import SchedulerSeals
@@ -31,7 +32,8 @@ log = logging.getLogger("tf_bps.scheduler")
 # A node's messages are small JSON objects; anything larger is not one of ours, and
 # ZeroMQ drops the connection that sends it before allocating it.
 MAX_MESSAGE_BYTES = 64 * 1024
-MESSAGES_QUEUED_PER_PEER = 64
+MESSAGES_QUEUED_PER_PEER = 16
+ZMQ_ZERO_COPY_RECV = 96  # zmq.h's number; pyzmq names no constant for it
 # Workers the elastic launcher starts together join at one commit: those registered
 # wait for the others this long at most (one that fails to start is reported sooner).
 LAUNCH_WAIT_S = 30.0
@@ -54,12 +56,16 @@ class Scheduler:
         # then holds MESSAGES_QUEUED_PER_PEER each, not ZeroMQ's default of 1000.
         self._socket.setsockopt(zmq.SNDHWM, MESSAGES_QUEUED_PER_PEER)
         self._socket.setsockopt(zmq.RCVHWM, MESSAGES_QUEUED_PER_PEER)
+        # And each of those messages its own few bytes: received in place (ZeroMQ's
+        # default), every queued message would pin the 8 KB read buffer it came in.
+        self._socket.setsockopt(ZMQ_ZERO_COPY_RECV, 0)
         # Only the address the job knows the scheduler by, when it is this machine's.
         address = socket.gethostbyname(root_uri)
         local = is_local_address(address) and not config.listen_any
         self._socket.bind(f"tcp://{address if local else '*'}:{port}")
         self._nodes: dict[bytes, Node] = {}  # this generation's, by connection
         self._challenges = Challenges()  # stateless: a flood of hellos evicts nothing
+        self._outsiders = OutsiderThrottle()  # a flood of them takes no core from the job
         self._generation = 0
         # Workers that asked to join an elastic job, waiting for the next generation.
         self._joining: list[Node] = []
@@ -90,9 +96,18 @@ class Scheduler:
         deadline = time.monotonic() + timeout_s
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self._socket.poll(int(remaining * 1000) + 1):
+            if remaining <= 0:
                 return None
-            parts = self._socket.recv_multipart()
+            try:  # Polling only when nothing is queued: a flood queues plenty.
+                parts = self._socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                self._socket.poll(int(remaining * 1000) + 1)
+                continue
+            if parts[0] not in self._nodes and parts[0] not in self._launchers:
+                if self._outsiders.pay():
+                    log.warning("connections of no node of this job send more than %g "
+                                "messages a second (a flood?): the scheduler reads them no "
+                                "faster", OUTSIDER_MESSAGES_PER_S)
             try:
                 identity, payload = parts
                 message = zmq.utils.jsonapi.loads(payload)

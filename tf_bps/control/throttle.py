@@ -1,0 +1,51 @@
+"""How fast the scheduler reads messages from connections of no node of the job.
+
+Strangers can send hellos as fast as their machines allow; answering each costs the
+scheduler two keyed hashes and a send, and on a small machine a flood would take a
+core from the training job. So messages from outsiders (strangers, and nodes not yet
+registered) are read at a bounded rate: past it, the scheduler pauses. Nothing is
+dropped meanwhile. ZeroMQ queues a few messages per connection and then stops reading
+that connection, so TCP pushes back on the senders, and since it serves connections in
+turn, a real node's hello waits one turn of the connections at most, however much the
+others send.
+"""
+
+from __future__ import annotations
+
+import time
+
+# Outsider messages read per second, and how many may come at once: a job's nodes need
+# two each to register (hello, registration), so a thousand nodes start within a second.
+OUTSIDER_MESSAGES_PER_S = 2000.0
+OUTSIDER_BURST = 2000.0
+MIN_PAUSE_S = 0.02
+# While outsiders are held back, the operator hears of it this often.
+WARN_EVERY_S = 30.0
+
+
+class OutsiderThrottle:
+    """A token bucket: `pay` waits for a token when there is none."""
+
+    def __init__(self, rate: float = OUTSIDER_MESSAGES_PER_S, burst: float = OUTSIDER_BURST,
+                 clock=time.monotonic, sleep=time.sleep):
+        self._rate, self._burst = rate, burst
+        self._clock, self._sleep = clock, sleep
+        self._tokens, self._at = burst, clock()
+        self._warned_at = -WARN_EVERY_S
+
+    def pay(self) -> bool:
+        """Takes a token, waiting for one if need be; True when the wait is news for the
+        operator (the first in WARN_EVERY_S)."""
+        now = self._clock()
+        self._tokens = min(self._burst, self._tokens + (now - self._at) * self._rate)
+        self._at = now
+        self._tokens -= 1.0
+        if self._tokens >= 0:
+            return False
+        # A pause long enough to read a batch after it: a sleep per message would cost
+        # more than the message.
+        self._sleep(max(-self._tokens / self._rate, MIN_PAUSE_S))
+        if now - self._warned_at < WARN_EVERY_S:
+            return False
+        self._warned_at = now
+        return True
