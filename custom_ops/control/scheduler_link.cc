@@ -93,7 +93,9 @@ Status SchedulerLink::Connect(const SchedulerLinkOptions& options,
   std::unique_ptr<ZmqDealer> dealer;
   Status status = ZmqDealer::Connect(options.host, options.port,
                                      static_cast<int>(options.timeout_s * 1000), &dealer);
-  if (!status.ok()) return status;
+  if (!status.ok())
+    return Status::Error(status.kind(), status.message() + " (is the scheduler running? see " +
+                                            options.timeout_variable + ")");
   out->reset(new SchedulerLink(options, std::move(dealer), started));
   return Status::OK();
 }
@@ -114,7 +116,7 @@ Status SchedulerLink::NextReply(Clock::time_point deadline, double timeout_s,
                    ? " s of the job re-forming (BYTEPS_ELASTIC_TIMEOUT)"
                    : " s (is it running, and have all " + std::to_string(options_.num_workers) +
                          " worker(s) and " + std::to_string(options_.num_servers) +
-                         " server(s) started? see BYTEPS_OP_TIMEOUT)"));
+                         " server(s) started? see " + options_.timeout_variable + ")"));
     if (!Decode(text, reply)) continue;  // Not one of its messages.
     const std::string& kind = (*reply)["type"].str();
     if (kind == type) return Status::OK();
@@ -126,7 +128,7 @@ Status SchedulerLink::NextReply(Clock::time_point deadline, double timeout_s,
 
 Status SchedulerLink::Register(const std::string& role, const std::string& host, JsonWriter fields,
                                Json* book) {
-  // The first: one BYTEPS_OP_TIMEOUT from the first connection attempt, as on the
+  // The first: one start timeout from the first connection attempt, as on the
   // Python side; a re-forming: one BYTEPS_ELASTIC_TIMEOUT from now.
   const double timeout_s = registered_ ? options_.reform_timeout_s : options_.timeout_s;
   const Clock::time_point deadline = (registered_ ? Clock::now() : started_) + Seconds(timeout_s);

@@ -22,7 +22,8 @@ struct SchedulerLinkOptions {
   int port = 0;            // DMLC_PS_ROOT_PORT
   std::string token;       // BYTEPS_JOB_TOKEN
   bool encrypt = false;    // BYTEPS_ENCRYPT: messages after the proofs are sealed
-  double timeout_s = 300;  // BYTEPS_OP_TIMEOUT: for the connection and the address book
+  double timeout_s = 300;  // for the connection and the first address book
+  std::string timeout_variable = "BYTEPS_OP_TIMEOUT";  // or HOROVOD_START_TIMEOUT
   double heartbeat_interval_s = 1;
   double heartbeat_timeout_s = 10;
   // BYTEPS_ELASTIC_TIMEOUT: how long a registration after the first (the job

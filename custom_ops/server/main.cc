@@ -256,6 +256,10 @@ int Serve(const Settings& settings) {
   link_options.token = options.token;
   link_options.encrypt = options.encrypt;
   link_options.timeout_s = timeout_s;
+  if (settings.IsSet("HOROVOD_START_TIMEOUT")) {
+    link_options.timeout_s = settings.Number("HOROVOD_START_TIMEOUT");
+    link_options.timeout_variable = "HOROVOD_START_TIMEOUT";
+  }
   link_options.heartbeat_interval_s = settings.Number("PS_HEARTBEAT_INTERVAL");
   link_options.heartbeat_timeout_s = settings.Number("PS_HEARTBEAT_TIMEOUT");
   link_options.reform_timeout_s = settings.Number("BYTEPS_ELASTIC_TIMEOUT");
@@ -303,6 +307,7 @@ constexpr char kUsage[] =
     "  DMLC_NODE_HOST, DMLC_INTERFACE       the address workers reach it at\n"
     "  BYTEPS_SERVER_ENGINE_THREAD          summing threads\n"
     "  BYTEPS_OP_TIMEOUT, PS_HEARTBEAT_*    how long it waits\n"
+    "  HOROVOD_START_TIMEOUT               how long it waits for the job to form\n"
     "  BYTEPS_ENABLE_ASYNC, BYTEPS_ELASTIC  the training mode\n"
     "  BYTEPS_LOG_LEVEL, PS_VERBOSE         how much it says\n"
     "README.md, \"Configuration\", lists every variable.\n";

@@ -127,7 +127,7 @@ class Scheduler:
                         "ports can join it (bpslaunch -np sets one; set the same on every "
                         "node of a job started role by role)")
         try:
-            self._rendezvous(Gathering(0, time.monotonic() + self._config.op_timeout, {}))
+            self._rendezvous(Gathering(0, time.monotonic() + self._config.start_timeout, {}))
             self._supervise()
             return 0
         except JobFailed as error:
@@ -364,9 +364,9 @@ class Scheduler:
         if gathering.first:
             ranks = sorted(node.rank for node in workers)
             return (f"only {len(workers)} worker(s) (ranks {ranks}) and {len(servers)} of "
-                    f"{config.num_server} server(s) registered within {config.op_timeout:g} s "
-                    "(BYTEPS_OP_TIMEOUT); check DMLC_NUM_WORKER, DMLC_NUM_SERVER and that "
-                    "every node reaches the scheduler")
+                    f"{config.num_server} server(s) registered within {config.start_timeout:g} "
+                    f"s ({config.start_timeout_variable}); check DMLC_NUM_WORKER, "
+                    "DMLC_NUM_SERVER and that every node reaches the scheduler")
         missing = ", ".join(node.describe() for node in gathering.missing()) or "none"
         return (f"the job could not re-form ({gathering.reason}): {len(workers)} worker(s) "
                 f"and {len(servers)} server(s) registered within BYTEPS_ELASTIC_TIMEOUT="

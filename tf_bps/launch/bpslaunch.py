@@ -22,10 +22,12 @@ import socket
 import sys
 import threading
 
-from tf_bps.launch import remote
+import tf_bps
+from tf_bps.launch import build_check, remote
 from tf_bps.launch.discovery import DiscoveryError
 from tf_bps.launch.elastic_driver import ElasticDriver, ElasticSettings
 from tf_bps.launch.hosts import Host, HostError, Layout, parse_hosts, plan_layout, read_hostfile
+from tf_bps.launch.output import JobOutput
 from tf_bps.launch.remote import SshOptions
 from tf_bps.launch.supervisor import (
     JobSupervisor,
@@ -34,7 +36,7 @@ from tf_bps.launch.supervisor import (
     helper_plan,
     supervise,
 )
-from tf_bps.runtime.config import Config, ConfigError, environment
+from tf_bps.runtime.config import LOG_LEVELS, Config, ConfigError, environment
 
 
 def _free_port() -> int:
@@ -160,14 +162,14 @@ def _plan_processes(layout: Layout, command: list[str], base: dict[str, str],
 
 
 def _launch_job(layout: Layout, command: list[str], ssh: SshOptions,
-                interface: str | None, elastic: dict[str, str]) -> int:
+                interface: str | None, elastic: dict[str, str], output: JobOutput) -> int:
     base = environment()
     try:
         local = {host.name: remote.is_this_machine(host.name) for host in layout.hosts}
     except ValueError as error:
         raise LaunchError(str(error)) from None
     plans = _plan_processes(layout, command, base, local, interface, elastic)
-    supervisor = JobSupervisor(elastic=bool(elastic))
+    supervisor = JobSupervisor(elastic=bool(elastic), output=output)
     forwarded = remote.forwarded_environment(base)
     for host, processes in plans.items():
         if local[host]:
@@ -181,7 +183,8 @@ def _launch_job(layout: Layout, command: list[str], ssh: SshOptions,
     return supervise(supervisor)
 
 
-def _launch_discovered(args: argparse.Namespace, ssh: SshOptions, elastic: dict[str, str]) -> int:
+def _launch_discovered(args: argparse.Namespace, ssh: SshOptions, elastic: dict[str, str],
+                       output: JobOutput) -> int:
     """An elastic job on the hosts a discovery script lists (elastic_driver.py): the
     scheduler and servers here, workers wherever the script says, as it says."""
     base = environment()
@@ -190,7 +193,7 @@ def _launch_discovered(args: argparse.Namespace, ssh: SshOptions, elastic: dict[
         initial=args.num_workers or args.min_np or 1, min_np=args.min_np or 1,
         max_np=args.max_np, timeout=Config.from_env({**base, **elastic}).elastic_timeout,
         cooldown=tuple(args.blacklist_cooldown_range) if args.blacklist_cooldown_range else None)
-    supervisor = JobSupervisor(elastic=True)
+    supervisor = JobSupervisor(elastic=True, output=output)
     job = {**elastic, "BYTEPS_LOCAL_SIZE": "1",
            "BYTEPS_JOB_TOKEN": base.get("BYTEPS_JOB_TOKEN") or secrets.token_hex(16),
            "DMLC_NUM_SERVER": str(args.num_servers or 1),
@@ -229,7 +232,7 @@ def _launch_discovered(args: argparse.Namespace, ssh: SshOptions, elastic: dict[
         driver.stop()
 
 
-def _launch_local_ranks(config: Config, command: list[str]) -> int:
+def _launch_local_ranks(config: Config, command: list[str], output: JobOutput) -> int:
     """DMLC_ROLE=worker with BYTEPS_LOCAL_SIZE > 1, or several visible GPUs: one process
     per local rank (each uses the GPU of its local rank, see basics._pin_gpu)."""
     processes = []
@@ -239,14 +242,16 @@ def _launch_local_ranks(config: Config, command: list[str]) -> int:
                **_horovod_variables(rank, config.size, local_rank, config.local_size)}
         processes.append(ProcessPlan(f"worker {rank}", command, env, is_worker=True,
                                      prefix=f"[{rank}]: "))
-    supervisor = JobSupervisor()
+    supervisor = JobSupervisor(output=output)
     supervisor.start_host(processes, environment())
     return supervise(supervisor)
 
 
 def job_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The options that describe a whole job (bpslaunch's and perseusrun's)."""
-    parser.add_argument("-np", "--num-workers", type=int, dest="num_workers",
+    parser.add_argument("-v", "--version", action="version",
+                        version=f"%(prog)s (tf_bps) {tf_bps.__version__}")
+    parser.add_argument("-np", "--num-proc", "--num-workers", type=int, dest="num_workers",
                         help="worker processes (default with -H: every slot)")
     parser.add_argument("-H", "--hosts", help="worker hosts and their slots: host1:4,host2:4 "
                         "(the scheduler runs on the first)")
@@ -258,8 +263,8 @@ def job_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "separated), e.g. CPU-only machines; default: the worker hosts")
     parser.add_argument("--network-interface", help="the interface every process advertises "
                         "(sets DMLC_INTERFACE)")
-    parser.add_argument("--ssh-port", type=int, help="the port of sshd on the hosts")
-    parser.add_argument("--ssh-identity-file", help="the private key ssh uses")
+    parser.add_argument("-p", "--ssh-port", type=int, help="the port of sshd on the hosts")
+    parser.add_argument("-i", "--ssh-identity-file", help="the private key ssh uses")
     parser.add_argument("--ssh-command", default="ssh",
                         help="the ssh client and any options of yours (default: ssh)")
     elastic = parser.add_argument_group(
@@ -280,9 +285,46 @@ def job_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                          metavar=("LOW", "HIGH"),
                          help="seconds a host whose worker failed stays out, drawn from this "
                               "range (default: for good)")
+    _output_arguments(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the worker's command (may follow a `--`)")
     return parser
+
+
+def _output_arguments(parser: argparse.ArgumentParser) -> None:
+    """horovodrun's options for what a job prints, logs and records."""
+    group = parser.add_argument_group("output, logs and checks", "horovodrun's options")
+    group.add_argument("--start-timeout", type=float, metavar="SECONDS",
+                       help="every node must have joined within this many seconds of "
+                            "starting (sets HOROVOD_START_TIMEOUT; default "
+                            "BYTEPS_OP_TIMEOUT)")
+    group.add_argument("--verbose", action="store_true",
+                       help="more messages: tf_bps logs at INFO unless --log-level says "
+                            "otherwise, and TensorFlow's start-up notices are shown")
+    group.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS,
+                       help="tf_bps's log level in every process (sets BYTEPS_LOG_LEVEL)")
+    group.add_argument("--output-filename", metavar="DIR",
+                       help="also keep each process's output in DIR/rank.<rank>/stdout and "
+                            "stderr (DIR/scheduler, DIR/server.<i> for the others)")
+    group.add_argument("--prefix-output-with-timestamp", action="store_true",
+                       help="start every line of the job's output with the time")
+    group.add_argument("--timeline-filename", metavar="FILE",
+                       help="rank 0 records its timeline into FILE (sets HOROVOD_TIMELINE; "
+                            "steps BYTEPS_TRACE_START_STEP to BYTEPS_TRACE_END_STEP)")
+    group.add_argument("--check-build", action="store_true",
+                       help="show what this installation of tf_bps can do, and exit")
+
+
+def flag_variables(args: argparse.Namespace) -> dict[str, str]:
+    """The variables the output options set for every process of the job."""
+    variables = {}
+    if args.start_timeout is not None:
+        variables["HOROVOD_START_TIMEOUT"] = f"{args.start_timeout:g}"
+    if args.log_level or args.verbose:
+        variables["BYTEPS_LOG_LEVEL"] = args.log_level or "INFO"
+    if args.timeline_filename:
+        variables["HOROVOD_TIMELINE"] = os.path.abspath(args.timeline_filename)
+    return variables
 
 
 def _layout(args) -> Layout:
@@ -318,6 +360,9 @@ def run(args: argparse.Namespace, whole_job: bool = False) -> int:
     DMLC_ROLE is set (perseusrun)."""
     if args.command[:1] == ["--"]:
         args.command = args.command[1:]
+    if args.check_build:
+        return build_check.report()
+    os.environ.update(flag_variables(args))
     try:
         config = Config.from_env()
     except ConfigError as error:
@@ -355,14 +400,16 @@ def run(args: argparse.Namespace, whole_job: bool = False) -> int:
         except LaunchError as error:
             print(f"bpslaunch: {error}", file=sys.stderr)
             return 127
+    output = JobOutput(args.output_filename, args.prefix_output_with_timestamp)
     if role == "worker":
         if config.local_size > 1 and "BYTEPS_LOCAL_RANK" not in environment():
-            return _run(_launch_local_ranks, config, args.command)
+            return _run(_launch_local_ranks, config, args.command, output)
         os.execvp(args.command[0], args.command)
     ssh = SshOptions(args.ssh_command, args.ssh_port, args.ssh_identity_file)
     if layout is None:
-        return _run(_launch_discovered, args, ssh, elastic)
-    return _run(_launch_job, layout, args.command, ssh, args.network_interface, elastic)
+        return _run(_launch_discovered, args, ssh, elastic, output)
+    return _run(_launch_job, layout, args.command, ssh, args.network_interface, elastic,
+                output)
 
 
 def _run(launch, *args) -> int:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tf_bps.launch import affinity
+from tf_bps.launch.output import JobOutput, folder_for
 from tf_bps.runtime.config import Config, ConfigError
 
 # How long servers and the scheduler get to exit by themselves once the workers are done,
@@ -70,15 +71,16 @@ def exit_status(returncode: int) -> int:
 class JobSupervisor:
     """Starts processes, prefixes worker output, and ends the job as a whole."""
 
-    def __init__(self, name: str = "bpslaunch", elastic: bool = False):
+    def __init__(self, name: str = "bpslaunch", elastic: bool = False,
+                 output: JobOutput | None = None):
         self.name = name  # How its own messages start.
+        self.output = output or JobOutput()
         # An elastic job goes on when a worker fails; `worker_exited(child, status)`
         # hears of every worker that exits (elastic_driver.py).
         self.elastic = elastic
         self.worker_exited: Callable[[Child, int], None] | None = None
         self.children: list[Child] = []
         self._exits: queue.Queue[Child | str] = queue.Queue()
-        self._output_lock = threading.Lock()
         self._pumps: list[threading.Thread] = []
 
     def start_host(self, processes: list[ProcessPlan], env: dict[str, str]) -> None:
@@ -105,10 +107,12 @@ class JobSupervisor:
     def start(self, label: str, command: list[str], env: dict[str, str], is_worker: bool,
               prefix: str | None = None, stdin: bytes | None = None,
               cpus: frozenset[int] | None = None) -> Child:
-        """`prefix`: tag each line of its output (else it writes to ours directly);
-        `stdin`: written to its standard input, which then stays open (an ssh session's
-        remote side ends its processes when it closes); `cpus`: where it may run."""
-        pipe = subprocess.PIPE if prefix is not None else None
+        """`prefix`: tag each line of its output (else it writes to ours directly, unless
+        self.output keeps every line); `stdin`: written to its standard input, which then
+        stays open (an ssh session's remote side ends its processes when it closes);
+        `cpus`: where it may run."""
+        piped = prefix is not None or self.output.keeps_every_line
+        pipe = subprocess.PIPE if piped else None
         pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
         try:
             process = subprocess.Popen(command, env=env, stdout=pipe, stderr=pipe,
@@ -126,10 +130,10 @@ class JobSupervisor:
                 pass  # It exited already; its status says why.
         child = Child(label, process, is_worker)
         self.children.append(child)
-        if prefix is not None:
-            for source, sink in ((process.stdout, sys.stdout), (process.stderr, sys.stderr)):
-                pump = threading.Thread(target=self._pump, args=(source, sink, prefix),
-                                        daemon=True)
+        if piped:
+            for source, stream in ((process.stdout, "stdout"), (process.stderr, "stderr")):
+                pump = threading.Thread(target=self._pump, daemon=True, args=(
+                    source, stream, (prefix or "").encode(), folder_for(label)))
                 pump.start()
                 self._pumps.append(pump)
         threading.Thread(target=self._wait, args=(child,), daemon=True).start()
@@ -139,12 +143,9 @@ class JobSupervisor:
         """Makes `run` end the job now (from any thread), reporting `reason`."""
         self._exits.put(reason)
 
-    def _pump(self, source, sink, prefix: str) -> None:
-        tag = prefix.encode()
+    def _pump(self, source, stream: str, tag: bytes, origin: str) -> None:
         for line in iter(source.readline, b""):
-            with self._output_lock:
-                sink.buffer.write(tag + line)
-                sink.flush()
+            self.output.write(line, tag, stream, origin)
 
     def _wait(self, child: Child) -> None:
         child.process.wait()
@@ -248,6 +249,7 @@ class JobSupervisor:
             self.terminate()
             for pump in self._pumps:
                 pump.join(timeout=1)
+            self.output.close()
 
     def report(self, message: str) -> None:
         print(f"{self.name}: {message}", file=sys.stderr, flush=True)

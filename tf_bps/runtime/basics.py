@@ -133,11 +133,11 @@ def _join(lost_server: str | None = None) -> None:
                         local_rank=book["local_rank"], local_size=book["local_size"], link=link,
                         worker_hosts=tuple(book["workers"]), generation=generation,
                         servers=tuple(book["servers"]), lost_server_pipe=pipe)
-            if config.trace_on:
-                folder = os.path.join(config.trace_dir, str(_job.local_rank))
-                os.makedirs(folder, exist_ok=True)
-                core.worker_start_timeline(os.path.join(folder, "comm.json"),
-                                           config.trace_start_step, config.trace_end_step)
+            timeline = _timeline_path(config, _job.rank, _job.local_rank)
+            if timeline:
+                os.makedirs(os.path.dirname(timeline) or ".", exist_ok=True)
+                core.worker_start_timeline(timeline, config.trace_start_step,
+                                           config.trace_end_step)
             log.info("worker rank %d of %d joined%s; servers %s", _job.rank, _job.size,
                      f" generation {generation}" if generation else "", book["servers"])
         process_sets_module._reset(_job.rank, _job.size)
@@ -145,6 +145,17 @@ def _join(lost_server: str | None = None) -> None:
             _pin_gpu(_job.local_rank)
     atexit.unregister(shutdown)  # Once, however often an elastic job re-forms.
     atexit.register(shutdown)
+
+
+def _timeline_path(config: Config, rank: int, local_rank: int) -> str | None:
+    """Where this worker records its timeline: HOROVOD_TIMELINE (horovodrun's
+    --timeline-filename) on rank 0, as Horovod does; BYTEPS_TRACE_DIR/<local rank>/
+    comm.json on every worker with BYTEPS_TRACE_ON, as BytePS does."""
+    if config.timeline_file and rank == 0:
+        return config.timeline_file
+    if config.trace_on:
+        return os.path.join(config.trace_dir, str(local_rank), "comm.json")
+    return None
 
 
 def _pin_gpu(local_rank: int) -> None:

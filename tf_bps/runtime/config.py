@@ -54,7 +54,7 @@ def _read_settings() -> dict[str, Setting]:
             cast = int if kind == "INT" else float
             setting = Setting(kind, name, cast(args[1]) if args[1] else None, args[2], args[3])
         elif kind == "SECONDS":
-            setting = Setting(kind, name, float(args[1]), 0, args[2])
+            setting = Setting(kind, name, float(args[1]) if args[1] else None, 0, args[2])
         elif kind == "FLAG":
             setting = Setting(kind, name, bool(args[1]))
         elif kind == "REFUSED":
@@ -71,6 +71,7 @@ def _read_settings() -> dict[str, Setting]:
 
 
 SETTINGS = _read_settings()
+LOG_LEVELS = SETTINGS["BYTEPS_LOG_LEVEL"].choices
 _TABLE_DEFAULT = object()  # "the default settings.def gives"
 
 
@@ -275,6 +276,7 @@ class Config:
     trace_start_step: int
     trace_end_step: int
     trace_dir: str
+    timeline_file: str  # HOROVOD_TIMELINE: rank 0's timeline goes here instead
     enable_gdb: bool  # bpslaunch runs each worker under gdb and prints its backtrace
     debug_sample_tensor: str  # a tensor name or id whose values workers log at each stage
     log_level: str
@@ -284,6 +286,10 @@ class Config:
     heartbeat_interval: float
     heartbeat_timeout: float
     op_timeout: float
+    # How long a node waits for the job to form (every node registered), and the
+    # variable that said so: HOROVOD_START_TIMEOUT (--start-timeout), else the above.
+    start_timeout: float
+    start_timeout_variable: str
     # Elastic training (BYTEPS_ELASTIC): a lost or added worker re-forms the job, which
     # ends only with fewer than `elastic_min_workers` left for `elastic_timeout` s.
     elastic: bool
@@ -318,6 +324,7 @@ class Config:
         local_size = _int(env, "BYTEPS_LOCAL_SIZE", None)
         # AIACC's stream count bounds what is in flight, as the credit does.
         credit = _int(env, "BYTEPS_SCHEDULING_CREDIT", _int(env, "PERSEUS_ALLREDUCE_STREAMS"))
+        op_timeout = _number(env, "BYTEPS_OP_TIMEOUT", _number(env, "GLOO_TIMEOUT_SECONDS"))
         config = cls(
             role=_choice(env, "DMLC_ROLE"),
             root_uri=_text(env, "DMLC_PS_ROOT_URI") or None,
@@ -354,6 +361,7 @@ class Config:
             trace_start_step=_int(env, "BYTEPS_TRACE_START_STEP"),
             trace_end_step=_int(env, "BYTEPS_TRACE_END_STEP"),
             trace_dir=_text(env, "BYTEPS_TRACE_DIR"),
+            timeline_file=_text(env, "HOROVOD_TIMELINE"),
             enable_gdb=_flag(env, "BYTEPS_ENABLE_GDB"),
             debug_sample_tensor=_text(env, "BYTEPS_DEBUG_SAMPLE_TENSOR"),
             log_level=_choice(env, "BYTEPS_LOG_LEVEL"),
@@ -363,7 +371,11 @@ class Config:
                        or _text(env, "PERSEUS_GLOO_NETWORK_INTERFACE") or None),
             heartbeat_interval=_number(env, "PS_HEARTBEAT_INTERVAL"),
             heartbeat_timeout=_number(env, "PS_HEARTBEAT_TIMEOUT"),
-            op_timeout=_number(env, "BYTEPS_OP_TIMEOUT", _number(env, "GLOO_TIMEOUT_SECONDS")),
+            op_timeout=op_timeout,
+            start_timeout=_number(env, "HOROVOD_START_TIMEOUT", op_timeout),
+            start_timeout_variable=("HOROVOD_START_TIMEOUT"
+                                    if env.get("HOROVOD_START_TIMEOUT", "").strip()
+                                    else "BYTEPS_OP_TIMEOUT"),
             elastic=_flag(env, "BYTEPS_ELASTIC"),
             elastic_min_workers=_int(env, "BYTEPS_ELASTIC_MIN_WORKERS"),
             elastic_max_workers=_int(env, "BYTEPS_ELASTIC_MAX_WORKERS", None),

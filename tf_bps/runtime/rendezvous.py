@@ -79,7 +79,7 @@ class SchedulerLink:
     def register(self, role: str, **fields) -> dict:
         """Proves the job token, registers this node and waits for the address book."""
         host = self._config.advertised_host()  # Settings fail here, before any wait.
-        deadline = time.monotonic() + self._config.op_timeout
+        deadline = time.monotonic() + self._config.start_timeout
         mine = new_nonce()
         self._socket.send_json({"type": "hello", "nonce": mine})
         challenge = self._next_reply(deadline, "challenge")
@@ -115,9 +115,9 @@ class SchedulerLink:
                 what = "address book" if kind == "book" else "answer"
                 raise RendezvousError(
                     f"no {what} from the scheduler at {self._endpoint} within "
-                    f"{self._config.op_timeout:g} s (is it running, and have all "
+                    f"{self._config.start_timeout:g} s (is it running, and have all "
                     f"{self._config.num_worker} worker(s) and {self._config.num_server} "
-                    "server(s) started? see BYTEPS_OP_TIMEOUT)")
+                    f"server(s) started? see {self._config.start_timeout_variable})")
             reply = self._decode(self._socket.recv())
             if reply is None:
                 continue
