@@ -127,8 +127,8 @@ def surface():
     processes = Processes()
     try:
         command = [*LAUNCH, "-np", "2", sys.executable, str(DROP_IN / "api_surface.py")]
-        status, output = processes.run(command, base_env(PYTHONPATH=str(DROP_IN)),
-                                       timeout=180)
+        status, output = processes.run(command, base_env(PYTHONPATH=str(DROP_IN),
+                                                         BYTEPS_LOG_LEVEL="INFO"), timeout=180)
     finally:
         processes.end_all()
     assert status == 0, output
@@ -153,11 +153,15 @@ def test_module_surfaces_and_placement(surface):
         assert (report["cross_rank"], report["cross_size"]) == (0, 1)
 
 
-def test_logging_leaves_the_root_logger_to_the_user(surface):
+def test_logging_leaves_the_root_logger_to_the_user_and_reaches_their_handlers(surface):
     got, output = surface
     assert output.count("USERLOG user configured by the script") == 2
     for report in got.values():
-        assert report["root_handlers"] == 1 and report["tf_bps_propagates"] is False
+        assert report["root_handlers"] == 1 and report["tf_bps_propagates"] is True
+    # tf_bps's records go through the user's handler, once, and not through ours too.
+    for rank in range(2):
+        assert output.count(f"USERLOG tf_bps worker rank {rank} of 2 joined") == 1, output
+    assert "INFO] worker rank 0 of 2 joined" not in output, output
 
 
 def test_allreduce_with_horovods_arguments(surface):

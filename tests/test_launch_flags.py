@@ -7,7 +7,7 @@ import json
 import re
 import sys
 
-from conftest import LAUNCH, base_env, free_port, worker_command
+from conftest import LAUNCH, base_env, finish, free_port, worker_command
 
 import tf_bps
 
@@ -72,3 +72,49 @@ def test_bad_flag_values_are_refused_before_anything_starts(procs):
                        (["--start-timeout", "0"], "HOROVOD_START_TIMEOUT='0' is not valid")):
         status, output = procs.run([*LAUNCH, "-np", "2", *flags, "true"], base_env(), timeout=30)
         assert status == 2 and why in output, output
+
+
+QUIET_SCRIPT = ("import sys, tensorflow as tf, tf_bps as bps; bps.init(); "
+                "print('SUM', bps.push_pull(tf.ones([2]), op=bps.Sum).numpy()); "
+                "sys.stderr.write('W0000 00:00:1.5 7 some_kernel.cc:12] a warning of the job\\n')")
+
+
+def _without_tf_log_level() -> dict[str, str]:
+    env = base_env()
+    del env["TF_CPP_MIN_LOG_LEVEL"]
+    return env
+
+
+def test_start_up_is_quiet_unless_asked_and_our_lines_say_when_and_where(procs):
+    command = [*LAUNCH, "-np", "2", sys.executable, "-c", QUIET_SCRIPT]
+    status, quiet = procs.run(command, _without_tf_log_level(), timeout=120)
+    assert status == 0 and quiet.count("SUM [2. 2.]") == 2, quiet
+    # TensorFlow's notices are gone; a warning of the same shape from elsewhere stays.
+    for notice in ("All log messages before absl::InitializeLog", "oneDNN custom operations",
+                   "cpu_feature_guard", "failed call to cuInit"):
+        assert notice not in quiet, quiet
+    assert quiet.count("some_kernel.cc:12] a warning of the job") == 2, quiet
+    # --verbose shows them, and tf_bps's INFO lines, stamped with time, role and host,
+    # from Python and from the core alike.
+    status, verbose = procs.run([*LAUNCH, "--verbose", *command[len(LAUNCH):]],
+                                _without_tf_log_level(), timeout=120)
+    assert status == 0 and "All log messages before absl::InitializeLog" in verbose, verbose
+    stamp = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} "
+    assert re.search(stamp + r"tf_bps worker 1 on \S+ INFO\] worker rank 1 of 2 joined",
+                     verbose), verbose
+    assert re.search(stamp + r"tf_bps worker 1 on \S+ INFO\] worker 1 of 2 connected",
+                     verbose), verbose
+    assert re.search(stamp + r"tf_bps scheduler on \S+ INFO\] all workers finished", verbose)
+
+
+def test_a_job_that_waits_says_every_few_seconds_who_is_missing(procs):
+    # Worker 1 and the server never come: worker 0 hears from the scheduler whom the
+    # job waits for, until the start timeout ends it.
+    job = procs.start_job_by_role(1, 0, "steady_sums.py", DMLC_NUM_WORKER=2, DMLC_NUM_SERVER=1,
+                                  HOROVOD_START_TIMEOUT=12)
+    status, output = finish(job["worker0"], 60)
+    assert status != 0, output
+    waits = re.findall(r"the job waits for worker rank\(s\) \[1\] and 1 more server\(s\)",
+                       output)
+    assert len(waits) >= 2, output
+    assert "registered within 12 s (HOROVOD_START_TIMEOUT)" in output, output

@@ -1,7 +1,10 @@
 #include "logging.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdio>
+#include <ctime>
 #include <mutex>
 #include <string>
 
@@ -28,6 +31,15 @@ const char* LevelName(LogLevel level) {
   return "?";
 }
 
+// This machine's name, read once: every line says where it was written.
+const std::string& Hostname() {
+  static const std::string name = [] {
+    char text[256] = {};
+    return gethostname(text, sizeof(text) - 1) == 0 ? std::string(text) : std::string("?");
+  }();
+  return name;
+}
+
 }  // namespace
 
 void SetLogLevel(LogLevel level) { g_level.store(static_cast<int>(level)); }
@@ -45,8 +57,16 @@ LogLine::~LogLine() {
     std::lock_guard<std::mutex> lock(g_prefix_mutex);
     prefix = g_prefix;
   }
+  // Local time to the millisecond, as Python's lines of the same process have it.
+  timespec now{};
+  clock_gettime(CLOCK_REALTIME, &now);
+  tm local{};
+  localtime_r(&now.tv_sec, &local);
+  char stamp[32];
+  strftime(stamp, sizeof(stamp), "%Y-%m-%d %H:%M:%S", &local);
   // One fprintf per line so that lines of concurrent threads do not interleave.
-  std::fprintf(stderr, "[%s %s] %s\n", prefix.c_str(), LevelName(level_), stream_.str().c_str());
+  std::fprintf(stderr, "[%s.%03ld %s on %s %s] %s\n", stamp, now.tv_nsec / 1000000, prefix.c_str(),
+               Hostname().c_str(), LevelName(level_), stream_.str().c_str());
 }
 
 }  // namespace bps

@@ -37,6 +37,8 @@ ZMQ_ZERO_COPY_RECV = 96  # zmq.h's number; pyzmq names no constant for it
 # Workers the elastic launcher starts together join at one commit: those registered
 # wait for the others this long at most (one that fails to start is reported sooner).
 LAUNCH_WAIT_S = 30.0
+# While a job forms, who is still missing is said this often (after the first wait).
+WAITING_REPORT_S = 5.0
 
 
 class JobFailed(RuntimeError):
@@ -286,14 +288,19 @@ class Scheduler:
         for node in self._joining:
             self._admit(gathering, node)
         self._joining = []
+        report_at = time.monotonic() + WAITING_REPORT_S
         while not self._complete(gathering):
             self._drop_silent_survivors(gathering)
+            if time.monotonic() >= report_at:
+                self._report_waiting(gathering)
+                report_at = time.monotonic() + WAITING_REPORT_S
             remaining = gathering.deadline - time.monotonic()
             if remaining <= 0:
                 if self._can_form_without_the_missing(gathering):
                     break
                 raise JobFailed(self._unfinished(gathering))
-            received = self._receive(min(remaining, config.heartbeat_interval))
+            received = self._receive(min(remaining, config.heartbeat_interval,
+                                         max(0.0, report_at - time.monotonic())))
             if received is None:
                 continue
             identity, message = received
@@ -325,6 +332,27 @@ class Scheduler:
             self._announce_joiners()
         if config.elastic and len(gathering.workers) < config.elastic_min_workers:
             raise JobFailed(self._unfinished(gathering))
+
+    def _report_waiting(self, gathering: Gathering) -> None:
+        """Says who the job still waits for, here and to every node already in, so
+        that a start that takes long is never silent (bps.init() logs it)."""
+        config = self._config
+        left = f"{gathering.deadline - time.monotonic():.0f} s left"
+        if gathering.first:
+            expected = self._expected_workers(gathering.workers)
+            absent = sorted(set(range(expected)) - {n.rank for n in gathering.workers})
+            text = (f"the job waits for worker rank(s) {absent} and "
+                    f"{config.num_server - len(gathering.servers)} more server(s) "
+                    f"({len(gathering.workers)} of {expected} worker(s) and "
+                    f"{len(gathering.servers)} of {config.num_server} server(s) registered; "
+                    f"{left} of {config.start_timeout_variable})")
+        else:
+            missing = ", ".join(node.describe() for node in gathering.missing()) or "none"
+            text = (f"generation {gathering.number} waits for {missing} to register again "
+                    f"({left} of BYTEPS_ELASTIC_TIMEOUT)")
+        log.warning("%s", text)
+        for node in gathering.servers + gathering.workers:
+            self._send(node.identity, {"type": "waiting", "reason": text})
 
     @staticmethod
     def _admit(gathering: Gathering, node: Node) -> None:

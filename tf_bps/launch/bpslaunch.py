@@ -169,6 +169,8 @@ def _launch_job(layout: Layout, command: list[str], ssh: SshOptions,
     except ValueError as error:
         raise LaunchError(str(error)) from None
     plans = _plan_processes(layout, command, base, local, interface, elastic)
+    for process in itertools.chain(*plans.values()):
+        process.hide_tf_notices = process.is_worker and output.hide_tf_notices
     supervisor = JobSupervisor(elastic=bool(elastic), output=output)
     forwarded = remote.forwarded_environment(base)
     for host, processes in plans.items():
@@ -208,7 +210,7 @@ def _launch_discovered(args: argparse.Namespace, ssh: SshOptions, elastic: dict[
                "BYTEPS_ELASTIC_WORKER_NAME": f"{host}#{index}",
                "DMLC_WORKER_ID": str(index if index < int(job["DMLC_NUM_WORKER"]) else 0)}
         return ProcessPlan(f"worker {index} on {host}", args.command, env, is_worker=True,
-                           prefix=f"[{host}#{index}]: ")
+                           prefix=f"[{host}#{index}]: ", hide_tf_notices=output.hide_tf_notices)
 
     driver = ElasticDriver(supervisor, settings, worker_plan, ssh, base, job)
     try:
@@ -241,7 +243,8 @@ def _launch_local_ranks(config: Config, command: list[str], output: JobOutput) -
         env = {"BYTEPS_LOCAL_RANK": str(local_rank), "BYTEPS_LOCAL_SIZE": str(config.local_size),
                **_horovod_variables(rank, config.size, local_rank, config.local_size)}
         processes.append(ProcessPlan(f"worker {rank}", command, env, is_worker=True,
-                                     prefix=f"[{rank}]: "))
+                                     prefix=f"[{rank}]: ",
+                                     hide_tf_notices=output.hide_tf_notices))
     supervisor = JobSupervisor(output=output)
     supervisor.start_host(processes, environment())
     return supervise(supervisor)
@@ -400,7 +403,10 @@ def run(args: argparse.Namespace, whole_job: bool = False) -> int:
         except LaunchError as error:
             print(f"bpslaunch: {error}", file=sys.stderr)
             return 127
-    output = JobOutput(args.output_filename, args.prefix_output_with_timestamp)
+    # TensorFlow's start-up notices: hidden unless asked for (output.py).
+    asked = args.verbose or "TF_CPP_MIN_LOG_LEVEL" in os.environ
+    output = JobOutput(args.output_filename, args.prefix_output_with_timestamp,
+                       hide_tf_notices=not asked)
     if role == "worker":
         if config.local_size > 1 and "BYTEPS_LOCAL_RANK" not in environment():
             return _run(_launch_local_ranks, config, args.command, output)

@@ -21,6 +21,27 @@ from typing import BinaryIO
 
 _TAG = re.compile(rb"\[([^\]\s/]{1,64})\]: ")
 
+# What TensorFlow prints whenever it loads, on every worker (some of it twice: it loads
+# two libraries that log on their own): notices, not warnings about the job. A worker's
+# output goes without them unless --verbose, or the user's own TF_CPP_MIN_LOG_LEVEL,
+# asks for them.
+_TF_START_UP_NOTICE = re.compile(
+    rb"WARNING: All log messages before absl::InitializeLog\(\) is called are written to "
+    rb"STDERR$"
+    rb"|[IWE]\d{4} [\d:.]+ +\d+ (port\.cc:\d+\] oneDNN custom operations are on"
+    rb"|cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine"
+    rb"|cpu_feature_guard\.cc:\d+\] This TensorFlow binary is optimized"
+    rb"|cuda_platform\.cc:\d+\] failed call to cuInit"
+    rb"|cuda_diagnostics\.cc:\d+\] "
+    rb"|\w+\.cc:\d+\] Unable to register cu(DNN|FFT|BLAS) factory"
+    rb"|\w+\.cc:\d+\] TF-TRT Warning: Could not find TensorRT)"
+    rb"|To enable the following instructions: .* rebuild TensorFlow with the appropriate "
+    rb"compiler flags\.$")
+
+
+def is_tf_start_up_notice(line: bytes) -> bool:
+    return _TF_START_UP_NOTICE.match(line.rstrip(b"\r\n")) is not None
+
 
 def folder_for(label: str) -> str:
     """The folder of a process's untagged lines: "server 0" -> "server.0"."""
@@ -30,9 +51,11 @@ def folder_for(label: str) -> str:
 class JobOutput:
     """Writes each line once to the console (and its file): safe from every pump."""
 
-    def __init__(self, directory: str | None = None, timestamps: bool = False):
+    def __init__(self, directory: str | None = None, timestamps: bool = False,
+                 hide_tf_notices: bool = False):
         self.directory = directory
         self.timestamps = timestamps
+        self.hide_tf_notices = hide_tf_notices  # in the workers' output (ProcessPlan)
         self._files: dict[tuple[str, str], BinaryIO] = {}
         self._lock = threading.Lock()
         if directory:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tf_bps.launch import affinity
-from tf_bps.launch.output import JobOutput, folder_for
+from tf_bps.launch.output import JobOutput, folder_for, is_tf_start_up_notice
 from tf_bps.runtime.config import Config, ConfigError
 
 # How long servers and the scheduler get to exit by themselves once the workers are done,
@@ -43,6 +43,9 @@ class ProcessPlan:
     env: dict[str, str]  # set on top of the host's environment
     is_worker: bool
     prefix: str | None = None  # tag for each line of its output
+    # Drop TensorFlow's start-up notices from its output (output.py): a worker's, unless
+    # --verbose or the user's TF_CPP_MIN_LOG_LEVEL asks for them.
+    hide_tf_notices: bool = False
 
 
 # The module each helper role runs (`python -m ...`).
@@ -102,16 +105,17 @@ class JobSupervisor:
             local_rank = next(local_ranks) if process.is_worker else None
             cpus = cores[local_rank] if cores and local_rank is not None else None
             self.start(process.label, process.command, {**env, **process.env},
-                       process.is_worker, prefix=process.prefix, cpus=cpus)
+                       process.is_worker, prefix=process.prefix, cpus=cpus,
+                       hide_tf_notices=process.hide_tf_notices)
 
     def start(self, label: str, command: list[str], env: dict[str, str], is_worker: bool,
               prefix: str | None = None, stdin: bytes | None = None,
-              cpus: frozenset[int] | None = None) -> Child:
+              cpus: frozenset[int] | None = None, hide_tf_notices: bool = False) -> Child:
         """`prefix`: tag each line of its output (else it writes to ours directly, unless
         self.output keeps every line); `stdin`: written to its standard input, which then
         stays open (an ssh session's remote side ends its processes when it closes);
-        `cpus`: where it may run."""
-        piped = prefix is not None or self.output.keeps_every_line
+        `cpus`: where it may run; `hide_tf_notices`: see ProcessPlan."""
+        piped = prefix is not None or self.output.keeps_every_line or hide_tf_notices
         pipe = subprocess.PIPE if piped else None
         pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
         try:
@@ -133,7 +137,8 @@ class JobSupervisor:
         if piped:
             for source, stream in ((process.stdout, "stdout"), (process.stderr, "stderr")):
                 pump = threading.Thread(target=self._pump, daemon=True, args=(
-                    source, stream, (prefix or "").encode(), folder_for(label)))
+                    source, stream, (prefix or "").encode(), folder_for(label),
+                    hide_tf_notices))
                 pump.start()
                 self._pumps.append(pump)
         threading.Thread(target=self._wait, args=(child,), daemon=True).start()
@@ -143,9 +148,10 @@ class JobSupervisor:
         """Makes `run` end the job now (from any thread), reporting `reason`."""
         self._exits.put(reason)
 
-    def _pump(self, source, stream: str, tag: bytes, origin: str) -> None:
+    def _pump(self, source, stream: str, tag: bytes, origin: str, hide_tf_notices: bool) -> None:
         for line in iter(source.readline, b""):
-            self.output.write(line, tag, stream, origin)
+            if not (hide_tf_notices and is_tf_start_up_notice(line)):
+                self.output.write(line, tag, stream, origin)
 
     def _wait(self, child: Child) -> None:
         child.process.wait()

@@ -94,7 +94,7 @@ def _join(lost_server: str | None = None) -> None:
             _cluster_helpers = _start_cluster_helpers(config.cluster)
         if config.role not in (None, "worker"):
             raise RuntimeError(f"bps.init() runs in workers, but DMLC_ROLE={config.role!r}")
-        configure_logging(config, "tf_bps")
+        configure_logging(config, f"tf_bps worker {config.rank}")
         core.set_logging(config, f"tf_bps worker {config.rank}")
         if not config.distributed:
             core.worker_init_local()
@@ -119,6 +119,7 @@ def _join(lost_server: str | None = None) -> None:
                 link.start_monitor(on_abort=_on_abort, on_notice=_on_notice, watch=watch)
                 generation = int(book.get("generation", 0))
                 if book["rank"] != config.rank:  # An elastic job numbered it anew.
+                    configure_logging(config, f"tf_bps worker {book['rank']}")
                     core.set_logging(config, f"tf_bps worker {book['rank']}")
                 core.worker_init(book["rank"], book["size"], book["servers"],
                                  book["merge_with"], book["workers"], config, generation,

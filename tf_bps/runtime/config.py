@@ -519,17 +519,29 @@ def environment() -> dict[str, str]:
     return dict(os.environ)
 
 
+class _UntilTheUserLogs(logging.Filter):
+    """Our handler speaks only while the user has set up no logging of their own: once
+    the root logger has a handler, tf_bps's records reach the user through it (they
+    propagate, as a library's should), and are printed once, there."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not logging.getLogger().handlers
+
+
 def configure_logging(config: Config, prefix: str) -> logging.Logger:
-    """Sets up the "tf_bps" logger (and only it) for this process: BYTEPS_LOG_LEVEL, one
-    stderr handler with `prefix`, no propagation. The root logger stays the user's, so
-    their `logging.basicConfig` keeps working and our lines are never printed twice."""
+    """Sets up the "tf_bps" logger (and only it) for this process: BYTEPS_LOG_LEVEL, and
+    a stderr handler whose lines carry the time, `prefix` (the role and rank) and this
+    machine's name, as the core's lines do (custom_ops/common/logging.cc)."""
     logger = logging.getLogger("tf_bps")
     logger.setLevel("DEBUG" if config.log_level == "TRACE" else config.log_level)
-    logger.propagate = False
+    logger.propagate = True
     for handler in [h for h in logger.handlers if getattr(h, "_tf_bps", False)]:
         logger.removeHandler(handler)
     handler = logging.StreamHandler()
     handler._tf_bps = True
-    handler.setFormatter(logging.Formatter(f"[{prefix} %(levelname)s] %(message)s"))
+    handler.addFilter(_UntilTheUserLogs())
+    handler.setFormatter(logging.Formatter(
+        f"[%(asctime)s.%(msecs)03d {prefix} on {socket.gethostname()} %(levelname)s] "
+        "%(message)s", datefmt="%Y-%m-%d %H:%M:%S"))
     logger.addHandler(handler)
     return logger

@@ -33,6 +33,9 @@ from tf_bps.runtime.config import Config
 from tf_bps.runtime.sealing import ControlSeal
 
 log = logging.getLogger("tf_bps")
+# A node waiting for the scheduler says so when it has heard nothing for this long (a
+# scheduler that is up says who the job waits for more often: WAITING_REPORT_S).
+QUIET_S = 8.0
 
 
 class RendezvousError(RuntimeError):
@@ -111,7 +114,13 @@ class SchedulerLink:
         """The scheduler's next message of `kind`; an abort or the deadline raises."""
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self._socket.poll(int(remaining * 1000)):
+            if remaining > 0 and not self._socket.poll(int(min(remaining, QUIET_S) * 1000)):
+                if remaining > QUIET_S:  # Never silent for long: say what it waits for.
+                    log.warning("no %s from the scheduler at %s yet (%.0f s left of %s)",
+                                kind, self._endpoint, remaining - QUIET_S,
+                                self._config.start_timeout_variable)
+                continue
+            if remaining <= 0:
                 what = "address book" if kind == "book" else "answer"
                 raise RendezvousError(
                     f"no {what} from the scheduler at {self._endpoint} within "
@@ -126,6 +135,8 @@ class SchedulerLink:
             if reply.get("type") == "abort":
                 raise RendezvousError(
                     f"the scheduler refused this node: {reply.get('reason')}")
+            if reply.get("type") == "waiting":
+                log.warning("%s", reply.get("reason"))
 
     def poll_once(self, extra: list | None = None) -> tuple[list, list]:
         """Sends a heartbeat when one is due, then waits until the next is due for
