@@ -108,8 +108,10 @@ class SshHosts:
         self.key = os.path.join(workdir, "id_ed25519")
         self._daemons: list[subprocess.Popen] = []
 
-    def ssh_options(self) -> list[str]:
-        return ["--ssh-port", str(self.port), "--ssh-identity-file", self.key,
+    def ssh_options(self, short: bool = False) -> list[str]:
+        """`short`: horovodrun's -p and -i instead of the long names."""
+        port, key = ("-p", "-i") if short else ("--ssh-port", "--ssh-identity-file")
+        return [port, str(self.port), key, self.key,
                 "--ssh-command", f"ssh -F {os.path.join(self.workdir, 'ssh_config')}"]
 
     def __enter__(self) -> SshHosts:

@@ -53,17 +53,21 @@ def _bpslaunch(bed, ssh, *args):
     return bed.command(0, [*LAUNCH, *ssh.ssh_options(), *args])
 
 
-def test_a_job_runs_across_hosts_over_ssh(procs, hosts):
+def test_a_job_runs_across_hosts_over_ssh(procs, hosts, tmp_path):
     bed, ssh = hosts
     # Two worker hosts of two workers each (one local to the launcher, one over ssh), and
-    # a host of servers only, as with BytePS's CPU-only server machines.
-    command = _bpslaunch(bed, ssh, "-H", f"{bed.address(0)}:2,{bed.address(1)}:2",
-                         "--server-hosts", bed.address(2), "--num-servers", "2",
-                         *worker_command("steady_sums.py"))
+    # a host of servers only, as with BytePS's CPU-only server machines; horovodrun's
+    # short ssh flags, and each rank's output kept by the launcher, wherever it ran.
+    command = bed.command(0, [*LAUNCH, *ssh.ssh_options(short=True), "-H",
+                              f"{bed.address(0)}:2,{bed.address(1)}:2", "--server-hosts",
+                              bed.address(2), "--num-servers", "2", "--output-filename",
+                              str(tmp_path / "out"), *worker_command("steady_sums.py")])
     status, output = procs.run(command, base_env(TEST_ROUNDS=5), timeout=180)
     assert status == 0, output
     for rank in range(4):
         assert f"[{rank}]: SUMS OK {rank}" in output, output
+        kept = (tmp_path / "out" / f"rank.{rank}" / "stdout").read_text().splitlines()
+        assert kept[-1] == f"SUMS OK {rank}", kept
 
 
 def test_the_hybrid_layout_gives_server_only_hosts_the_papers_share(procs, hosts):
@@ -80,7 +84,7 @@ def test_the_hybrid_layout_gives_server_only_hosts_the_papers_share(procs, hosts
     assert status == 0, output
     host_of = dict(re.findall(r"registered server (\d+) \(pid \d+ on (\S+)\)", output))
     moved = {host_of[server]: int(count) for server, count in re.findall(
-        r"tf_bps server (\d+) DEBUG\] tensor 'steady' moved (\d+) bytes in", output)}
+        r"tf_bps server (\d+) on \S+ DEBUG\] tensor 'steady' moved (\d+) bytes in", output)}
     quarter = 3 * 2 * (4 << 20) // 4  # rounds x workers x bytes / 4
     assert moved == {bed.address(0): quarter, bed.address(1): quarter,
                      bed.address(2): 2 * quarter}, output
