@@ -6,8 +6,8 @@
 
 import argparse
 
+import digits_data
 import keras
-import mnist_data
 import tensorflow as tf
 
 import tf_bps as bps
@@ -15,24 +15,24 @@ import tf_bps as bps
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=64, help="per worker")
     parser.add_argument("--lr", type=float, default=0.01, help="per worker; scaled by size")
     args = parser.parse_args()
 
     bps.init()
-    (x_train, y_train), (x_test, y_test), source = mnist_data.load()
+    (x_train, y_train), (x_test, y_test), data = digits_data.load()
     if bps.rank() == 0:
-        print(f"{bps.size()} worker(s), {mnist_data.describe(source)}")
+        print(f"{bps.size()} worker(s), {data}")
     # Each worker trains on its own slice of the data.
     x_train, y_train = x_train[bps.rank()::bps.size()], y_train[bps.rank()::bps.size()]
 
     keras.utils.set_random_seed(bps.rank())  # Different on purpose: the callback broadcasts.
     model = keras.Sequential([
-        keras.Input((28, 28, 1)),
-        keras.layers.Conv2D(16, 3, activation="relu"),
+        keras.Input(x_train.shape[1:]),
+        keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
         keras.layers.MaxPooling2D(),
-        keras.layers.Conv2D(32, 3, activation="relu"),
+        keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
         keras.layers.MaxPooling2D(),
         keras.layers.Flatten(),
         keras.layers.Dense(64, activation="relu"),

@@ -6,8 +6,8 @@
 
 import argparse
 
+import digits_data
 import keras
-import mnist_data
 import tensorflow as tf
 
 import tf_bps as bps
@@ -15,16 +15,16 @@ import tf_bps as bps
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=128, help="global, over all replicas")
     args = parser.parse_args()
 
     keras.utils.set_random_seed(0)  # Reproducible runs: rank 0's initial weights reach all.
     strategy = bps.ParameterServerStrategy()
-    (x_train, y_train), (x_test, y_test), source = mnist_data.load()
+    (x_train, y_train), (x_test, y_test), data = digits_data.load()
     if bps.rank() == 0:
         print(f"{bps.size()} worker(s), {strategy.num_replicas_in_sync} replica(s), "
-              f"{mnist_data.describe(source)}")
+              f"{data}")
     # The strategy shards these data sets by worker and splits each global batch.
     train = tf.data.Dataset.from_tensor_slices((x_train, y_train)).shuffle(
         len(x_train), seed=0).batch(args.batch_size)
@@ -32,8 +32,8 @@ def main():
 
     with strategy.scope():
         model = keras.Sequential([
-            keras.Input((28, 28, 1)),
-            keras.layers.Conv2D(16, 3, activation="relu"),
+            keras.Input(x_train.shape[1:]),
+            keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
             keras.layers.MaxPooling2D(),
             keras.layers.Flatten(),
             keras.layers.Dense(64, activation="relu"),
@@ -42,7 +42,8 @@ def main():
         model.compile(optimizer=keras.optimizers.Adam(2e-3),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
-    history = model.fit(train, epochs=args.epochs, verbose=1 if bps.rank() == 0 else 0)
+    history = model.fit(train, epochs=args.epochs, shuffle=False,  # shuffled above
+                        verbose=1 if bps.rank() == 0 else 0)
     loss, accuracy = model.evaluate(test, verbose=0)
     if bps.rank() == 0:
         print(f"final train loss {history.history['loss'][-1]:.4f}, "

@@ -68,15 +68,15 @@ class Processes:
     def __init__(self):
         self.started: list[subprocess.Popen] = []
 
-    def start(self, command: list[str], env: dict[str, str]) -> subprocess.Popen:
-        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+    def start(self, command: list[str], env: dict[str, str], cwd=None) -> subprocess.Popen:
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, cwd=cwd,
                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self.started.append(process)
         return process
 
-    def run(self, command: list[str], env: dict[str, str], timeout: float = 120):
+    def run(self, command: list[str], env: dict[str, str], timeout: float = 120, cwd=None):
         """Runs to completion; returns (exit status, combined output)."""
-        return finish(self.start(command, env), timeout)
+        return finish(self.start(command, env, cwd), timeout)
 
     def launch(self, num_workers: int, script: str, *args: str, num_servers: int | None = None,
                timeout: float = 120, extra: tuple[str, ...] = (), **env):

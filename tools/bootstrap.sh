@@ -19,7 +19,7 @@ fi
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check \
   "tensorflow==2.21.0" tensorboard "pyzmq>=25" numpy "setuptools>=68" wheel "pybind11>=2.12" \
-  pytest pytest-timeout ruff
+  pytest pytest-timeout ruff scikit-learn
 # --no-build-isolation: the ops must be compiled against the TensorFlow just installed.
 # With nvcc found (CUDA_HOME or PATH) the core's CUDA kernels are built too.
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation -e .
