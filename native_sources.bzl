@@ -117,6 +117,11 @@ UNIT_TEST_PIECES = (COMMON_SOURCES + WIRE_SOURCES + ROUNDS_SOURCES + SERVER_ENGI
 # hidden, out of the way of the TLS library TensorFlow brings into the same process.
 CRYPTO_LINKOPTS = ["-Wl,--exclude-libs,libcrypto.a", "-l:libcrypto.a"]
 
+# bps_server links everything statically, the C library too: an operator copies the one
+# file to any x86-64 Linux machine, whatever its glibc (tests/test_job.py runs it in an
+# empty root). Names resolve through /etc/hosts and DNS, which static glibc has built in.
+SERVER_LINKOPTS = ["-static"]
+
 CXXFLAGS = ["-std=c++17", "-O3", "-fPIC", "-pthread", "-fvisibility-inlines-hidden"]
 WARNINGS = ["-Wall", "-Wextra"]
 # The TensorFlow headers trip these; the kernels are ours either way.

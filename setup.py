@@ -59,11 +59,10 @@ class BuildNative(build_ext):
         return Path(self.get_ext_fullpath("tf_bps._bps_core")).resolve().parent / "bps_server"
 
     def build_server(self):
-        # Static libstdc++: the file runs on a server machine with no compiler.
+        # Linked statically, libc too: the file runs on any Linux server machine.
         cmd = [os.environ.get("CXX", "g++"), *CXXFLAGS, *NATIVE["WARNINGS"],
-               *NATIVE["SERVER_SOURCES"], *NATIVE["CRYPTO_LINKOPTS"], "-static-libstdc++",
-               "-static-libgcc",
-               "-o", str(self.server_path())]
+               *NATIVE["SERVER_SOURCES"], *NATIVE["CRYPTO_LINKOPTS"],
+               *NATIVE["SERVER_LINKOPTS"], "-o", str(self.server_path())]
         self.announce(" ".join(cmd), level=2)
         subprocess.check_call(cmd)
 

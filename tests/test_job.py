@@ -1,6 +1,8 @@
 """Broadcast, gradients, the local path, errors and the lifetime of real jobs."""
 
+import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -54,11 +56,37 @@ def test_scheduler_and_launcher_import_no_tensorflow(procs):
     assert (status, output.strip()) == (0, "False False")
 
 
-def test_the_server_is_a_native_program_needing_only_libc():
+def test_the_server_is_a_native_program_needing_no_newer_glibc_than_2_28():
+    # Linked statically, it needs no shared library and no versioned glibc symbol; any
+    # dynamic symbol it ever needs again must exist in glibc 2.28 (RHEL 8, Debian 10).
     needed = subprocess.run(["readelf", "-d", str(server_executable())], capture_output=True,
                             text=True, check=True).stdout
     libraries = set(re.findall(r"Shared library: \[([^\]]+)\]", needed))
     assert libraries <= {"libc.so.6", "libm.so.6", "ld-linux-x86-64.so.2"}, libraries
+    symbols = subprocess.run(["objdump", "-T", str(server_executable())], capture_output=True,
+                             text=True).stdout  # "not a dynamic object" when static
+    versions = [(int(major), int(minor))
+                for major, minor in re.findall(r"\bGLIBC_(\d+)\.(\d+)", symbols)]
+    assert max(versions, default=(0, 0)) <= (2, 28), sorted(set(versions))[-5:]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chroot needs root")
+def test_the_server_serves_a_job_from_an_empty_root(procs, tmp_path):
+    # The operator's "copy one file" server: in a root holding nothing but the program
+    # (no libc, no /etc, no /tmp), it registers and sums a job's pushes right.
+    root = tmp_path / "root"
+    root.mkdir()
+    shutil.copy(server_executable(), root / "bps_server")
+    job = procs.start_job_by_role(2, 0, "steady_sums.py", DMLC_NUM_SERVER=1,
+                                  BYTEPS_ENABLE_IPC=0, BYTEPS_JOB_TOKEN="copied", TEST_ROUNDS=20)
+    server = procs.start(["chroot", str(root), "/bps_server"],
+                         base_env(DMLC_ROLE="server", **procs.job_env))
+    outputs = {}
+    for name, process in [*job.items(), ("server", server)]:
+        status, outputs[name] = finish(process, timeout=120)
+        assert status == 0, (name, outputs[name])
+    for rank in range(2):
+        assert f"SUMS OK {rank}" in outputs[f"worker{rank}"], outputs
 
 
 def test_the_native_server_answers_help_and_version():

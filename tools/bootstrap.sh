@@ -19,7 +19,21 @@ fi
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check \
   "tensorflow==2.21.0" tensorboard "pyzmq>=25" numpy "setuptools>=68" wheel "pybind11>=2.12" \
-  pytest pytest-timeout ruff scikit-learn
+  pytest pytest-timeout ruff
+# The examples' real data, offline afterwards: scikit-learn's digits, taken from its
+# wheel rather than installed (Keras imports scikit-learn whenever it is installed, which
+# costs every TensorFlow process 0.7 s). examples/digits_data.py reads the file.
+if [ ! -s examples/data/digits.csv.gz ]; then
+  wheels=$(mktemp -d)
+  .venv/bin/python -m pip download -q --disable-pip-version-check --no-deps \
+    --only-binary=:all: scikit-learn -d "$wheels"
+  mkdir -p examples/data
+  .venv/bin/python - "$wheels"/scikit_learn-*.whl > examples/data/digits.csv.gz <<'EOF'
+import sys, zipfile
+sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read("sklearn/datasets/data/digits.csv.gz"))
+EOF
+  rm -rf "$wheels"
+fi
 # --no-build-isolation: the ops must be compiled against the TensorFlow just installed.
 # With nvcc found (CUDA_HOME or PATH) the core's CUDA kernels are built too.
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation -e .
