@@ -12,6 +12,7 @@ _bps_gpu: the core's CUDA kernels behind their C API (worker/cuda/gpu_api.h), bu
     when a CUDA toolkit is found (see cuda_toolkit); without one the build is CPU only.
 """
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -99,11 +100,18 @@ class BuildNative(build_ext):
         subprocess.check_call(cmd)
 
 
+# Without TensorFlow (a launcher or server machine, built with --no-build-isolation)
+# everything but the TensorFlow operations is built; using them then says so.
+WITH_TENSORFLOW = importlib.util.find_spec("tensorflow") is not None
+if not WITH_TENSORFLOW:
+    print("tf_bps: TensorFlow is not installed: building the launcher, scheduler and server "
+          "without the TensorFlow operations")
+
 setup(
     # Built in this order: the others link against _bps_core.
     ext_modules=[
         Extension("tf_bps._bps_core", NATIVE["CORE_SOURCES"]),
-        Extension("tf_bps._bps_tf_ops", NATIVE["TF_SOURCES"]),
+        *([Extension("tf_bps._bps_tf_ops", NATIVE["TF_SOURCES"])] if WITH_TENSORFLOW else []),
         Extension("tf_bps._bps_worker", NATIVE["WORKER_MODULE_SOURCES"]),
         *([Extension("tf_bps._bps_gpu", NATIVE["GPU_SOURCES"])] if cuda_toolkit() else []),
     ],

@@ -71,12 +71,21 @@ _TENSORFLOW_NAMES = {name for names in _LAZY.values() for name in names} | set(_
 def __getattr__(name):
     import importlib
 
-    if name in _LAZY_MODULES:
-        return importlib.import_module(_LAZY_MODULES[name])
-    for module, names in _LAZY.items():
-        if name in names:
-            return getattr(importlib.import_module(module), name)
-    raise AttributeError(f"module 'tf_bps' has no attribute {name!r}")
+    module = _LAZY_MODULES.get(name) or next(
+        (module for module, names in _LAZY.items() if name in names), None)
+    if module is None:
+        raise AttributeError(f"module 'tf_bps' has no attribute {name!r}")
+    try:
+        loaded = importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        if error.name not in ("tensorflow", "keras"):
+            raise
+        # A launcher or server machine installs tf_bps without TensorFlow.
+        raise ModuleNotFoundError(
+            f"tf_bps.{name} needs TensorFlow, which is not installed here: "
+            "pip install 'tf_bps[tensorflow]' (the launcher, scheduler and server "
+            "work without it)", name=error.name) from None
+    return loaded if name in _LAZY_MODULES else getattr(loaded, name)
 
 
 __all__ = ["init", "shutdown", "suspend", "resume", "is_initialized", "is_distributed", "rank",

@@ -64,7 +64,14 @@ class _Library:
         return in_round_order
 
 
-_library = _Library(tf.load_op_library(str(core.native_library("_bps_tf_ops"))))
+try:
+    _path = core.native_library("_bps_tf_ops")
+except core.NotBuiltError:
+    raise core.NotBuiltError(
+        "tf_bps was built without TensorFlow, so it has no TensorFlow operations: with "
+        "TensorFlow installed, build it again: pip install --no-build-isolation "
+        "--force-reinstall 'tf_bps[tensorflow]'") from None
+_library = _Library(tf.load_op_library(str(_path)))
 
 
 class ReduceOp(enum.IntEnum):
