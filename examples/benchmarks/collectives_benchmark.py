@@ -1,7 +1,7 @@
 """broadcast and allgather: tf_bps's native operations against the zero-padded sums that
 emulated them before, and against MultiWorkerMirroredStrategy, in one run.
 
-    python examples/benchmarks/collectives_benchmark.py [--mb 64]
+    python examples/benchmarks/collectives_benchmark.py [--mb 64] [--json PATH] [--plot PATH]
 
 Runs 2 tf_bps workers with 2 servers on this machine (default same-host transport),
 then 2 MultiWorkerMirroredStrategy workers (RING, gRPC over loopback). Each worker's
@@ -22,6 +22,7 @@ import tempfile
 import time
 
 import jobs
+import report
 
 NUM_WORKERS = 2
 REPEATS = 20
@@ -123,6 +124,7 @@ def mwms_worker(out_path: str, nbytes: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, default=64, help="MB per worker's tensor")
+    report.add_arguments(parser)
     parser.add_argument("--role", choices=["tf_bps", "mwms"], help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -148,10 +150,15 @@ def main() -> None:
           "(tf_bps: 2 servers, shared memory; MWMS: RING over gRPC)")
     print(f"{'operation':>10}  {'tf_bps':>8}  {'emulated':>9}  {'MWMS':>8}  "
           f"{'vs emulated':>11}  {'vs MWMS':>8}")
+    job = f"{NUM_WORKERS} workers, {mb} MB float32 each"
+    times = report.Report(f"median time per operation, {job}", unit="ms", higher_is_better=False)
     for op in ("broadcast", "allgather"):
         native, emulated, mwms = ours[op], ours[f"emulated {op}"], peer[op]
         print(f"{op:>10}  {native * 1e3:8.1f}  {emulated * 1e3:9.1f}  {mwms * 1e3:8.1f}  "
               f"{emulated / native:10.2f}x  {mwms / native:7.2f}x")
+        times.add(op, "tf_bps", native * 1e3)
+        times.add(op, "tf_bps emulated", emulated * 1e3)
+        times.add(op, "MultiWorkerMirroredStrategy", mwms * 1e3)
     # What must cross between a worker and the servers, per worker and operation:
     # broadcast: the root sends its tensor once, every other worker receives it once;
     # allgather: each sends its rows once and receives all rows once.
@@ -161,10 +168,17 @@ def main() -> None:
     print("MB between a worker and the servers per operation, sent + received (measured at "
           "the servers, averaged over workers; must move: broadcast "
           f"{mb}, allgather {mb + n * mb}):")
+    # Measured figures only: what must move is a floor worked out here, not measured.
+    volume = report.Report(f"worker-server traffic per operation, sent + received, {job}",
+                           unit="MB", higher_is_better=False)
     for op in ("broadcast", "allgather"):
         native = moved.get(op, 0) / calls / n / 2**20
-        emulated = sum(moved.get(name, 0) for name in (f"emulated_{op}", f"emulated_{op}.rows"))
-        print(f"{op:>10}  {native:8.1f}  emulated {emulated / calls / n / 2**20:8.1f}")
+        names = (f"emulated_{op}", f"emulated_{op}.rows")
+        emulated = sum(moved.get(name, 0) for name in names) / calls / n / 2**20
+        print(f"{op:>10}  {native:8.1f}  emulated {emulated:8.1f}")
+        volume.add(op, "tf_bps", native)
+        volume.add(op, "tf_bps emulated", emulated)
+    report.save(args, times, volume)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 hosts a discovery script lists (bpslaunch --host-discovery-script), through faults.
 
     python examples/benchmarks/elastic_benchmark.py [--hosts 4] [--batches-per-commit 5]
+        [--json PATH] [--plot PATH]
 
 The job starts on --hosts hosts (127.0.0.1, 127.0.0.2, ...: this machine under several
 names, one worker each) with 2 servers; then, in turn, a worker is killed (SIGKILL), a
@@ -33,6 +34,7 @@ import threading
 import time
 
 import jobs
+import report
 
 # pid, size, re-formings so far, the job's step, time
 STEP = re.compile(r"STEP (\d+) (\d+) (\d+) (\d+) ([\d.]+)")
@@ -177,10 +179,31 @@ def restart_peer(workers: int, env: dict[str, str]) -> float:
         job.end()
 
 
+def figures(results: list[dict], peer: float, hosts: int,
+            batches_per_commit: int) -> list[report.Report]:
+    """The table's figures, one Report per kind, and the peer beside the lost worker."""
+    job = f"model.fit, {hosts} workers at first, 2 servers"
+    recovery = report.Report(f"seconds from fault to next step, {job}", unit="s",
+                             higher_is_better=False)
+    lost = report.Report(f"steps lost (a commit every {batches_per_commit} batches), {job}",
+                         unit="steps", higher_is_better=False)
+    step_times = report.Report(f"median step time before and after the fault, {job}", unit="s",
+                               higher_is_better=False)
+    for r in results:
+        recovery.add(r["fault"], "tf_bps elastic", r["seconds_to_next_step"])
+        lost.add(r["fault"], "tf_bps elastic", r["steps_lost"])
+        step_times.add(r["fault"], "before", r["step_s_before"])
+        step_times.add(r["fault"], "after", r["step_s_after"])
+    # The peer stands for the same loss: a job of one worker fewer, started again by hand.
+    recovery.add("worker killed", f"restart by hand ({hosts - 1} workers)", peer)
+    return [recovery, lost, step_times]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--batches-per-commit", type=int, default=5)
+    report.add_arguments(parser)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -235,6 +258,7 @@ def main() -> int:
               f"{r['step_s_before']:>16} {r['step_s_after']:>15}")
     print(f"peer: restarting a job of {start - 1} workers by hand, from bpslaunch to its first "
           f"step: {peer} s (before any checkpoint is read)")
+    report.save(args, *figures(results, peer, args.hosts, args.batches_per_commit))
     return 0
 
 

@@ -1,6 +1,7 @@
 """Overlap of a step's push_pulls inside a tf.function, measured under a bandwidth limit.
 
     sudo python examples/benchmarks/graph_overlap.py [--mbit 200] [--scale 0.25]
+        [--json PATH] [--plot PATH]
 
 A tf.function step push_pulls ResNet-50's 214 gradients (sizes times --scale), all
 ready at once, as `model.fit` does after the backward pass. Two variants in one run:
@@ -26,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 import jobs  # noqa: E402
+import report  # noqa: E402
 from netbed import NetBed, SshHosts  # noqa: E402  (the test bed lives with the tests)
 from priority_benchmark import resnet50_sizes  # noqa: E402
 
@@ -76,6 +78,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mbit", type=float, default=200, help="link rate per host and way")
     parser.add_argument("--scale", type=float, default=0.25, help="gradient sizes x this")
+    report.add_arguments(parser)
     parser.add_argument("--role", choices=["worker"], help=argparse.SUPPRESS)
     parser.add_argument("--variant", choices=["parallel", "chained"], help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -93,7 +96,14 @@ def main() -> None:
                    for variant in ("chained", "parallel")}
     for variant, value in seconds.items():
         print(f"{variant:>9}: {value:6.2f} s per step")
-    print(f"parallel / chained: {seconds['chained'] / seconds['parallel']:.2f}x faster")
+    print(f"parallel: {seconds['chained'] / seconds['parallel']:.2f}x faster than chained")
+    steps = report.Report("ResNet-50's push_pulls in one tf.function step, 2 workers, "
+                          f"2 server hosts, {args.mbit:g} Mbit/s links", unit="s",
+                          higher_is_better=False)
+    case = f"ResNet-50 x {args.scale:g}"
+    for variant, value in seconds.items():
+        steps.add(case, variant, value)
+    report.save(args, steps)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 steps before the flood.
 
     python examples/benchmarks/hello_flood.py [--peers 2000] [--seconds 12] [--same-priority]
+        [--json PATH] [--plot PATH]
 
 Starts a job role by role on this machine (the scheduler, one server, 2 workers that
 push_pull 4 MB for as long as the run lasts, a job token), and a flooding process: once
@@ -32,6 +33,7 @@ import threading
 import time
 
 import jobs
+import report
 
 WARM_UP_S = 20.0  # from the start: TensorFlow imports, registration, first steps
 CALM_S = 8.0  # steps timed before the flood
@@ -118,6 +120,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=12.0, help="how long the flood lasts")
     parser.add_argument("--same-priority", action="store_true",
                         help="run the flood at the job's priority (by default it runs niced)")
+    report.add_arguments(parser)
     parser.add_argument("--role", choices=["worker", "flood"], help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -184,6 +187,20 @@ def main() -> None:
           f"{during * 1e3:.1f} ms ({len(during_flood)} steps): {during / before:.2f}x")
     print(f"scheduler resident memory: {memory['before']:.0f} MB before the flood, "
           f"{memory['end']:.0f} MB at its end")
+    # The priority is part of the case: a flood at the job's priority measures the machine too.
+    case = f"{args.peers} strangers, " + ("same priority" if args.same_priority else "niced")
+    step_times = report.Report("4 MB push_pull median step, 2 workers, 1 server; "
+                               f"{args.seconds:g} s of hellos ({flooded['sent']} sent, "
+                               f"{flooded['answered']} answered)", unit="ms",
+                               higher_is_better=False)
+    step_times.add(case, "before the flood", before * 1e3)
+    step_times.add(case, "during the flood", during * 1e3)
+    scheduler_memory = report.Report("scheduler resident memory, 2 workers, 1 server, "
+                                     f"{args.seconds:g} s of hellos", unit="MB",
+                                     higher_is_better=False)
+    scheduler_memory.add(case, "before the flood", memory["before"])
+    scheduler_memory.add(case, "at its end", memory["end"])
+    report.save(args, step_times, scheduler_memory)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 tf_bps.ParameterServerStrategy against MultiWorkerMirroredStrategy, in one run.
 
     python examples/benchmarks/keras_benchmark.py [--batch-size 64] [--steps 30]
+        [--json PATH] [--plot PATH]
 
 Both sides train the same model with the same optimizer, per-worker batch and number of
 processes. `model.fit` under MultiWorkerMirroredStrategy fails on CPU with TensorFlow 2.21
@@ -19,6 +20,7 @@ import tempfile
 import time
 
 import jobs
+import report
 
 NUM_WORKERS = 2
 
@@ -131,6 +133,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="per worker")
     parser.add_argument("--steps", type=int, default=30, help="timed steps")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    report.add_arguments(parser)
     parser.add_argument("--role", choices=["tf_bps", "mwms"], help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -149,6 +152,12 @@ def main() -> None:
     print(f"tf_bps ParameterServerStrategy (model.fit): {ours:8.1f} images/s")
     print(f"MultiWorkerMirroredStrategy (RING):         {peer:8.1f} images/s")
     print(f"ratio tf_bps / MWMS: {ours / peer:.2f}x")
+    throughput = report.Report(f"training throughput, {NUM_WORKERS} workers, {args.steps} "
+                               "timed steps", unit="images/s", higher_is_better=True)
+    case = f"synthetic-data CNN, batch {args.batch_size} per worker"
+    throughput.add(case, "tf_bps ParameterServerStrategy (model.fit)", ours)
+    throughput.add(case, "MultiWorkerMirroredStrategy", peer)
+    report.save(args, throughput)
 
 
 if __name__ == "__main__":

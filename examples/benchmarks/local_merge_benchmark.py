@@ -1,6 +1,7 @@
 """The hierarchical local merge on against off, in one run.
 
     python examples/benchmarks/local_merge_benchmark.py [--mb 64] [--steps 10] [--mbit B]
+        [--json PATH] [--plot PATH]
 
 Runs a job of 2 machines with 2 workers each, and 2 servers, twice: with the local
 merge (the default) and with BYTEPS_LOCAL_MERGE=0. Every step is one push_pull of a
@@ -27,6 +28,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import jobs
+import report
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from netbed import NetBed  # noqa: E402  (the test bed lives with the tests)
@@ -58,6 +60,7 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=64, help="MB per worker's tensor")
     parser.add_argument("--steps", type=int, default=10, help="timed steps")
     parser.add_argument("--mbit", type=float, help="namespace hosts with links of this rate")
+    report.add_arguments(parser)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -83,11 +86,22 @@ def main() -> None:
     print(f"{HOSTS} machines x {LOCAL_SIZE} workers ({where}), {SERVERS} servers, {args.mb} MB "
           "float32 push_pull per step; local merge on and off")
     print(f"{'':>7}  {'MB into servers per step':>24}  {'median step ms':>14}")
+    place = f"{args.mbit:g} Mbit/s links" if args.mbit else "emulated"  # short, for plot titles
+    job = f"{HOSTS} machines x {LOCAL_SIZE} workers ({place}), {SERVERS} servers"
+    received_mb = report.Report(f"data into the servers per step, {job}", unit="MB",
+                                higher_is_better=False)
+    step_ms = report.Report(f"median push_pull step time, {job}", unit="ms",
+                            higher_is_better=False)
+    # The table's rows, merged and flat, are the two series: the merge against its absence.
+    case = f"{args.mb} MB"
     for label, (received, step_s) in figures.items():
         print(f"{label:>7}  {received / 2**20:24.1f}  {step_s * 1e3:14.1f}")
+        received_mb.add(case, label, received / 2**20)
+        step_ms.add(case, label, step_s * 1e3)
     (merged_bytes, merged_s), (flat_bytes, flat_s) = figures["merged"], figures["flat"]
     print(f"merged / flat: bytes {merged_bytes / flat_bytes:.2f}, "
           f"step time {merged_s / flat_s:.2f}")
+    report.save(args, received_mb, step_ms)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 against TensorFlow's ring all-reduce, on hosts made of network namespaces.
 
     sudo python examples/benchmarks/network_bound.py [--mbit 200] [--mb 4,64]
-        [--layouts 2x2,4x2,4x4,2c,4c,4h2] [--encrypt]
+        [--layouts 2x2,4x2,4x4,2c,4c,4h2] [--encrypt] [--json PATH] [--plot PATH]
 
 A layout "NxK" is N worker hosts (one worker each) and K separate server hosts; "Nc"
 puts a server on each of the N worker hosts; "NhK" is the BytePS paper's hybrid, a
@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 import jobs
+import report
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from netbed import NetBed  # noqa: E402  (the test bed lives with the tests)
@@ -189,6 +190,7 @@ def main() -> None:
     parser.add_argument("--no-ring", action="store_true", help="skip the ring all-reduce")
     parser.add_argument("--encrypt", action="store_true",
                         help="run each layout again with BYTEPS_ENCRYPT=1")
+    report.add_arguments(parser)
     parser.add_argument("--role", choices=["tf_bps", "mwms"], help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--receive", action="store_true", help=argparse.SUPPRESS)
@@ -203,12 +205,18 @@ def main() -> None:
 
     layouts = [Layout.parse(text) for text in args.layouts.split(",")]
     hosts = max(layout.hosts for layout in layouts)
+    # One Report per size, as the tables are: a 4 MB push_pull's bars would vanish beside 64 MB's.
+    figures: list[report.Report] = []
     with NetBed(hosts=hosts, mbit=args.mbit) as bed, tempfile.TemporaryDirectory() as scratch:
         bandwidth = measure_bandwidth(bed)
         print(f"links of {args.mbit:g} Mbit/s: B = {bandwidth / 1e6:.1f} MB/s measured; "
               f"median of {STEPS} steps")
         for size in sizes:
             print(f"\n{size} MB push_pull")
+            times = report.Report(f"{size} MB push_pull, {args.mbit:g} Mbit/s links "
+                                  f"(B = {bandwidth / 1e6:.1f} MB/s), median of {STEPS} steps",
+                                  unit="s", higher_is_better=False)
+            figures.append(times)
             sealed_header = f"  {'sealed s':>8}  {'cost':>6}" if args.encrypt else ""
             print(f"{'layout':>34}  {'tf_bps s':>8}  {'floor s':>7}  {'ratio':>5}  "
                   f"{'ring s':>6}  {'ring/tf_bps':>11}{sealed_header}")
@@ -217,18 +225,24 @@ def main() -> None:
                 nbytes = size << 20
                 seconds = run_layout(bed, layout, nbytes, scratch)
                 floor = layout.floor(nbytes / bandwidth)
+                times.add(layout.name(), "tf_bps", seconds)
+                times.add(layout.name(), "link floor", floor)
                 ring = "      -            -"
                 n = layout.workers
                 if not args.no_ring:
                     if n not in rings:
                         rings[n] = run_ring(bed, n, nbytes, scratch)
                     ring = f"{rings[n]:6.2f}  {rings[n] / seconds:10.2f}x"
+                    times.add(layout.name(), "ring all-reduce", rings[n])
                 sealed = ""
                 if args.encrypt:
                     sealed_seconds = run_layout(bed, layout, nbytes, scratch, encrypt=True)
                     sealed = f"  {sealed_seconds:8.2f}  {sealed_seconds / seconds - 1:6.1%}"
+                    times.add(layout.name(), "sealed", sealed_seconds)
                 print(f"{layout.name():>34}  {seconds:8.2f}  {floor:7.2f}  {seconds / floor:5.2f}  "
                       f"{ring}{sealed}", flush=True)
+    report.save(args, *figures)
+
 
 if __name__ == "__main__":
     main()

@@ -2,7 +2,7 @@
 gradients under a bandwidth limit, with and without priorities and scheduling credit.
 
     sudo python examples/benchmarks/priority_benchmark.py [--mbit 200] [--scale 0.25]
-        [--backward-ms 600] [--forward-ms 300]
+        [--backward-ms 600] [--forward-ms 300] [--json PATH] [--plot PATH]
 
 Each step runs the backward pass layer by layer from the last (a fixed compute time per
 layer), starting each layer's push_pull as its gradient is ready, then the next forward
@@ -33,6 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 import jobs  # noqa: E402
+import report  # noqa: E402
 from netbed import NetBed, SshHosts  # noqa: E402  (the test bed lives with the tests)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -105,6 +106,7 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=0.25, help="gradient sizes x this")
     parser.add_argument("--backward-ms", type=float, default=600)
     parser.add_argument("--forward-ms", type=float, default=300)
+    report.add_arguments(parser)
     parser.add_argument("--role", choices=["worker"], help=argparse.SUPPRESS)
     parser.add_argument("--order", choices=["forward", "backward"], help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -117,6 +119,9 @@ def main() -> None:
           f"{args.backward_ms:g} ms backward + {args.forward_ms:g} ms forward; median of "
           f"{STEPS} steps")
     print(f"{'variant':>10}  {'credit':>7}  {'step s':>7}  {'gain vs FIFO':>12}")
+    steps = report.Report(f"ResNet-50 step (gradients x {args.scale:g}), 2 workers, "
+                          f"2 server hosts, {args.mbit:g} Mbit/s links", unit="s",
+                          higher_is_better=False)
     with tempfile.TemporaryDirectory() as scratch, NetBed(hosts=4, mbit=args.mbit) as bed, \
             SshHosts(bed, scratch) as ssh:
         fifo: dict[str, float] = {}
@@ -130,6 +135,8 @@ def main() -> None:
             else:
                 gain = f"{fifo[credit_text] / seconds - 1:+.0%}"
             print(f"{label:>10}  {credit_text:>7}  {seconds:7.2f}  {gain:>12}", flush=True)
+            steps.add(f"credit {credit_text}", label, seconds)
+    report.save(args, steps)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """push_pull against TensorFlow's MultiWorkerMirroredStrategy all-reduce, in one run.
 
-    python examples/benchmarks/push_pull_benchmark.py [--encrypt]
+    python examples/benchmarks/push_pull_benchmark.py [--encrypt] [--json PATH] [--plot PATH]
 
 Runs 2 tf_bps workers with 2 servers on this machine twice, with the default same-host
 transport (Unix sockets) and with TCP over loopback (BYTEPS_ENABLE_IPC=0), then 2
@@ -22,6 +22,7 @@ import tempfile
 import time
 
 import jobs
+import report
 
 SIZES = {"4 KB": 4 * 1024, "1 MB": 2**20, "16 MB": 16 * 2**20, "64 MB": 64 * 2**20}
 NUM_WORKERS = 2
@@ -86,6 +87,7 @@ def main() -> None:
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--encrypt", action="store_true",
                         help="also run the tf_bps jobs with BYTEPS_ENCRYPT=1")
+    report.add_arguments(parser)
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     if args.role == "tf_bps":
@@ -120,6 +122,24 @@ def main() -> None:
           f"(tf_bps / MWMS = {a / b:.2f}, TCP / MWMS = {t / b:.2f})")
     if args.encrypt:
         print_sealing_cost({"local": local, "tcp": tcp}, sealed)
+    runs = {"tf_bps": local, "tf_bps TCP": tcp, "MultiWorkerMirroredStrategy": peer}
+    if args.encrypt:  # the sealed jobs are series of their own; their costs stay in the table
+        runs |= {"tf_bps sealed": sealed["local"], "tf_bps TCP sealed": sealed["tcp"]}
+    report.save(args, *figures(runs))
+
+
+def figures(runs: dict[str, dict]) -> list[report.Report]:
+    """The tables' figures by series: bandwidth at every size, p50 latency at the smallest."""
+    job = f"{NUM_WORKERS} workers, float32 (tf_bps: 2 servers; peer: RING all-reduce)"
+    bandwidth = report.Report(f"push_pull algorithm bandwidth, {job}", unit="GB/s",
+                              higher_is_better=True)
+    latency = report.Report(f"push_pull p50 latency, {job}", unit="us", higher_is_better=False)
+    small = next(iter(SIZES))
+    for series, results in runs.items():
+        for label in SIZES:
+            bandwidth.add(label, series, results[label]["bandwidth_gbs"])
+        latency.add(small, series, results[small]["p50_us"])
+    return [bandwidth, latency]
 
 
 def print_sealing_cost(clear: dict, sealed: dict) -> None:

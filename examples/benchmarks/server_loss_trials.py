@@ -1,6 +1,7 @@
 """How often a server killed at a random moment of synchronous training costs nothing.
 
     python examples/benchmarks/server_loss_trials.py [--trials 10] [--workers 2] [--servers 3]
+        [--json PATH] [--plot PATH]
 
 Each trial starts an elastic job (bpslaunch -np W --min-np W, S servers) whose workers
 train without elastic.run: every step push_pulls four 1 MB tensors together (one
@@ -30,6 +31,7 @@ import threading
 import time
 
 import jobs
+import report
 
 STEP = re.compile(r"STEP (\d+) ([\d.]+)")
 RESENT = re.compile(r"\((\d+) in flight sent again\)")
@@ -109,6 +111,7 @@ def main() -> int:
     parser.add_argument("--servers", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--seed", type=int, default=1)
+    report.add_arguments(parser)
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
@@ -122,6 +125,13 @@ def main() -> int:
     print(f"\n{args.trials} trials, {args.workers} workers, {args.servers} servers, one server "
           "killed at a random moment: " + ", ".join(f"{count} {outcome}"
                                                   for outcome, count in sorted(counts.items())))
+    # Higher is better as the question is asked: how many trials lost no step.
+    trials = report.Report(f"outcomes of {args.trials} trials, one of {args.servers} servers "
+                           f"killed at a random moment, {args.workers} workers", unit="trials",
+                           higher_is_better=True)
+    for outcome, count in sorted(counts.items()):
+        trials.add(f"{args.workers} workers, {args.servers} servers", outcome, count)
+    report.save(args, trials)
     return 0 if "failure" not in counts else 1
 
 

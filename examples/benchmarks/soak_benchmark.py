@@ -1,6 +1,7 @@
 """Memory over a long job, and at the peak of one large push_pull.
 
     python examples/benchmarks/soak_benchmark.py [--steps 10000] [--peak-gib 1]
+        [--json PATH] [--plot PATH]
 
 1. Runs tests/workers/soak.py (every call pattern, checked value by value) for
    --steps steps with 2 workers and 2 servers on this machine, and prints each
@@ -28,6 +29,8 @@ import threading
 import time
 from pathlib import Path
 
+import report
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "workers"))
 from memory import descendants, process_memory, servers_of, watch_soak  # noqa: E402
@@ -45,7 +48,7 @@ def job_env(**extra) -> dict[str, str]:
     return env
 
 
-def soak(steps: int) -> None:
+def soak(steps: int) -> list[report.Report]:
     marks = sorted({1, min(1000, steps), steps})
     command = [*LAUNCH, "-np", "2", sys.executable, str(ROOT / "tests/workers/soak.py")]
     job = subprocess.Popen(command, env=job_env(TEST_STEPS=steps, TEST_REPORT_EVERY=1000),
@@ -66,6 +69,19 @@ def soak(steps: int) -> None:
         cells = ["-" if not m else f"{m['anon'] / MB:.0f} / {m['shared'] / MB:.0f} / "
                  f"{m['owned'] / MB:.0f}" for m in by_step.values()]
         print(f"{name:10}" + "".join(f"{cell:>24}" for cell in cells))
+    # One Report per kind of memory in a cell: they count different pages.
+    kinds = {"anon": "private memory (RssAnon)", "shared": "mapped shared memory (RssShmem)",
+             "owned": "owned shared memory (arenas it made)"}
+    figures = {key: report.Report(f"soak.py {what}, {steps} steps, 2 workers + 2 servers",
+                                  unit="MB", higher_is_better=False)
+               for key, what in kinds.items()}
+    for name, by_step in rows:
+        for step, m in by_step.items():
+            if not m:  # printed as "-": not sampled at that step
+                continue
+            for key, figure in figures.items():
+                figure.add(name, f"step {step}", m[key] / MB)
+    return list(figures.values())
 
 
 def peak_worker(gib: float) -> None:
@@ -148,20 +164,28 @@ def main() -> None:
     parser.add_argument("--peak-gib", type=float, default=1.0)
     parser.add_argument("--peak-worker", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--skip-soak", action="store_true")
+    report.add_arguments(parser)
     args = parser.parse_args()
     if args.peak_worker:
         peak_worker(args.peak_worker)
         return
-    if not args.skip_soak:
-        soak(args.steps)
+    soak_figures = [] if args.skip_soak else soak(args.steps)
     print(f"\npeak memory of one {args.peak_gib:g} GiB push_pull above the level before, "
           "x the tensor: private + owned shared (private + mapped shared):")
+    peaks = {what: report.Report(f"peak rise of {what}, one {args.peak_gib:g} GiB push_pull, "
+                                 "2 workers + 1 server", unit="x the tensor",
+                                 higher_is_better=False)
+             for what in ("private + owned shared", "private + mapped shared")}
     for label, env in (("shared memory", {}),
                        ("the same, merged first", {"BYTEPS_LOCAL_MERGE": 1}),
                        ("TCP (BYTEPS_ENABLE_IPC=0)", {"BYTEPS_ENABLE_IPC": 0})):
         ratios = peak(args.peak_gib, env)
         print(f"  {label:28}" + ", ".join(f"{k} {owned:.2f}x ({mapped:.2f}x)"
                                           for k, (owned, mapped) in sorted(ratios.items())))
+        for k, (owned, mapped) in sorted(ratios.items()):
+            peaks["private + owned shared"].add(k, label, owned)
+            peaks["private + mapped shared"].add(k, label, mapped)
+    report.save(args, *soak_figures, *peaks.values())
 
 
 if __name__ == "__main__":

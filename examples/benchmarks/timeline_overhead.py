@@ -1,6 +1,7 @@
 """What the timeline (BYTEPS_TRACE_ON) costs while it records.
 
     python examples/benchmarks/timeline_overhead.py [--workers 2] [--scale 0.25]
+        [--json PATH] [--plot PATH]
 
 Each step push_pulls ResNet-50's 214 gradients (sizes from Keras, times --scale) in one
 tf.function, as DistributedOptimizer does. The same job runs twice on this machine,
@@ -19,6 +20,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import report
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 FIRST, LAST, STEPS = 10, 20, 24
@@ -68,6 +71,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--scale", type=float, default=0.25, help="gradient sizes x this")
+    report.add_arguments(parser)
     parser.add_argument("--role", choices=["worker"], help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -83,6 +87,14 @@ def main() -> None:
     print(f"without timeline {plain * 1e3:8.1f} ms")
     print(f"with timeline    {traced * 1e3:8.1f} ms   ({traced / plain - 1:+.1%}; {events} events "
           "in rank 0's file)")
+    # In ms, as printed: a step on one machine takes milliseconds.
+    steps = report.Report(f"push_pull step, median over steps {FIRST}-{LAST}, "
+                          f"{args.workers} workers on one machine", unit="ms",
+                          higher_is_better=False)
+    case = f"ResNet-50 x {args.scale:g}"
+    steps.add(case, "timeline off", plain * 1e3)
+    steps.add(case, "timeline on", traced * 1e3)
+    report.save(args, steps)
 
 
 if __name__ == "__main__":
