@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import sys
+import textwrap
 import time
 
 
@@ -72,7 +73,7 @@ def plot(path: str, reports: tuple[Report, ...]) -> None:
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, len(reports), figsize=(6.4 * len(reports), 4.2),
+    figure, axes = plt.subplots(1, len(reports), figsize=(6.4 * len(reports), 4.8),
                                 squeeze=False)
     for report, ax in zip(reports, axes[0], strict=True):
         cases = list(dict.fromkeys(row["case"] for row in report.rows))
@@ -83,14 +84,16 @@ def plot(path: str, reports: tuple[Report, ...]) -> None:
             xs = [case_index + (index - (len(series) - 1) / 2) * width
                   for case_index, case in enumerate(cases) if case in values]
             bars = ax.bar(xs, [values[c] for c in cases if c in values], width, label=name)
-            ax.bar_label(bars, fmt="%.3g", fontsize=7)
+            ax.bar_label(bars, fmt=lambda v: f"{v:.3g}" if v < 1000 else f"{v:.0f}",
+                         fontsize=7)
         long_labels = max(map(len, cases)) > 12  # layouts' names: tilted, or they collide
         ax.set_xticks(range(len(cases)), cases, rotation=20 if long_labels else 0,
                       ha="right" if long_labels else "center", fontsize=8)
         better = "higher" if report.higher_is_better else "lower"
         ax.set_ylabel(f"{report.unit} ({better} is better)")
-        ax.set_title(report.title, fontsize=10)
-        ax.legend(fontsize=8, loc="best")
+        ax.set_title(textwrap.fill(report.title, 60), fontsize=9)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14 - long_labels * 0.1),
+                  ncol=min(len(series), 3))  # below the bars, never over them
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
