@@ -14,26 +14,19 @@ reaches the rounds of a newer one. Without BYTEPS_ELASTIC, any loss ends the job
 from __future__ import annotations
 
 import logging
-import socket
 import sys
 import time
 
 import zmq
 
 from tf_bps.control.challenges import Challenges
+from tf_bps.control.inbox import Inbox
 from tf_bps.control.membership import Gathering, Node, address_books
-from tf_bps.control.throttle import OUTSIDER_MESSAGES_PER_S, OutsiderThrottle
-from tf_bps.runtime.config import Config, ConfigError, configure_logging, is_local_address
+from tf_bps.runtime.config import Config, ConfigError, configure_logging
 from tf_bps.runtime.rendezvous import proof, proof_matches
-from tf_bps.runtime.sealing import SchedulerSeals
 
 log = logging.getLogger("tf_bps.scheduler")
 
-# A node's messages are small JSON objects; anything larger is not one of ours, and
-# ZeroMQ drops the connection that sends it before allocating it.
-MAX_MESSAGE_BYTES = 64 * 1024
-MESSAGES_QUEUED_PER_PEER = 16
-ZMQ_ZERO_COPY_RECV = 96  # zmq.h's number; pyzmq names no constant for it
 # Workers the elastic launcher starts together join at one commit: those registered
 # wait for the others this long at most (one that fails to start is reported sooner).
 LAUNCH_WAIT_S = 30.0
@@ -48,26 +41,8 @@ class JobFailed(RuntimeError):
 class Scheduler:
     def __init__(self, config: Config):
         self._config = config
-        root_uri, port = config.require_rendezvous()
-        self._context = zmq.Context()
-        self._socket = self._context.socket(zmq.ROUTER)
-        self._socket.setsockopt(zmq.LINGER, 2000)
-        self._socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-        # A node has a few messages in flight at most; a flood of strangers' connections
-        # then holds MESSAGES_QUEUED_PER_PEER each, not ZeroMQ's default of 1000.
-        self._socket.setsockopt(zmq.SNDHWM, MESSAGES_QUEUED_PER_PEER)
-        self._socket.setsockopt(zmq.RCVHWM, MESSAGES_QUEUED_PER_PEER)
-        # And each of those messages its own few bytes: received in place (ZeroMQ's
-        # default), every queued message would pin the 8 KB read buffer it came in.
-        self._socket.setsockopt(ZMQ_ZERO_COPY_RECV, 0)
-        # Only the address the job knows the scheduler by, when it is this machine's.
-        address = socket.gethostbyname(root_uri)
-        local = is_local_address(address) and not config.listen_any
-        self._socket.bind(f"tcp://{address if local else '*'}:{port}")
         self._nodes: dict[bytes, Node] = {}  # this generation's, by connection
         self._challenges = Challenges()  # stateless: a flood of hellos evicts nothing
-        self._outsiders = OutsiderThrottle()  # a flood of them takes no core from the job
         self._generation = 0
         # Workers that asked to join an elastic job, waiting for the next generation.
         self._joining: list[Node] = []
@@ -84,44 +59,9 @@ class Scheduler:
         self._announced = False  # the joiners were announced to this generation
         # Servers the job went on without (by connection): told to stop if they speak.
         self._dropped: set[bytes] = set()
-        # BYTEPS_ENCRYPT: each registered connection's seal (sealing.py).
-        self._seals = SchedulerSeals(config.job_token, config.encrypt)
-
-    def _send(self, identity: bytes, message: dict) -> None:
-        message = self._seals.seal(identity, message)
-        self._socket.send_multipart([identity, zmq.utils.jsonapi.dumps(message)])
-
-    def _receive(self, timeout_s: float) -> tuple[bytes, dict] | None:
-        """The next well-formed message, or None once `timeout_s` passes. Anything else
-        that reaches the port (raw bytes, extra frames, not JSON, not an object with a
-        string "type") is logged and dropped: it must never end the loop."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            try:  # Polling only when nothing is queued: a flood queues plenty.
-                parts = self._socket.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                self._socket.poll(int(remaining * 1000) + 1)
-                continue
-            if parts[0] not in self._nodes and parts[0] not in self._launchers:
-                if self._outsiders.pay():
-                    log.warning("connections of no node of this job send more than %g "
-                                "messages a second (a flood?): the scheduler reads them no "
-                                "faster", OUTSIDER_MESSAGES_PER_S)
-            try:
-                identity, payload = parts
-                message = zmq.utils.jsonapi.loads(payload)
-                if isinstance(message, dict) and isinstance(message.get("type"), str):
-                    message = self._unseal(identity, message)
-                    if message is not None:
-                        return identity, message
-                    continue
-            except ValueError:  # Unpacking or decoding.
-                pass
-            log.warning("dropped a malformed message (%d part(s), %d bytes)", len(parts),
-                        sum(len(p) for p in parts))
+        # The one socket; connections of no node are read at a bounded rate (inbox.py).
+        self._inbox = Inbox(config, is_member=lambda identity: (
+            identity in self._nodes or identity in self._launchers))
 
     def run(self) -> int:
         if not self._config.job_token:
@@ -135,13 +75,12 @@ class Scheduler:
         except JobFailed as error:
             log.error("%s", error)
             for node in self._everyone():
-                self._send(node.identity, {"type": "abort", "reason": str(error)})
+                self._inbox.send(node.identity, {"type": "abort", "reason": str(error)})
             if self._config.elastic:
                 self._turn_away(str(error))
             return 1
         finally:
-            self._socket.close()
-            self._context.term()
+            self._inbox.close()
 
     def _turn_away(self, reason: str) -> None:
         """An elastic job's workers may be between two registrations when it fails:
@@ -149,9 +88,9 @@ class Scheduler:
         for an address book that will never come."""
         deadline = time.monotonic() + self._config.heartbeat_timeout
         while (remaining := deadline - time.monotonic()) > 0:
-            received = self._receive(remaining)
+            received = self._inbox.receive(remaining)
             if received is not None:
-                self._send(received[0], {"type": "abort", "reason": reason})
+                self._inbox.send(received[0], {"type": "abort", "reason": reason})
 
     def _everyone(self) -> list[Node]:
         """Every node that may still listen: this generation's, those asking to join,
@@ -250,21 +189,14 @@ class Scheduler:
         elastic launcher's connection, which is answered and kept apart."""
         node, refusal = self._registration(identity, message, gathering)
         if refusal:
-            self._refuse(identity, refusal)
+            self._inbox.refuse(identity, refusal)
             return None
         if node.role == "launcher":
             self._launchers.add(identity)
-            self._send(identity, {"type": "book"})
+            self._inbox.send(identity, {"type": "book"})
             return None
         self._launching.discard(node.name)
         return node
-
-    def _unseal(self, identity: bytes, message: dict) -> dict | None:
-        """The message as sent, opened when sealed (sealing.py); None to drop it."""
-        message, refusal = self._seals.open(identity, message)
-        if refusal:
-            self._refuse(identity, refusal)
-        return message
 
     def _challenge(self, identity: bytes, message: dict) -> None:
         """Answers a hello: the scheduler's proof for the node's nonce, and a nonce of its
@@ -274,12 +206,8 @@ class Scheduler:
             log.warning("dropped a malformed hello")
             return
         mine = self._challenges.issue(identity)
-        self._send(identity, {"type": "challenge", "nonce": mine,
+        self._inbox.send(identity, {"type": "challenge", "nonce": mine,
                               "proof": proof(self._config.job_token, "scheduler", theirs)})
-
-    def _refuse(self, identity: bytes, refusal: str) -> None:
-        log.warning("refused a registration: %s", refusal)
-        self._send(identity, {"type": "abort", "reason": refusal})
 
     def _rendezvous(self, gathering: Gathering) -> None:
         """Gathers one generation's registrations and sends its address books."""
@@ -299,7 +227,7 @@ class Scheduler:
                 if self._can_form_without_the_missing(gathering):
                     break
                 raise JobFailed(self._unfinished(gathering))
-            received = self._receive(min(remaining, config.heartbeat_interval,
+            received = self._inbox.receive(min(remaining, config.heartbeat_interval,
                                          max(0.0, report_at - time.monotonic())))
             if received is None:
                 continue
@@ -352,7 +280,7 @@ class Scheduler:
                     f"({left} of BYTEPS_ELASTIC_TIMEOUT)")
         log.warning("%s", text)
         for node in gathering.servers + gathering.workers:
-            self._send(node.identity, {"type": "waiting", "reason": text})
+            self._inbox.send(node.identity, {"type": "waiting", "reason": text})
 
     @staticmethod
     def _admit(gathering: Gathering, node: Node) -> None:
@@ -413,7 +341,7 @@ class Scheduler:
         kind = message["type"]
         if kind == "heartbeat":
             node.last_seen = time.monotonic()
-            self._send(identity, {"type": "heartbeat_ack"})
+            self._inbox.send(identity, {"type": "heartbeat_ack"})
         elif kind == "failure" and node.role == "server":
             lost = message.get("lost_rank")
             for key, other in list(gathering.survivors.items()):
@@ -443,13 +371,13 @@ class Scheduler:
         books = address_books(gathering)
         self._generation = gathering.number
         self._nodes = {node.identity: node for node in gathering.servers + gathering.workers}
-        self._seals.keep_only({*self._nodes, *self._launchers,
+        self._inbox.keep_seals_of({*self._nodes, *self._launchers,
                                *(node.identity for node in self._joining)})
         now = time.monotonic()
         for node in self._nodes.values():
             node.last_seen = now
         for identity, book in books:
-            self._send(identity, book)
+            self._inbox.send(identity, book)
         size, servers = len(gathering.workers), len(gathering.servers)
         if gathering.first:
             log.info("job started: %d worker(s), %d server(s)", size, servers)
@@ -486,7 +414,7 @@ class Scheduler:
             log.warning("the job goes on without %s: %s", server.describe(), reason)
         for worker in self._nodes.values():
             if worker.role == "worker":
-                self._send(worker.identity, {"type": "server_gone", "servers": gone,
+                self._inbox.send(worker.identity, {"type": "server_gone", "servers": gone,
                                              "reason": reason})
 
     def _server_lost_by(self, worker: Node, address: object) -> None:
@@ -511,7 +439,7 @@ class Scheduler:
                      if node.identity not in lost_ids and not node.done and not node.leaving}
         log.warning("the job re-forms: %s", reason)
         for node in survivors.values():
-            self._send(node.identity, {"type": "reform", "reason": reason,
+            self._inbox.send(node.identity, {"type": "reform", "reason": reason,
                                        "generation": self._generation + 1})
         self._nodes = {}
         deadline = time.monotonic() + self._config.elastic_timeout
@@ -531,13 +459,13 @@ class Scheduler:
             return
         if identity in self._dropped and kind == "heartbeat":
             # Frozen a while, or cut off from the workers: the job went on without it.
-            self._send(identity, {"type": "abort", "reason": "the job went on without this "
+            self._inbox.send(identity, {"type": "abort", "reason": "the job went on without this "
                                   "server: its workers lost their connections to it"})
             return
         if kind != "register" or self._registered(identity):
             return  # Heartbeats and farewells of nodes of an earlier generation.
         if not self._config.elastic:
-            self._refuse(identity, "the job has already started: every node of it has "
+            self._inbox.refuse(identity, "the job has already started: every node of it has "
                          "registered")
             return
         node = self._accept(identity, message, None)
@@ -547,7 +475,7 @@ class Scheduler:
         most = self._config.elastic_max_workers
         workers = sum(n.role == "worker" for n in [*self._nodes.values(), *self._joining])
         if member is None and node.role == "worker" and most is not None and workers >= most:
-            self._refuse(identity, f"the job has {workers} worker(s), as many as "
+            self._inbox.refuse(identity, f"the job has {workers} worker(s), as many as "
                          f"BYTEPS_ELASTIC_MAX_WORKERS={most} (--max-np) allows")
             return
         self._joining.append(node)
@@ -586,7 +514,7 @@ class Scheduler:
         if leaving:
             for worker in self._nodes.values():
                 if worker.role == "worker":
-                    self._send(worker.identity, {"type": "hosts_updated", "added": False,
+                    self._inbox.send(worker.identity, {"type": "hosts_updated", "added": False,
                                                  "timestamp": time.time()})
 
     def _announce_joiners(self) -> None:
@@ -605,7 +533,7 @@ class Scheduler:
                      "commit", node.role, node.host, node.pid)
         for worker in self._nodes.values():
             if worker.role == "worker":
-                self._send(worker.identity, {"type": "hosts_updated", "added": True,
+                self._inbox.send(worker.identity, {"type": "hosts_updated", "added": True,
                                              "timestamp": time.time()})
 
     # -- supervision ----------------------------------------------------------------
@@ -617,12 +545,12 @@ class Scheduler:
             if all(n.done for n in workers):
                 for node in self._nodes.values():
                     if node.role == "server":
-                        self._send(node.identity, {"type": "exit"})
+                        self._inbox.send(node.identity, {"type": "exit"})
                 log.info("all workers finished; job complete")
                 return
             if self._joining:
                 self._announce_joiners()  # Once the launcher's others are in, or late.
-            received = self._receive(config.heartbeat_interval)
+            received = self._inbox.receive(config.heartbeat_interval)
             now = time.monotonic()
             if received is not None:
                 identity, message = received
@@ -633,7 +561,7 @@ class Scheduler:
                 node.last_seen = now
                 kind = message.get("type")
                 if kind == "heartbeat":
-                    self._send(node.identity, {"type": "heartbeat_ack"})
+                    self._inbox.send(node.identity, {"type": "heartbeat_ack"})
                 elif kind == "done":
                     node.done = True
                     log.info("%s finished", node.describe())
