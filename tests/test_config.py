@@ -65,7 +65,7 @@ def test_one_worker_per_visible_gpu_unless_local_size_says_otherwise(env, local_
 
 
 def test_the_readme_table_lists_exactly_the_variables_the_configuration_reads():
-    variable = r"(?:DMLC|BYTEPS|PS|NVIDIA|CUDA|PERSEUS|GLOO)_[A-Z_]+"
+    variable = r"(?:DMLC|BYTEPS|PS|NVIDIA|CUDA|PERSEUS|GLOO|HOROVOD)_[A-Z_]+"
     config_py = Path(tf_bps.runtime.config.__file__).read_text()
     read = set(re.findall(rf'"({variable})"', config_py)) | set(tf_bps.runtime.config.SETTINGS)
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
