@@ -26,17 +26,15 @@ WARN_EVERY_S = 30.0
 class OutsiderThrottle:
     """A token bucket: `pay` waits for a token when there is none."""
 
-    def __init__(self, rate: float = OUTSIDER_MESSAGES_PER_S, burst: float = OUTSIDER_BURST,
-                 clock=time.monotonic, sleep=time.sleep):
+    def __init__(self, rate: float = OUTSIDER_MESSAGES_PER_S, burst: float = OUTSIDER_BURST):
         self._rate, self._burst = rate, burst
-        self._clock, self._sleep = clock, sleep
-        self._tokens, self._at = burst, clock()
+        self._tokens, self._at = burst, time.monotonic()
         self._warned_at = -WARN_EVERY_S
 
     def pay(self) -> bool:
         """Takes a token, waiting for one if need be; True when the wait is news for the
         operator (the first in WARN_EVERY_S)."""
-        now = self._clock()
+        now = time.monotonic()
         self._tokens = min(self._burst, self._tokens + (now - self._at) * self._rate)
         self._at = now
         self._tokens -= 1.0
@@ -44,7 +42,7 @@ class OutsiderThrottle:
             return False
         # A pause long enough to read a batch after it: a sleep per message would cost
         # more than the message.
-        self._sleep(max(-self._tokens / self._rate, MIN_PAUSE_S))
+        time.sleep(max(-self._tokens / self._rate, MIN_PAUSE_S))
         if now - self._warned_at < WARN_EVERY_S:
             return False
         self._warned_at = now

@@ -80,7 +80,7 @@ class JobOutput:
             sink.buffer.write(tagged)
             sink.flush()
             if self.directory:
-                self._keep(tag + line, stream, origin)
+                self._keep(tag + line, stream, origin)  # untimed: files are per process
 
     def _keep(self, tagged: bytes, stream: str, origin: str) -> None:
         match = _TAG.match(tagged)
