@@ -8,14 +8,12 @@ summation servers.
 TensorFlow offers one public extension point for this, tf.distribute.CrossDeviceOps
 (PushPullCrossDeviceOps below). Everything else this module touches is private to
 TensorFlow 2.21 or Keras 3; each touch point says why it is needed, and all of them
-are in this file:
+are in this file or saving.py:
   - MirroredExtended, subclassed: the global replica count, dataset sharding by
     worker, initial values from rank 0, and reductions that always cross workers.
   - input_util / cross_device_ops helpers that MirroredExtended itself uses.
-  - Keras 3's ModelCheckpoint and BackupAndRestore, which write on every worker: under
-    this strategy only rank 0 writes (see _save_on_rank_0_only); and its TensorBoard,
-    whose logs the other workers write to a folder of their own, removed at the end
-    (_tensorboard_on_rank_0).
+  - Keras 3's savers and callbacks that write files (saving.py): saves become steps
+    of the whole job, as under MultiWorkerMirroredStrategy.
 
 With BYTEPS_ENABLE_ASYNC=1 training is asynchronous (tf_bps/training/asynchronous.py): reductions
 stay inside the worker, and every update of a trainable variable is followed by an
@@ -25,12 +23,8 @@ replicas, as a local MirroredStrategy would, so that nothing waits for other wor
 
 from __future__ import annotations
 
-import functools
 import itertools
-import os
-import shutil
 
-import keras
 import tensorflow as tf
 from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
 from tensorflow.python.distribute import distribute_lib, input_util, mirrored_strategy
@@ -40,6 +34,7 @@ from tensorflow.python.util import nest
 import tf_bps as bps
 from tf_bps.runtime import basics, ops
 from tf_bps.runtime.config import Config
+from tf_bps.strategies import saving
 from tf_bps.training import fusion
 from tf_bps.training.asynchronous import AsyncExchange
 
@@ -300,8 +295,7 @@ class ParameterServerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         extended = _ParameterServerExtended(self, list(devices or _local_devices()), config)
         distribute_lib.Strategy.__init__(self, extended)
         self._bps_cluster_resolver = None
-        _save_on_rank_0_only()
-        _tensorboard_on_rank_0()
+        saving.install()
 
     def reduce(self, reduce_op, value, axis):
         # Keras reduces multi-worker metric results with axis=0 even when they are
@@ -335,67 +329,3 @@ class MirroredStrategy(ParameterServerStrategy):
             raise ValueError(f"cross_device_ops={cross_device_ops!r} is not supported: tf_bps "
                              "strategies always reduce through push_pull")
         super().__init__(devices=devices)
-
-
-def _on_a_worker_other_than_rank_0(callback, model=None) -> bool:
-    """Whether `callback` (of `model`, or its own) runs on a worker other than rank 0 of
-    a multi-worker job."""
-    model = model if model is not None else getattr(callback, "model", None)
-    strategy = getattr(model, "distribute_strategy", None)
-    return (isinstance(strategy, ParameterServerStrategy)
-            and not strategy.extended.should_checkpoint)
-
-
-@functools.cache
-def _save_on_rank_0_only() -> None:
-    """Private (Keras 3): ModelCheckpoint and BackupAndRestore save (and BackupAndRestore
-    deletes) the same files on every worker, so two workers would write one file at
-    once. Under this strategy only rank 0 writes; every worker still reads the backup
-    when training starts, so all of them resume from the same epoch."""
-    for cls, methods in ((keras.callbacks.ModelCheckpoint, ("_save_model",)),
-                         (keras.callbacks.BackupAndRestore, ("_save_model", "on_train_end"))):
-        for method in methods:
-            original = getattr(cls, method)
-
-            @functools.wraps(original)
-            def on_rank_0(self, *args, _original=original, **kwargs):
-                if _on_a_worker_other_than_rank_0(self):
-                    return None
-                return _original(self, *args, **kwargs)
-
-            setattr(cls, method, on_rank_0)
-
-
-@functools.cache
-def _tensorboard_on_rank_0() -> None:
-    """Private (Keras 3): TensorBoard writes its event files under `log_dir` on every
-    worker, so the job's log would hold one run per worker, interleaved. As
-    MultiWorkerMirroredStrategy did under Keras 2 (and TensorFlow's multi-worker
-    tutorial shows), the other workers write to `log_dir/workertemp_<rank>` instead,
-    removed when training ends: rank 0's is the job's log."""
-    tensorboard = keras.callbacks.TensorBoard
-    set_model, on_train_end = tensorboard.set_model, tensorboard.on_train_end
-
-    @functools.wraps(set_model)
-    def set_model_on_rank_0(self, model):
-        self._tf_bps_scratch = None
-        if not _on_a_worker_other_than_rank_0(self, model):
-            return set_model(self, model)
-        log_dir = self.log_dir
-        self.log_dir = os.path.join(log_dir, f"workertemp_{bps.rank()}")
-        try:
-            set_model(self, model)  # Its writers (the model summary's, say) go there.
-        finally:
-            self.log_dir = log_dir
-        self._tf_bps_scratch = self._log_write_dir
-        return None
-
-    @functools.wraps(on_train_end)
-    def on_train_end_removing_scratch(self, logs=None):
-        on_train_end(self, logs)
-        scratch = getattr(self, "_tf_bps_scratch", None)
-        if scratch:
-            shutil.rmtree(scratch, ignore_errors=True)
-
-    tensorboard.set_model = set_model_on_rank_0
-    tensorboard.on_train_end = on_train_end_removing_scratch

@@ -2,11 +2,14 @@
 tf_bps.ParameterServerStrategy(): TF_CONFIG gives the worker count, the global batch is
 per-worker x workers, fit under the scope; then the chief/non-chief saving recipe with
 strategy.cluster_resolver (model.save and a CheckpointManager to temporary directories on
-non-chief workers), a restore, and BackupAndRestore shared by all workers."""
+non-chief workers), every worker loading the chief's model and checkpoint right after, a
+restore, and BackupAndRestore shared by all workers. With SAVE_ROUNDS=N the save-then-load
+steps run N times more with the chief's writes slowed down, each time with new weights."""
 
 import json
 import os
 import sys
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -72,34 +75,65 @@ def write_filepath(filepath, task_type, task_id):
 task_type, task_id = (strategy.cluster_resolver.task_type, strategy.cluster_resolver.task_id)
 model_path = os.path.join(out, "keras-model.keras")
 write_model_path = write_filepath(model_path, task_type, task_id)
-multi_worker_model.save(write_model_path)
-if not _is_chief(task_type, task_id):
-    tf.io.gfile.rmtree(os.path.dirname(write_model_path))
-
 checkpoint_dir = os.path.join(out, "ckpt")
 checkpoint = tf.train.Checkpoint(model=multi_worker_model)
 write_checkpoint_dir = write_filepath(checkpoint_dir, task_type, task_id)
 checkpoint_manager = tf.train.CheckpointManager(checkpoint, directory=write_checkpoint_dir,
                                                 max_to_keep=1)
-checkpoint_manager.save()
-if not _is_chief(task_type, task_id):
-    tf.io.gfile.rmtree(write_checkpoint_dir)
-latest_checkpoint = tf.train.latest_checkpoint(checkpoint_dir)
-checkpoint.restore(latest_checkpoint)
+bias = multi_worker_model.layers[-1].bias
+
+
+def save_then_load(mark):
+    """The tutorial's saving recipe, then what each worker reads back: the chief's files
+    must hold the weights of this round (`mark` in the last bias)."""
+    bias.assign(tf.fill(bias.shape, float(mark)))
+    multi_worker_model.save(write_model_path)
+    if not _is_chief(task_type, task_id):
+        tf.io.gfile.rmtree(os.path.dirname(write_model_path))
+    loaded_model = tf.keras.models.load_model(model_path)
+    assert float(loaded_model.layers[-1].bias[0]) == mark, (mark, "model")
+
+    checkpoint_manager.save()
+    if not _is_chief(task_type, task_id):
+        tf.io.gfile.rmtree(write_checkpoint_dir)
+    bias.assign(tf.zeros_like(bias))
+    latest_checkpoint = tf.train.latest_checkpoint(checkpoint_dir)
+    checkpoint.restore(latest_checkpoint)
+    assert float(bias[0]) == mark, (mark, "checkpoint", latest_checkpoint)
+
+
+save_then_load(1)
+save_rounds = int(os.environ.get("SAVE_ROUNDS", "0"))
+if save_rounds and _is_chief(task_type, task_id):
+    # The chief writes late, as a slow disk would have it: each write waits first.
+    from keras.src.saving import saving_lib
+
+    def slowly(write):
+        def slow_write(*args, **kwargs):
+            time.sleep(0.1)
+            return write(*args, **kwargs)
+        return slow_write
+
+    saving_lib.save_model = slowly(saving_lib.save_model)
+    checkpoint._write = slowly(checkpoint._write)
+for mark in range(2, 2 + save_rounds):
+    save_then_load(mark)
 multi_worker_model.fit(multi_worker_dataset, epochs=1, steps_per_epoch=steps)
 
-# Every worker passes the same backup_dir, as the tutorial does; a spy on the model's
-# save_weights (Keras's, not ours) counts who actually writes there.
+# Every worker passes the same backup_dir, as the tutorial does; a spy on Keras's own
+# weight writer counts who actually writes there.
+from keras.src.saving import saving_lib  # noqa: E402
+
 writes = []
-original_save_weights = multi_worker_model.save_weights
+write_weights = saving_lib.save_weights_only
 
 
-def counting_save_weights(filepath, *args, **kwargs):
+def counting_save_weights(model, filepath, *args, **kwargs):
     writes.append(str(filepath))
-    return original_save_weights(filepath, *args, **kwargs)
+    return write_weights(model, filepath, *args, **kwargs)
 
 
-multi_worker_model.save_weights = counting_save_weights
+saving_lib.save_weights_only = counting_save_weights
 callbacks = [tf.keras.callbacks.BackupAndRestore(backup_dir=os.path.join(out, "backup"),
                                                  delete_checkpoint=False),
              tf.keras.callbacks.ModelCheckpoint(os.path.join(out, "best.weights.h5"),

@@ -1,0 +1,224 @@
+"""Writing files under `tf_bps.ParameterServerStrategy`: saves are a step of the whole
+job, and Keras's callbacks write once, not once per worker.
+
+MultiWorkerMirroredStrategy makes every worker take part in a save (its variables are
+read collectively), so TensorFlow's multi-worker tutorial has every worker call
+`model.save`: the chief to the real path, the others to a temporary folder they delete,
+after which every worker may load the real path. Nothing here is collective by nature,
+so without help a worker would return from `save` and load while the chief is still
+writing. `install()` makes these saves collective steps of the job (`_collective_save`):
+
+  - `keras.Model.save` and `save_weights` of a model built under the strategy;
+  - `tf.train.CheckpointManager.save` in a process that made the strategy.
+
+Every worker returns only once every worker's file is complete, and each learns
+whether the others' writes succeeded. Workers that name one destination do not write it
+at once: for a Keras file only the lowest rank writes it (a file holds nothing of a
+worker's own); a checkpoint manager's files are written in turn, lowest rank first, so
+that every manager's bookkeeping (its save counter, its list of checkpoints) stays true.
+
+The rest patches Keras 3's private methods (each says why):
+  - BackupAndRestore saves and deletes its backup on rank 0 only;
+  - TensorBoard's other workers log to a folder of their own, removed at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import threading
+
+import keras
+import tensorflow as tf
+
+from tf_bps.runtime import basics, ops
+
+# Set while this thread is inside a save that is already coordinated (or written by
+# rank 0 alone on purpose): the saves it makes in turn are not coordinated again.
+_inside = threading.local()
+# Whether this process made a ParameterServerStrategy (see install()).
+_strategy_made = False
+
+
+def _under_the_strategy(model) -> bool:
+    strategy = getattr(model, "distribute_strategy", None)
+    return getattr(strategy, "synchronises_gradients_with_tf_bps", False)
+
+
+def _on_a_worker_other_than_rank_0(callback, model=None) -> bool:
+    """Whether `callback` (of `model`, or its own) runs on a worker other than rank 0 of
+    a multi-worker job under the strategy."""
+    model = model if model is not None else getattr(callback, "model", None)
+    return _under_the_strategy(model) and basics.size() > 1 and basics.rank() != 0
+
+
+@contextlib.contextmanager
+def _uncoordinated():
+    """Saves made inside are this worker's alone."""
+    outer = getattr(_inside, "active", False)
+    _inside.active = True
+    try:
+        yield
+    finally:
+        _inside.active = outer
+
+
+def _destination(path) -> str:
+    path = os.fspath(path)
+    return path if "://" in path else os.path.realpath(path)
+
+
+def _collective_save(what: str, path, write, shared_writes_in_turn: bool):
+    """Runs `write()` (which saves to `path`) as one step of every worker of the job.
+
+    Every worker tells the others what it saves where; then in each turn the workers
+    whose turn it is write, and all of them learn the outcome before the next turn.
+    A worker that does not write (its destination is written by a lower rank, and
+    `shared_writes_in_turn` is False) returns None."""
+    if getattr(_inside, "active", False) or not basics.is_distributed():
+        return write()
+    with _uncoordinated():
+        return _coordinated_save(what, _destination(path), write, shared_writes_in_turn)
+
+
+def _coordinated_save(what, destination, write, shared_writes_in_turn):
+    rank = basics.rank()
+    try:
+        plans = ops.allgather_object((what, destination), name="tf_bps.save.plan")
+    except tf.errors.DeadlineExceededError as error:
+        raise tf.errors.DeadlineExceededError(
+            None, None,
+            f"{what} under tf_bps.ParameterServerStrategy is a step of the whole job, as "
+            "under MultiWorkerMirroredStrategy: every worker must call it (the chief with "
+            "the real path, the others with a temporary one, or all with the same path); "
+            f"not every worker did: {error.message}") from None
+    kinds = {kind for kind, _ in plans}
+    if len(kinds) > 1:
+        raise ValueError(
+            "the workers saved different things at once: "
+            + "; ".join(f"rank {r}: {kind} to {where}" for r, (kind, where) in
+                        enumerate(plans)))
+    # My turn: how many lower ranks name my destination.
+    turn = sum(1 for where in (w for _, w in plans[:rank]) if where == destination)
+    turns = (max(sum(1 for _, w in plans if w == d) for _, d in plans)
+             if shared_writes_in_turn else 1)
+    result = None
+    for current in range(turns):
+        failure = None
+        if turn == current:
+            try:
+                result = write()
+            except Exception as error:  # Told to everyone, then raised here.
+                failure = error
+        outcomes = ops.allgather_object(
+            None if failure is None else f"{type(failure).__name__}: {failure}",
+            name="tf_bps.save.outcome")
+        if failure is not None:
+            raise failure
+        failed = [(r, message) for r, message in enumerate(outcomes) if message]
+        if failed:
+            raise RuntimeError(f"{what} failed on another worker: " + "; ".join(
+                f"rank {r} ({plans[r][1]}): {message}" for r, message in failed))
+    return result
+
+
+def install() -> None:
+    """Called by every ParameterServerStrategy made in this process."""
+    global _strategy_made
+    _strategy_made = True
+    _install_once()
+
+
+@functools.cache
+def _install_once() -> None:
+    _save_collectively()
+    _backup_on_rank_0_only()
+    _tensorboard_on_rank_0()
+
+
+def _save_collectively() -> None:
+    """Public methods, wrapped: Keras's and TensorFlow's savers do not coordinate."""
+    model_save, save_weights = keras.Model.save, keras.Model.save_weights
+
+    @functools.wraps(model_save)
+    def save(self, filepath, *args, **kwargs):
+        if not _under_the_strategy(self):
+            return model_save(self, filepath, *args, **kwargs)
+        return _collective_save("model.save", filepath,
+                                lambda: model_save(self, filepath, *args, **kwargs), False)
+
+    @functools.wraps(save_weights)
+    def save_weights_collectively(self, filepath, *args, **kwargs):
+        if not _under_the_strategy(self):
+            return save_weights(self, filepath, *args, **kwargs)
+        return _collective_save("model.save_weights", filepath,
+                                lambda: save_weights(self, filepath, *args, **kwargs), False)
+
+    keras.Model.save, keras.Model.save_weights = save, save_weights_collectively
+
+    manager_save = tf.train.CheckpointManager.save
+
+    @functools.wraps(manager_save)
+    def save_checkpoint(self, *args, **kwargs):
+        if not _strategy_made:
+            return manager_save(self, *args, **kwargs)
+        return _collective_save("CheckpointManager.save", self.directory,
+                                lambda: manager_save(self, *args, **kwargs), True)
+
+    tf.train.CheckpointManager.save = save_checkpoint
+
+
+def _backup_on_rank_0_only() -> None:
+    """Private (Keras 3): BackupAndRestore saves (and deletes) the same files on every
+    worker, so two workers would write one file at once. Under the strategy only rank 0
+    writes, alone (the backup is read when a later run starts, not during this one);
+    every worker still reads the backup when training starts, so all of them resume
+    from the same epoch."""
+    backup = keras.callbacks.BackupAndRestore
+    for method in ("_save_model", "on_train_end"):
+        original = getattr(backup, method)
+
+        @functools.wraps(original)
+        def on_rank_0(self, *args, _original=original, **kwargs):
+            if _on_a_worker_other_than_rank_0(self):
+                return None
+            with _uncoordinated():
+                return _original(self, *args, **kwargs)
+
+        setattr(backup, method, on_rank_0)
+
+
+def _tensorboard_on_rank_0() -> None:
+    """Private (Keras 3): TensorBoard writes its event files under `log_dir` on every
+    worker, so the job's log would hold one run per worker, interleaved. As
+    MultiWorkerMirroredStrategy did under Keras 2 (and TensorFlow's multi-worker
+    tutorial shows), the other workers write to `log_dir/workertemp_<rank>` instead,
+    removed when training ends: rank 0's is the job's log."""
+    tensorboard = keras.callbacks.TensorBoard
+    set_model, on_train_end = tensorboard.set_model, tensorboard.on_train_end
+
+    @functools.wraps(set_model)
+    def set_model_on_rank_0(self, model):
+        self._tf_bps_scratch = None
+        if not _on_a_worker_other_than_rank_0(self, model):
+            return set_model(self, model)
+        log_dir = self.log_dir
+        self.log_dir = os.path.join(log_dir, f"workertemp_{basics.rank()}")
+        try:
+            set_model(self, model)  # Its writers (the model summary's, say) go there.
+        finally:
+            self.log_dir = log_dir
+        self._tf_bps_scratch = self._log_write_dir
+        return None
+
+    @functools.wraps(on_train_end)
+    def on_train_end_removing_scratch(self, logs=None):
+        on_train_end(self, logs)
+        scratch = getattr(self, "_tf_bps_scratch", None)
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    tensorboard.set_model = set_model_on_rank_0
+    tensorboard.on_train_end = on_train_end_removing_scratch
