@@ -42,7 +42,8 @@ _inside = threading.local()
 _strategy_made = False
 
 
-def _under_the_strategy(model) -> bool:
+def under_the_strategy(model) -> bool:
+    """Whether `model` was built under a tf_bps strategy."""
     strategy = getattr(model, "distribute_strategy", None)
     return getattr(strategy, "synchronises_gradients_with_tf_bps", False)
 
@@ -51,7 +52,7 @@ def _on_a_worker_other_than_rank_0(callback, model=None) -> bool:
     """Whether `callback` (of `model`, or its own) runs on a worker other than rank 0 of
     a multi-worker job under the strategy."""
     model = model if model is not None else getattr(callback, "model", None)
-    return _under_the_strategy(model) and basics.size() > 1 and basics.rank() != 0
+    return under_the_strategy(model) and basics.size() > 1 and basics.rank() != 0
 
 
 @contextlib.contextmanager
@@ -144,14 +145,14 @@ def _save_collectively() -> None:
 
     @functools.wraps(model_save)
     def save(self, filepath, *args, **kwargs):
-        if not _under_the_strategy(self):
+        if not under_the_strategy(self):
             return model_save(self, filepath, *args, **kwargs)
         return _collective_save("model.save", filepath,
                                 lambda: model_save(self, filepath, *args, **kwargs), False)
 
     @functools.wraps(save_weights)
     def save_weights_collectively(self, filepath, *args, **kwargs):
-        if not _under_the_strategy(self):
+        if not under_the_strategy(self):
             return save_weights(self, filepath, *args, **kwargs)
         return _collective_save("model.save_weights", filepath,
                                 lambda: save_weights(self, filepath, *args, **kwargs), False)

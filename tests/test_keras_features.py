@@ -98,3 +98,66 @@ def test_saved_model_reloads_without_tf_bps(job, procs):
     loaded, module, weights = output.strip().splitlines()[-1].split(" ", 2)
     assert loaded == "False" and module == "keras.src.optimizers.sgd"
     assert json.loads(weights) == got[0]["saved_weights"] == got[1]["saved_weights"]
+
+
+@pytest.fixture(scope="module")
+def layers_job(tmp_path_factory):
+    """tests/workers/horovod_layers.py on 2 workers: each figure is the largest difference
+    from one process computing the same on the global batch."""
+    from conftest import Processes
+
+    out = tmp_path_factory.mktemp("layers")
+    processes = Processes()
+    try:
+        status, output = processes.launch(2, "horovod_layers.py", str(out))
+    finally:
+        processes.end_all()
+    assert status == 0, output
+    got = reports(output)
+    assert sorted(got) == [0, 1], output
+    return got, out
+
+
+def test_sync_batch_normalization_uses_the_global_batch(layers_job):
+    got, out = layers_job
+    for report in got.values():
+        for mode in ("loop_eager", "loop_function"):
+            figures = report[mode]
+            assert figures["outputs"] < 1e-5 and figures["grads"] < 1e-5, figures
+            assert figures["moving"] < 1e-6, figures
+            assert figures["unsynced_outputs"] > 0.1, figures  # the check can tell
+        assert report["fit_optimizer"] < 1e-5
+        assert report["loaded_layer"] == "SyncBatchNormalization"
+
+
+def test_synchronized_batch_normalization_under_the_strategy(layers_job):
+    got, out = layers_job
+    for report in got.values():
+        assert report["keras_synchronized"] < 1e-5
+        assert report["strategy_sync_layer"] < 1e-5
+    # BestModelCheckpoint under the strategy: rank 0 wrote the one file.
+    assert (out / "keras_synchronized.keras").exists()
+
+
+def test_best_model_checkpoint_saves_improvements_on_rank_0(layers_job):
+    got, out = layers_job
+    # The monitored scores were 3, 1, 2, 0.5: epochs 1, 2 and 4 improved.
+    assert sorted(p.name for p in out.glob("best-*")) == [
+        "best-r0-1.keras", "best-r0-2.keras", "best-r0-4.keras"]
+    for report in got.values():
+        assert "filepath" in report["best_without_path"]
+
+
+def test_local_layers_keep_their_gradients(layers_job):
+    got, _ = layers_job
+    for report in got.values():
+        assert report["partial_tape"] < 1e-6
+    first, second = (got[r]["partial_optimizer"] for r in (0, 1))
+    assert first["shared"] == second["shared"]  # averaged, from rank 0's start
+    assert first["local"] != second["local"]  # each worker's own gradient
+    # Each worker began from its own initial values (seeded by rank); the broadcast at
+    # the start gave everyone rank 0's shared layer and skipped the local one.
+    assert first["initial"][0] != second["initial"][0]
+    for report in (first, second):
+        assert report["start"][0] == first["initial"][0]
+        assert report["start"][1] == report["initial"][1]

@@ -59,7 +59,9 @@ _LAZY = {
         "local_size_op", "process_set_included_op", "Average", "Sum", "Adasum", "Min", "Max",
         "Product", "ReduceOp"),
     "tf_bps.training.distributed": (
-        "DistributedOptimizer", "DistributedGradientTape", "load_model"),
+        "DistributedOptimizer", "DistributedGradientTape", "PartialDistributedOptimizer",
+        "PartialDistributedGradientTape", "load_model"),
+    "tf_bps.training.sync_batch_norm": ("SyncBatchNormalization",),
     "tf_bps.strategies": ("ParameterServerStrategy",),
 }
 # tf_bps.distribute is BytePS's name for the strategies (bps.distribute.MirroredStrategy).

@@ -52,10 +52,18 @@ from tf_bps.runtime.ops import (
     push_pull,
     reducescatter,
 )
-from tf_bps.training.distributed import DistributedGradientTape, DistributedOptimizer, load_model
+from tf_bps.training.distributed import (
+    DistributedGradientTape,
+    DistributedOptimizer,
+    PartialDistributedGradientTape,
+    PartialDistributedOptimizer,
+    load_model,
+)
+from tf_bps.training.sync_batch_norm import SyncBatchNormalization
 
 __all__ = ["Adasum", "Average", "Compression", "DistributedGradientTape", "DistributedOptimizer",
-           "Max", "Min", "ProcessSet", "Product", "Sum", "add_process_set", "allgather",
+           "Max", "Min", "PartialDistributedGradientTape", "PartialDistributedOptimizer",
+           "ProcessSet", "Product", "Sum", "SyncBatchNormalization", "add_process_set", "allgather",
            "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_object",
            "broadcast_variables", "callbacks", "ccl_built", "cross_rank", "cross_size",
            "cuda_built", "ddl_built", "elastic", "global_process_set", "gloo_built", "gloo_enabled",

@@ -17,14 +17,21 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     some models (a Sequential without an Input, a subclassed model) and most optimizers
     during the first batch; whatever appeared during that batch is broadcast at its end,
     as Horovod does, so every worker ends the first step with the root's state.
-    `device` places the broadcasts, as in Horovod.
+    `device` places the broadcasts, as in Horovod. `local_variables` (a variable or a
+    list) are left as each worker has them: those a PartialDistributedOptimizer or
+    register_local_var keeps local.
     """
 
-    def __init__(self, root_rank: int = 0, device: str = ""):
+    def __init__(self, root_rank: int = 0, device: str = "", local_variables=None):
         super().__init__()
         self.root_rank = root_rank
         self.device = device
-        self._broadcast = set()
+        if local_variables is None:
+            local_variables = []
+        elif not isinstance(local_variables, (list, tuple, set)):
+            local_variables = [local_variables]
+        # Never broadcast: counted as done from the start (ids: they outlive fit).
+        self._broadcast = {id(v) for v in local_variables}
         self._first_batch_seen = False
 
     def on_train_begin(self, logs=None):
@@ -40,7 +47,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         variables = list(self.model.variables)
         if self.model.optimizer is not None:
             variables += list(self.model.optimizer.variables)
-        new = [v for v in variables if id(v) not in self._broadcast]  # They outlive fit.
+        new = [v for v in variables if id(v) not in self._broadcast]
         if new:
             with _placed(self.device):
                 broadcast_variables(new, self.root_rank)
@@ -149,3 +156,36 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         if epoch == self.warmup_epochs - 1 and self.verbose > 0:
             rate = keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to {rate:g}.")
+
+
+class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """Horovod's BestModelCheckpoint: a ModelCheckpoint that saves only when `monitor`
+    improves, from rank 0 only (under tf_bps.ParameterServerStrategy saving is a step
+    of every worker and rank 0 writes).
+
+    Horovod leaves `filepath` to its Spark estimator; here pass `filepath=` or set
+    `callback.filepath` before training.
+    """
+
+    def __init__(self, monitor="val_loss", verbose=0, save_weights_only=False, mode="auto",
+                 save_freq="epoch", filepath=None):
+        # ModelCheckpoint checks the file name's extension at once; a missing path is
+        # refused when training begins instead.
+        placeholder = "unset.weights.h5" if save_weights_only else "unset.keras"
+        super().__init__(filepath=filepath or placeholder, monitor=monitor, verbose=verbose,
+                         save_best_only=True, save_weights_only=save_weights_only, mode=mode,
+                         save_freq=save_freq)
+        self.filepath = filepath
+
+    def on_train_begin(self, logs=None):
+        if not self.filepath:
+            raise ValueError("BestModelCheckpoint has no filepath: pass filepath=... or set "
+                             "callback.filepath before training")
+        super().on_train_begin(logs)
+
+    def _save_model(self, epoch, batch, logs):
+        from tf_bps.strategies.saving import under_the_strategy
+
+        if basics.rank() != 0 and not under_the_strategy(self.model):
+            return
+        super()._save_model(epoch, batch, logs)

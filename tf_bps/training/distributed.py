@@ -221,6 +221,7 @@ class _GradientSync:
         self._bps_options = options
         self._bps_scale_local = scale_local_gradients
         self._bps_local_refs = set()
+        self._bps_local_layers = []
         self._bps_sampler = (DownSampler(options.downsample, options.gradient_momentum)
                              if options.downsample > 1 else None)
         self._bps_step_check = (StepTimeCheck(options.perf_check_steps, prefix)
@@ -229,8 +230,15 @@ class _GradientSync:
     def _bps_register_local(self, variable):
         self._bps_local_refs.add(id(variable))  # Keras variables have no ref(); ids do.
 
+    def _bps_register_local_layers(self, local_layers):
+        """Horovod's `local_layers`: their trainable weights are local. Read at each step,
+        not now, so that a layer Keras builds on its first call counts too."""
+        self._bps_local_layers = _layers(local_layers)
+
     def _bps_is_local(self, variable) -> bool:
-        return id(variable) in self._bps_local_refs
+        return id(variable) in self._bps_local_refs or any(
+            variable is weight for layer in self._bps_local_layers
+            for weight in layer.trainable_weights)
 
     def _bps_sync(self, grads, variables, names):
         """Synchronises the gradients of shared variables; local ones stay (scaled)."""
@@ -463,6 +471,60 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
         optimizer._bps_setup("DistributedOptimizer", SyncOptions.from_arguments(compression),
                              1, False, True)
     return model
+
+
+def _layers(local_layers) -> list:
+    """Horovod's `local_layers` argument: None, a Keras layer, or a list of them."""
+    import keras
+
+    if local_layers is None:
+        return []
+    if isinstance(local_layers, keras.layers.Layer):
+        return [local_layers]
+    layers = list(local_layers)
+    strangers = [layer for layer in layers if not isinstance(layer, keras.layers.Layer)]
+    if strangers:
+        raise ValueError(f"local_layers must be Keras layers; got {strangers[0]!r}")
+    return layers
+
+
+def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                                compression=Compression.none, sparse_as_dense=False,
+                                backward_passes_per_step=1, op=Average,
+                                gradient_predivide_factor=1.0,
+                                average_aggregated_gradients=False, groups=None,
+                                process_set=global_process_set, local_layers=None,
+                                scale_local_gradients=True):
+    """A DistributedOptimizer whose `local_layers` (a Keras layer or a list) keep their
+    gradients on this worker (scaled by 1/size when scale_local_gradients): model
+    parallel parts of a model, as Horovod's PartialDistributedOptimizer."""
+    layers = _layers(local_layers)
+    wrapped = DistributedOptimizer(
+        optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
+        compression=compression, sparse_as_dense=sparse_as_dense,
+        backward_passes_per_step=backward_passes_per_step, op=op,
+        gradient_predivide_factor=gradient_predivide_factor,
+        average_aggregated_gradients=average_aggregated_gradients, groups=groups,
+        process_set=process_set, scale_local_gradients=scale_local_gradients)
+    wrapped._bps_register_local_layers(layers)
+    return wrapped
+
+
+def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="",
+                                   compression=Compression.none, sparse_as_dense=False,
+                                   op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                                   groups=None, process_set=global_process_set,
+                                   local_layers=None, scale_local_gradients=True):
+    """A DistributedGradientTape whose `local_layers` keep their gradients on this worker
+    (scaled by 1/size when scale_local_gradients), as Horovod's."""
+    layers = _layers(local_layers)
+    tape = DistributedGradientTape(
+        gradtape, device_dense=device_dense, device_sparse=device_sparse,
+        compression=compression, sparse_as_dense=sparse_as_dense, op=op,
+        gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
+        groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients)
+    tape._bps_register_local_layers(layers)
+    return tape
 
 
 # A DistributedGradientTape is usually made anew for each step (Horovod's examples make
