@@ -102,6 +102,7 @@ UNIT_TEST_SOURCES = [
     "tests/cpp/shared_slots_test.cc",
     "tests/cpp/waiting_room_test.cc",
     "tests/cpp/sealed_frames_test.cc",
+    "tests/cpp/timeline_test.cc",
 ]
 UNIT_TEST_PIECES = (COMMON_SOURCES + WIRE_SOURCES + ROUNDS_SOURCES + SERVER_ENGINE_SOURCES + [
     "custom_ops/worker/task.cc",

@@ -1,6 +1,7 @@
-"""The communication timeline (BYTEPS_TRACE_*) of a real job: two workers of one host
-(so their partitions merge locally) train with DistributedOptimizer, steps 2 and 3 are
-traced, and both files must be strict Chrome trace JSON whose events nest and order."""
+"""The communication timeline of a real job: two workers of one host (so their
+partitions merge locally) train with DistributedOptimizer, steps 2 and 3 are traced
+(BYTEPS_TRACE_*), and both files must be strict Chrome trace JSON whose events nest and
+order; and the same from Horovod's start_timeline and stop_timeline at run time."""
 
 import json
 import sys
@@ -24,9 +25,9 @@ def _strict_json(path):
         return json.load(trace, object_pairs_hook=no_repeats, parse_constant=no_constants)
 
 
-def _check_events(events):
-    """Every event is well formed; returns totals by (tensor, step) and stages by
-    (tensor, step, partition)."""
+def _check_events(events, steps=(2, 3)):
+    """Every event is well formed and of `steps`; returns totals by (tensor, step) and
+    stages by (tensor, step, partition)."""
     totals, stages = {}, defaultdict(dict)
     for event in events:
         assert set(event) == {"ph", "args", "pid", "name", "ts", "dur", "tid"}, event
@@ -34,7 +35,7 @@ def _check_events(events):
         assert event["args"] == {"name": event["pid"], "step": event["args"]["step"]}, event
         assert all(isinstance(event[k], int) and event[k] >= 0 for k in ("ts", "dur")), event
         step = event["args"]["step"]
-        assert step in (2, 3), event  # only the window
+        assert step in steps, event  # only the window
         if event["tid"] == "total":
             assert event["name"] == event["pid"], event
             assert (event["pid"], step) not in totals, event
@@ -91,3 +92,48 @@ def test_a_window_that_ends_before_it_starts_is_refused(procs):
         timeout=60)
     assert status != 0 and "BYTEPS_TRACE_END_STEP=4 is not valid: it comes before " \
         "BYTEPS_TRACE_START_STEP=5" in output, output
+
+
+def test_timeline_started_and_stopped_at_run_time(procs, tmp_path):
+    """Horovod's start_timeline and stop_timeline (tests/workers/timeline_control.py):
+    each file holds exactly the steps recorded into it, each operation with the stages
+    of all its partitions, and is whole once stop_timeline (or the start that switched
+    files) returned."""
+    status, output = procs.run(
+        [*LAUNCH, "-np", "2", "--num-servers", "1", *worker_command("timeline_control.py")],
+        # The workers merge, so that the merged push (a task of its own at the leader)
+        # is recorded with the leader's operation.
+        base_env(TEST_TIMELINE_DIR=tmp_path, BYTEPS_LOCAL_MERGE=1, BYTEPS_PARTITION_BYTES=4096,
+                 BYTEPS_LOG_LEVEL="INFO"),
+        timeout=120)
+    assert status == 0, output
+    assert output.count("REFUSALS OK") == 2 and output.count("DONE") == 2, output
+    for name in ("one", "two", "three"):
+        assert output.count(f"WRITTEN {name}") == 2, output
+    # mark_cycles=True twice on each worker: the note comes once each.
+    assert output.count("no negotiation cycles") == 2, output
+    # g0 is one partition, g1 (3000 floats) three; steps 1-2 before, 5 between and 10
+    # after the recordings are in no file.
+    parts = {"Comm.g0": {"0"}, "Comm.g1": {"0", "1", "2"}}
+    for name, steps in (("one", {3, 4}), ("two", {6, 7}), ("three", {8, 9})):
+        checked = [_check_recording(_strict_json(tmp_path / f"{name}.{rank}.json"), steps,
+                                    parts) for rank in (0, 1)]
+        # Each partition merges at one worker of the host (its leader), which pushes it;
+        # the other hands its copy over and gets the sum back.
+        for key in checked[0]:
+            by_rank = sorted((set(stages[key]) for stages in checked), key=len)
+            assert by_rank == [{"REDUCE", "BROADCAST"}, {"REDUCE", "QUEUE", "PUSH", "PULL"}], \
+                (name, key, by_rank)
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(
+        f"{name}.{rank}.json" for name in ("one", "two", "three") for rank in (0, 1))
+
+
+def _check_recording(trace, steps, parts):
+    """The events of one recording: a total for each tensor and step, the stages of
+    every partition of each; returns the stages by (tensor, step, partition)."""
+    assert set(trace) == {"displayTimeUnit", "traceEvents"}, trace.keys()
+    totals, stages = _check_events(trace["traceEvents"], steps)
+    assert set(totals) == {(tensor, step) for tensor in parts for step in steps}, totals
+    assert set(stages) == {(tensor, step, part) for tensor in parts for step in steps
+                           for part in parts[tensor]}, stages
+    return stages

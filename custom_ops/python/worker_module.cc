@@ -138,10 +138,28 @@ PYBIND11_MODULE(_bps_worker, m) {
   m.def(
       "start_timeline",
       [](const std::string& path, int first_step, int last_step) {
-        Check(bps_worker_start_timeline(path.c_str(), first_step, last_step));
+        int result;
+        {
+          py::gil_scoped_release unlocked;  // Waits for the file of a recording it ends.
+          result = bps_worker_start_timeline(path.c_str(), first_step, last_step);
+        }
+        Check(result);
       },
-      py::arg("path"), py::arg("first_step"), py::arg("last_step"),
-      "Records the timeline of those steps into the file `path`.");
+      py::arg("path"), py::arg("first_step") = 1, py::arg("last_step") = 0,
+      "Records the timeline of the operations that start from now on, of those steps "
+      "(last_step 0: no end), into the file `path`; a recording in progress ends, and "
+      "its file is written before this returns.");
+  m.def(
+      "stop_timeline",
+      [] {
+        int result;
+        {
+          py::gil_scoped_release unlocked;  // Waits for the recorded operations to end.
+          result = bps_worker_stop_timeline();
+        }
+        Check(result);
+      },
+      "Ends the recording in progress and returns once its file is written.");
   m.def(
       "declare",
       [](const std::vector<std::string>& names) {

@@ -306,14 +306,22 @@ void bps_enqueue(const bps_op* op, bps_allocate_fn allocate, bps_done_fn done, v
 }
 
 int bps_worker_start_timeline(const char* path, int first_step, int last_step) {
-  if (!path || first_step < 1 || last_step < first_step)
+  if (!path || !*path || first_step < 1 || (last_step != 0 && last_step < first_step))
     return bps::Fail("malformed timeline request");
   std::shared_ptr<bps::Worker> worker;
   if (!bps::CurrentWorker(&worker))
     return bps::Fail(Status::Error(bps::ErrorKind::kShutdown, "tf_bps is not initialised"));
   if (worker)
     worker->StartTimeline(path, static_cast<uint32_t>(first_step),
-                          static_cast<uint32_t>(last_step));
+                          last_step ? static_cast<uint32_t>(last_step) : bps::Timeline::kEveryStep);
+  return 0;
+}
+
+int bps_worker_stop_timeline(void) {
+  std::shared_ptr<bps::Worker> worker;
+  if (!bps::CurrentWorker(&worker))
+    return bps::Fail(Status::Error(bps::ErrorKind::kShutdown, "tf_bps is not initialised"));
+  if (worker) worker->StopTimeline();
   return 0;
 }
 

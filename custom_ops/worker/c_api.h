@@ -82,10 +82,16 @@ void bps_worker_shutdown(void);
 int bps_worker_join(int* last_rank);
 /* This worker's rank; -1 before init. */
 int bps_worker_rank(void);
-/* BYTEPS_TRACE_ON: records the timeline of steps `first_step` to `last_step` (a step is
- * a tensor's round) into the file `path`. Call right after bps_worker_init, before any
- * operation. Without servers it does nothing. */
+/* Records the timeline of the operations that start from now on, of steps `first_step`
+ * to `last_step` (a step is a tensor's round; last_step 0: every step from first_step),
+ * into the file `path`: BYTEPS_TRACE_ON's window right after bps_worker_init, Horovod's
+ * start_timeline at any time. A recording in progress ends, and this returns once its
+ * file is written, as bps_worker_stop_timeline does. Without servers it does nothing. */
 int bps_worker_start_timeline(const char* path, int first_step, int last_step);
+/* Horovod's stop_timeline: ends the recording in progress (none: nothing to do) and
+ * returns once its file is written, or after the operation timeout if operations it
+ * took are still running (the file follows once they end). */
+int bps_worker_stop_timeline(void);
 /* Gives the `count` tensors named in `names` their priority, in that order (earlier
  * goes first), unless they already have one. Without servers it does nothing. */
 int bps_worker_declare(const char* const* names, int count);

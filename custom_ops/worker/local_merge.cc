@@ -80,8 +80,7 @@ int LocalMerge::IndexOf(uint32_t rank) const {
 // Contributions
 
 Timeline* LocalMerge::TracerFor(const Task& task) const {
-  Timeline* timeline = owner_->timeline();
-  return timeline && timeline->Traces(task.round()) ? timeline : nullptr;
+  return task.trace_session() ? owner_->timeline() : nullptr;
 }
 
 void LocalMerge::Contribute(PartitionTask partition) {
@@ -145,8 +144,8 @@ bool LocalMerge::SendToLeader(PartitionTask& partition) {
   if (Timeline* tracer = TracerFor(task); tracer && status.ok()) {
     // REDUCE: until the leader has this worker's copy; BROADCAST: until its result.
     const int64_t sent_at = Timeline::Now();
-    tracer->Stage(task.name(), task.round(), partition.part, "REDUCE", partition.queued_at,
-                  sent_at);
+    tracer->Stage(task.trace_session(), task.name(), task.round(), partition.part, "REDUCE",
+                  partition.queued_at, sent_at);
     pending_.Update(partition.task, partition.part,
                     [&](PendingPartition& pending) { pending.sent_at = sent_at; });
   }
@@ -303,8 +302,8 @@ Status LocalMerge::HandleResult(int index, const FrameHeader& header, DataReader
   Timeline* const tracer = TracerFor(task);
   return ReadAnswer(header, payload, pending, from, [&](void*, size_t) {
     if (tracer && pending.sent_at)
-      tracer->Stage(task.name(), task.round(), header.part, "BROADCAST", pending.sent_at,
-                    Timeline::Now());
+      tracer->Stage(task.trace_session(), task.name(), task.round(), header.part, "BROADCAST",
+                    pending.sent_at, Timeline::Now());
   });
 }
 

@@ -56,7 +56,7 @@ class LocalMerge : private Roster, private LocalPeers::Receiver {
   class Owner {
    public:
     virtual ~Owner() = default;
-    // The timeline, if the job records one; null otherwise.
+    // The worker's timeline: never null, recording or not (timeline.h).
     virtual Timeline* timeline() const = 0;
     // A peer's connection broke: the worker fails with `reason`.
     virtual void OnLinkFailure(const std::string& reason) = 0;
@@ -147,7 +147,7 @@ class LocalMerge : private Roster, private LocalPeers::Receiver {
     std::vector<std::pair<std::shared_ptr<Task>, PartitionTask>> upstream;
     std::vector<std::pair<uint64_t, uint32_t>> abandoned;  // (tensor, round) at the servers
   };
-  // The timeline if it traces `task`'s step, else null.
+  // The timeline if one of its recordings took `task`, else null.
   Timeline* TracerFor(const Task& task) const;
 
   int LeaderOf(uint64_t tensor_id, uint32_t part) const;

@@ -163,7 +163,8 @@ void LocalMerge::MaybeMerge(const PartitionKey& key, MergeState* state, Effects*
   if (state->own_arrived_at && state->own) {
     // The leader's REDUCE: from its own copy until the host's sum is ready.
     if (Timeline* tracer = TracerFor(*state->own))
-      tracer->Stage(op.name, round, key.part, "REDUCE", state->own_arrived_at, Timeline::Now());
+      tracer->Stage(state->own->trace_session(), op.name, round, key.part, "REDUCE",
+                    state->own_arrived_at, Timeline::Now());
   }
   owner_->Sample(op.name, key.tensor_id, round, op.dtype,
                  ("host sum of partition " + std::to_string(key.part)).c_str(), sum, state->length);
@@ -181,6 +182,8 @@ void LocalMerge::MaybeMerge(const PartitionKey& key, MergeState* state, Effects*
       std::move(spec), owner_->GlobalGroup(), key.tensor_id, state->priority >> 32, round,
       options_.timeout_ms, nullptr,
       [this, key, round, hold](const Status& result) { OnUpstreamDone(key, round, result); });
+  // Its pushes and pulls are this worker's part in the round: recorded where its own are.
+  if (state->own) state->upstream->set_trace_session(state->own->trace_session());
   PartitionTask item =
       MakePartition(state->upstream, key.part, 0, sum, state->length, state->length);
   item.flags = kFlagHostMerged;

@@ -41,8 +41,7 @@ void ServerLink::Start() {
 }
 
 Timeline* ServerLink::TracerFor(const Task& task) const {
-  Timeline* timeline = owner_->timeline();
-  return timeline && timeline->Traces(task.round()) ? timeline : nullptr;
+  return task.trace_session() ? owner_->timeline() : nullptr;
 }
 
 bool ServerLink::Enqueue(PartitionTask& task) {
@@ -150,9 +149,10 @@ bool ServerLink::Push(PartitionTask& partition) {
   Status status = SendPartition(partition, &header);
   if (tracer && status.ok()) {
     const int64_t pushed_at = Timeline::Now();
-    tracer->Stage(task.name(), task.round(), partition.part, "QUEUE", partition.queued_at,
-                  served_at);
-    tracer->Stage(task.name(), task.round(), partition.part, "PUSH", served_at, pushed_at);
+    tracer->Stage(task.trace_session(), task.name(), task.round(), partition.part, "QUEUE",
+                  partition.queued_at, served_at);
+    tracer->Stage(task.trace_session(), task.name(), task.round(), partition.part, "PUSH",
+                  served_at, pushed_at);
     pending_.Update(partition.task, partition.part,
                     [&](PendingPartition& pending) { pending.sent_at = pushed_at; });
   }
@@ -231,8 +231,8 @@ Status ServerLink::HandleReply(const FrameHeader& header, DataReader* payload) {
   return ReadAnswer(header, payload, pending, description(), [&](void* data, size_t bytes) {
     FinishPartition(task, data, bytes);
     if (tracer && pending.sent_at)
-      tracer->Stage(task.name(), task.round(), header.part, "PULL", pending.sent_at,
-                    Timeline::Now());
+      tracer->Stage(task.trace_session(), task.name(), task.round(), header.part, "PULL",
+                    pending.sent_at, Timeline::Now());
   });
 }
 

@@ -33,7 +33,7 @@ class ServerLink {
    public:
     virtual ~Owner() = default;
     virtual bool stopping() const = 0;
-    // The timeline, if the job records one; null otherwise.
+    // The worker's timeline: never null, recording or not (timeline.h).
     virtual Timeline* timeline() const = 0;
     // The link broke, or its server said why it stops: the worker fails with `reason`.
     virtual void OnLinkFailure(const std::string& reason) = 0;
@@ -88,7 +88,7 @@ class ServerLink {
   std::string description() const;
 
  private:
-  // The timeline if it traces `task`'s step, else null.
+  // The timeline if one of its recordings took `task`, else null.
   Timeline* TracerFor(const Task& task) const;
 
   // The push stage's admission: whether the scheduling credit lets `partition` go.

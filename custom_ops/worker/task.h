@@ -126,6 +126,10 @@ class Task {
   // Partitions whose answer arrived (the push window counts them, Worker::push_window).
   void CountAnswer() { answered_.fetch_add(1, std::memory_order_relaxed); }
   uint32_t answered() const { return answered_.load(std::memory_order_relaxed); }
+  // The timeline recording that took this task (timeline.h); 0: not traced. Set before
+  // the task reaches any stage, read without a lock afterwards.
+  uint32_t trace_session() const { return trace_session_; }
+  void set_trace_session(uint32_t session) { trace_session_ = session; }
 
  private:
   void MaybeFinishLocked(std::unique_lock<std::mutex>& lock);
@@ -141,6 +145,7 @@ class Task {
   const uint64_t declaration_hash_;
   const int timeout_ms_;
   const std::chrono::steady_clock::time_point deadline_;
+  uint32_t trace_session_ = 0;
   AllocateFn allocate_;
   void* output_;
   const char* source_;

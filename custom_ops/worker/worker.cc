@@ -119,10 +119,6 @@ Worker::TensorEntry& Worker::EntryLocked(const std::string& name) {
   return it->second;
 }
 
-void Worker::StartTimeline(const std::string& path, uint32_t first, uint32_t last) {
-  timeline_ = std::make_unique<Timeline>(path, first, last);
-}
-
 void Worker::Declare(const std::vector<std::string>& names) {
   std::lock_guard<std::mutex> lock(registry_mutex_);
   for (const std::string& name : names) EntryLocked(name);
@@ -163,12 +159,9 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
     ++known.round;
     entry = known;
   }
-  // The operation's whole time, queues included, if the timeline traces its step.
-  int64_t traced_from = 0;
-  if (timeline_) {
-    timeline_->OperationStarted(entry.round);
-    if (timeline_->Traces(entry.round)) traced_from = Timeline::Now();
-  }
+  // The operation's whole time, queues included, if a timeline recording takes it.
+  const uint32_t traced = timeline_->OperationStarted(entry.round);
+  const int64_t traced_from = traced ? Timeline::Now() : 0;
   const OpKind kind = spec.op.kind;
   // The result's size is known here only where it is the input's.
   const DataType dtype = spec.op.dtype;
@@ -180,13 +173,14 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
   auto task = std::make_shared<Task>(
       std::move(spec), std::move(group), entry.id, entry.order, entry.round, options_.timeout_ms,
       std::move(allocate),
-      [this, name, kind, dtype, result, result_bytes, id = entry.id, round = entry.round,
+      [this, name, kind, dtype, result, result_bytes, id = entry.id, round = entry.round, traced,
        traced_from, done = std::move(done)](const Status& status) {
-        if (traced_from) timeline_->OperationEnded(name, round, traced_from);
+        if (traced) timeline_->OperationEnded(traced, name, round, traced_from);
         if (status.ok()) Sample(name, id, round, dtype, "result", result, result_bytes);
         OnTaskFinished(name, kind, id, round, status);
         done(status);
       });
+  task->set_trace_session(traced);  // before any stage sees the task
   std::vector<PartitionTask> plan;
   status = Plan(task, &plan);
   if (status.ok()) {
@@ -594,7 +588,7 @@ void Worker::Stop() {
     local_->Close();
     local_->FailPending(shutdown);
   }
-  if (timeline_) timeline_->Finish();  // A job that ended inside the window: written now.
+  timeline_->Finish();  // A job that ended while recording: its files are written now.
   BPS_LOG(kInfo) << "worker " << options_.rank << " stopped";
 }
 

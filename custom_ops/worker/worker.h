@@ -97,9 +97,17 @@ class Worker : public ServerLink::Owner, public LocalMerge::Owner {
   // model's forward order, so the first layers' sums, which the next forward pass
   // needs first, overtake the last layers' (BytePS's priority scheduling).
   void Declare(const std::vector<std::string>& names);
-  // BYTEPS_TRACE_ON: records steps `first` to `last` into the file `path`. Called
-  // once, before the first operation.
-  void StartTimeline(const std::string& path, uint32_t first, uint32_t last);
+  // Records the operations of steps `first` to `last` that start from now on into the
+  // file `path`: BYTEPS_TRACE_ON's window at init, or Horovod's start_timeline (every
+  // step) at any time. A recording in progress ends, and this returns once its file is
+  // written (as StopTimeline).
+  void StartTimeline(const std::string& path, uint32_t first = 1,
+                     uint32_t last = Timeline::kEveryStep) {
+    timeline_->Start(path, first, last, TimelineWait());
+  }
+  // Horovod's stop_timeline: ends the recording in progress, if any, and returns once
+  // its file is written.
+  void StopTimeline() { timeline_->Stop(TimelineWait()); }
   Timeline* timeline() const override { return timeline_.get(); }
   // Registers process set `id` (ranks of this job) here and at every server; every
   // worker registers the same sets. No ranks: removes it.
@@ -182,6 +190,11 @@ class Worker : public ServerLink::Owner, public LocalMerge::Owner {
   // Cuts a task into partitions by its kind (a gather: its sizes step only).
   Status Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask>* plan);
   size_t PartitionBytes(DataType dtype) const;
+  // How long ending a timeline recording waits for its file: the operations it took
+  // end within the operation timeout (the watchdog fails them then), so it never hangs.
+  std::chrono::milliseconds TimelineWait() const {
+    return std::chrono::milliseconds(options_.timeout_ms + 1000);
+  }
   static size_t RowBytes(const Declaration& op);
 
   const WorkerOptions options_;
@@ -209,7 +222,9 @@ class Worker : public ServerLink::Owner, public LocalMerge::Owner {
   std::unordered_map<uint64_t, uint32_t> round_floors_;
   std::unordered_map<std::string, TensorEntry> registry_;
 
-  std::unique_ptr<Timeline> timeline_;  // set before the first operation, if tracing
+  // One for the worker's lifetime, never replaced: stage threads use it without a lock
+  // (recordings come and go inside it, timeline.h).
+  const std::unique_ptr<Timeline> timeline_ = std::make_unique<Timeline>();
 
   std::mutex fatal_mutex_;
   Status fatal_ = Status::OK();

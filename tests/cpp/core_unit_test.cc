@@ -11,12 +11,10 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,7 +30,6 @@
 #include "../../custom_ops/worker/server_routes.h"
 #include "../../custom_ops/worker/stage.h"
 #include "../../custom_ops/worker/task.h"
-#include "../../custom_ops/worker/timeline.h"
 #include "expect.h"
 
 namespace bps {
@@ -757,41 +754,6 @@ void TestServerRounds() {
 }
 
 }  // namespace
-std::string ReadWhole(const std::string& path) {
-  std::ifstream file(path);
-  std::stringstream text;
-  text << file.rdbuf();
-  return text.str();
-}
-
-void TestTimelineWindow() {
-  char folder[] = "/tmp/bps_timeline_XXXXXX";
-  EXPECT(::mkdtemp(folder) != nullptr);
-  const std::string path = std::string(folder) + "/comm.json";
-  {
-    Timeline timeline(path, 2, 3);
-    EXPECT(!timeline.Traces(1) && timeline.Traces(2) && timeline.Traces(3) && !timeline.Traces(4));
-    timeline.OperationStarted(1);  // before the window: not recorded, not counted
-    timeline.OperationStarted(2);
-    timeline.Stage("w\"1", 2, 0, "PUSH", 100, 150);
-    timeline.OperationStarted(4);  // a later step began, but step 2 is still open...
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    EXPECT(ReadWhole(path).empty());
-    timeline.OperationEnded("w\"1", 2, 90);  // ...and now the window is over: written
-    for (int i = 0; i < 100 && ReadWhole(path).find("]}") == std::string::npos; ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    timeline.Stage("late", 3, 0, "PUSH", 1, 2);  // after writing: dropped
-  }
-  const std::string text = ReadWhole(path);
-  // Names are JSON-escaped; the stage event names its partition, the whole one "total".
-  EXPECT(text.find("\"name\": \"Comm.w\\\"1.PUSH\", \"ts\": 100, \"dur\": 50, \"tid\": \"0\"") !=
-         std::string::npos);
-  EXPECT(text.find("\"tid\": \"total\"") != std::string::npos);
-  EXPECT(text.find("\"step\": 2") != std::string::npos);
-  EXPECT(text.find("late") == std::string::npos);
-  ::unlink(path.c_str());
-  ::rmdir(folder);
-}
 
 // ---------------------------------------------------------------------------
 // The control plane: JSON from the scheduler, and the variables' table
@@ -908,6 +870,8 @@ int main() {
   bps::TestStageHoldsItemsUntilAdmitted();
   bps::TestPushCredits();
   bps::TestTimelineWindow();
+  bps::TestTimelineRecordings();
+  bps::TestTimelineSwitchesUnderLoad();
   bps::TestScatterSplits();
   bps::TestEvenPartitions();
   bps::TestServerCycle();

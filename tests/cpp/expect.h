@@ -22,6 +22,9 @@ void TestSharedSlots();
 void TestRounds();
 void TestWaitingRoom();
 void TestSealedFrames();
+void TestTimelineWindow();
+void TestTimelineRecordings();
+void TestTimelineSwitchesUnderLoad();
 
 }  // namespace bps
 

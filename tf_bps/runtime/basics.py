@@ -159,6 +159,78 @@ def _timeline_path(config: Config, rank: int, local_rank: int) -> str | None:
     return None
 
 
+# What start_timeline has said already: each note once per process, not once per call.
+_timeline_notes: set[str] = set()
+
+
+def _timeline_note(key: str, level: int, message: str, *args) -> None:
+    if key not in _timeline_notes:
+        _timeline_notes.add(key)
+        log.log(level, message, *args)
+
+
+def start_timeline(file_path, mark_cycles=False) -> None:
+    """Horovod's start_timeline: records every collective operation this worker starts
+    from now on into the file `file_path`, as Chrome trace events (chrome://tracing,
+    Perfetto), as BYTEPS_TRACE_ON does for its window of steps: each operation's whole
+    time ("total") and each stage of each of its partitions (REDUCE, QUEUE, PUSH, PULL,
+    BROADCAST), named Comm.<tensor name>, with its step. stop_timeline() ends it.
+    Starting again while recording switches files, as in Horovod: the new file takes
+    every operation from now on, and this returns once the old one is written.
+
+    Every worker records its own operations, so give each rank its own path (Horovod
+    writes rank 0's alone; workers of a host given one path leave one whole timeline,
+    the last written). Events stay in memory until the file is written: record some
+    steps, not a whole run. A recording ends with the worker's core (shutdown, or an
+    elastic job re-forming: its file is written then). `mark_cycles` is accepted for
+    Horovod scripts; tf_bps has no negotiation cycles to mark.
+    """
+    job = _current()
+    if not isinstance(mark_cycles, bool):
+        raise ValueError(f"start_timeline: mark_cycles must be True or False, not "
+                         f"{mark_cycles!r}")
+    path = _timeline_file(file_path)
+    if mark_cycles:
+        _timeline_note("cycles", logging.INFO, "start_timeline: mark_cycles has nothing to "
+                       "mark: tf_bps has no negotiation cycles (each operation goes to the "
+                       "servers as it comes)")
+    if job.link is None:
+        # The local path runs each collective in place, with no stages to record.
+        _timeline_note("local", logging.WARNING, "start_timeline: a single worker without "
+                       "servers has no communication to record; %s is not written", path)
+        return
+    core.worker_start_timeline(path)
+
+
+def _timeline_file(file_path) -> str:
+    """`file_path` made absolute (the file is written later, on a thread of the core,
+    whatever the script's working folder is by then), once it is known to be writable:
+    a mistake is told now, not as a warning in the log once the recording is over."""
+    path = os.fspath(file_path) if isinstance(file_path, (str, os.PathLike)) else None
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"start_timeline: file_path must name a file, not {file_path!r}")
+    path = os.path.abspath(path)
+    folder = os.path.dirname(path)
+    if not os.path.isdir(folder):
+        raise ValueError(f"start_timeline: cannot record into {file_path!r}: its folder "
+                         f"{folder!r} does not exist")
+    if os.path.isdir(path):
+        raise ValueError(f"start_timeline: cannot record into {file_path!r}: it is a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"start_timeline: cannot record into {file_path!r}: its folder "
+                         f"{folder!r} is not writable")
+    return path
+
+
+def stop_timeline() -> None:
+    """Horovod's stop_timeline: ends the recording start_timeline began, and returns
+    once its file is written, that is once the operations it took have ended (at most
+    BYTEPS_OP_TIMEOUT later: then the core warns, and the file follows when they end).
+    Not recording: nothing to do, as in Horovod."""
+    _current()
+    core.worker_stop_timeline()
+
+
 def _pin_gpu(local_rank: int) -> None:
     """With several workers on a host, each uses the GPU of its local rank, as BytePS
     arranges (a script that pins one itself, Horovod-style, chooses the same). One

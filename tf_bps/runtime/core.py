@@ -124,9 +124,17 @@ def worker_failure() -> str:
     return worker_engine().failure()
 
 
-def worker_start_timeline(path: str, first_step: int, last_step: int) -> None:
-    """Records the timeline of steps `first_step` to `last_step` into the file `path`."""
+def worker_start_timeline(path: str, first_step: int = 1, last_step: int = 0) -> None:
+    """Records the timeline of the operations that start from now on, of steps
+    `first_step` to `last_step` (0: no end), into the file `path`. A recording in
+    progress ends, and this returns once its file is written (as worker_stop_timeline)."""
     worker_engine().start_timeline(path, first_step, last_step)
+
+
+def worker_stop_timeline() -> None:
+    """Ends the recording in progress, if any, and returns once its file is written (or
+    after the operation timeout, if operations it took still run then)."""
+    worker_engine().stop_timeline()
 
 
 def worker_declare(names: list[str]) -> None:
