@@ -189,6 +189,7 @@ def test_mismatches_fail_at_once_naming_tensor_ranks_and_both_sides(procs, num_w
 
 
 def test_a_round_that_timed_out_never_mixes_with_the_next(procs):
+    # (and a save under the strategy that one worker makes alone times out, saying why)
     status, output = procs.launch(2, "collective_errors.py", "stale", num_servers=1,
                                   BYTEPS_OP_TIMEOUT=4, timeout=60)
     assert status == 0, output
@@ -202,6 +203,13 @@ def test_a_round_that_timed_out_never_mixes_with_the_next(procs):
     assert "worker rank 0 gave up round 1" in late["message"], late
     for rank in range(2):
         assert reports[rank, "next"].get("value") == [2.0] * 4, reports[rank, "next"]
+    # A save under the strategy that rank 0 makes alone ends in a timeout saying why.
+    alone = reports[0, "save_alone"]
+    assert alone.get("error") == "DeadlineExceededError", alone
+    assert "every worker must call it" in alone["message"], alone
+    assert "tf_bps.save.plan" in alone["message"], alone
+    for rank in range(2):
+        assert reports[rank, "after_save"].get("value") == [2.0] * 4
 
 
 def test_back_to_back_rounds_each_get_their_own_data(procs):

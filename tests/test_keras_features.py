@@ -137,6 +137,10 @@ def test_synchronized_batch_normalization_under_the_strategy(layers_job):
         assert report["strategy_sync_layer"] < 1e-5
     # BestModelCheckpoint under the strategy: rank 0 wrote the one file.
     assert (out / "keras_synchronized.keras").exists()
+    for report in got.values():
+        assert "rank 0: model.save to" in report["mixed_saves"]
+        assert "rank 1: model.save_weights to" in report["mixed_saves"]
+    assert not list(out.glob("mixed*"))
 
 
 def test_best_model_checkpoint_saves_improvements_on_rank_0(layers_job):

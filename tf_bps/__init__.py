@@ -35,6 +35,8 @@ from tf_bps.runtime.basics import (
     rocm_built,
     shutdown,
     size,
+    start_timeline,
+    stop_timeline,
     suspend,
     sycl_built,
 )
@@ -94,5 +96,6 @@ __all__ = ["init", "shutdown", "suspend", "resume", "is_initialized", "is_distri
            "size", "local_rank", "local_size", "cross_rank", "cross_size", "is_homogeneous",
            "mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled",
            "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "sycl_built",
+           "start_timeline", "stop_timeline",
            "Compression", "ConfigError", "ProcessSet", "add_process_set", "global_process_set",
            "remove_process_set", *sorted(_TENSORFLOW_NAMES)]

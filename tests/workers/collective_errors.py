@@ -66,4 +66,24 @@ elif scenario == "stale":
         time.sleep(5.5)
         report("late", lambda: bps.push_pull(tf.ones([4]), op=bps.Sum, name="stale"))
     report("next", lambda: bps.push_pull(tf.ones([4]), op=bps.Sum, name="stale"))
+    # Under the strategy a save is a step of every worker: the chief saving alone waits
+    # BYTEPS_OP_TIMEOUT and is then told that every worker must call it.
+    import os
+    import tempfile
+
+    import keras
+
+    strategy = bps.ParameterServerStrategy()
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+
+    def save_alone():
+        model.save(os.path.join(tempfile.mkdtemp(), "alone.keras"))
+        return tf.zeros([1])
+
+    if rank == 0:
+        report("save_alone", save_alone)
+    else:
+        time.sleep(5.5)
+    report("after_save", lambda: bps.push_pull(tf.ones([4]), op=bps.Sum, name="after_save"))
 bps.shutdown()

@@ -28,6 +28,8 @@ from tf_bps import (
     rocm_built,
     shutdown,
     size,
+    start_timeline,
+    stop_timeline,
     sycl_built,
 )
 from tf_bps.keras import callbacks, elastic
@@ -70,4 +72,5 @@ __all__ = ["Adasum", "Average", "Compression", "DistributedGradientTape", "Distr
            "grouped_allreduce", "grouped_reducescatter", "init", "is_homogeneous", "is_initialized",
            "join", "load_model", "local_rank", "local_size", "mpi_built", "mpi_enabled",
            "mpi_threads_supported", "nccl_built", "push_pull", "rank", "reducescatter",
-           "remove_process_set", "rocm_built", "shutdown", "size", "sycl_built"]
+           "remove_process_set", "rocm_built", "shutdown", "size", "start_timeline",
+           "stop_timeline", "sycl_built"]
