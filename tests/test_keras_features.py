@@ -156,6 +156,9 @@ def test_local_layers_keep_their_gradients(layers_job):
     got, _ = layers_job
     for report in got.values():
         assert report["partial_tape"] < 1e-6
+        assert report["split"] == [["local/kernel", "local/bias"],
+                                   ["shared/kernel", "shared/bias"]]
+        assert report["split_gradients"] < 1e-6
     first, second = (got[r]["partial_optimizer"] for r in (0, 1))
     assert first["shared"] == second["shared"]  # averaged, from rank 0's start
     assert first["local"] != second["local"]  # each worker's own gradient

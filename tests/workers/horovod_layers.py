@@ -125,10 +125,13 @@ def plain_grads(model, r):
 
 
 model, local = layered()
-with tf.GradientTape() as tape:
+with tf.GradientTape(persistent=True) as tape:
     loss = tf.reduce_mean(model(tf.fill([4, 3], float(rank + 1))))
 tape = bps.PartialDistributedGradientTape(tape, local_layers=local)
 grads = tape.gradient(loss, model.trainable_variables)
+# Horovod's split of the same gradients, by position only (generic names).
+local_pairs, global_pairs = tape.get_local_and_global_gradients(
+    loss, model.trainable_variables, use_generic_names=True)
 own = plain_grads(model, rank)
 averaged = [sum(g) / size for g in zip(*[plain_grads(model, r) for r in range(size)],
                                                strict=True)]
@@ -136,6 +139,12 @@ local_ids = {id(v) for v in local.trainable_weights}
 expected = [o / size if id(v) in local_ids else a
             for v, o, a in zip(model.trainable_variables, own, averaged, strict=True)]
 report["partial_tape"] = largest_difference(grads, expected)
+report["split"] = [[v.path.split("/", 1)[1] for v, _ in pairs] for pairs in (local_pairs, global_pairs)]
+report["split_gradients"] = largest_difference(
+    [g for _, g in local_pairs + global_pairs],
+    [e for v, e in zip(model.trainable_variables, expected, strict=True)
+     if id(v) in local_ids] + [e for v, e in zip(model.trainable_variables, expected,
+                                                  strict=True) if id(v) not in local_ids])
 
 # PartialDistributedOptimizer with a layer Keras builds only on the first batch; the
 # broadcast at the start skips the local layer's variables, whose initial values differ.

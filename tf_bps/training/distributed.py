@@ -568,12 +568,28 @@ class DistributedGradientTape(_GradientSync):
     def __exit__(self, *exc):
         return self._tape.__exit__(*exc)
 
-    def gradient(self, target, sources, output_gradients=None, **kwargs):
+    def gradient(self, target, sources, output_gradients=None, use_generic_names=False,
+                 **kwargs):
+        """The wrapped tape's gradients, synchronised. Workers match them by position and
+        variable name; `use_generic_names=True` (Horovod's) matches by position only, for
+        variables whose names differ between workers."""
         grads = self._tape.gradient(target, sources, output_gradients, **kwargs)
         flat_sources = tf.nest.flatten(sources)
         flat_grads = tf.nest.flatten(grads, expand_composites=False)
-        names = [f"{self._prefix}.{i}.{_variable_name(s)}" for i, s in enumerate(flat_sources)]
+        names = [f"{self._prefix}.{i}" if use_generic_names
+                 else f"{self._prefix}.{i}.{_variable_name(s)}"
+                 for i, s in enumerate(flat_sources)]
         synced = self._bps_sync(flat_grads, flat_sources, names)
         self._bps_step_done([g for g in synced
                              if g is not None and not isinstance(g, tf.IndexedSlices)])
         return tf.nest.pack_sequence_as(grads, synced)
+
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None,
+                                       use_generic_names=False):
+        """gradient(), split as Horovod's: ([(local source, its gradient)], [(other
+        source, its synchronised gradient)]), each in the order of `sources`."""
+        sources = tf.nest.flatten(sources)
+        grads = self.gradient(target, sources, output_gradients, use_generic_names)
+        pairs = list(zip(sources, grads, strict=True))
+        return ([pair for pair in pairs if self._bps_is_local(pair[0])],
+                [pair for pair in pairs if not self._bps_is_local(pair[0])])
