@@ -133,13 +133,14 @@ grads = tape.gradient(loss, model.trainable_variables)
 local_pairs, global_pairs = tape.get_local_and_global_gradients(
     loss, model.trainable_variables, use_generic_names=True)
 own = plain_grads(model, rank)
-averaged = [sum(g) / size for g in zip(*[plain_grads(model, r) for r in range(size)],
-                                               strict=True)]
+every_rank = [plain_grads(model, r) for r in range(size)]
+averaged = [sum(g) / size for g in zip(*every_rank, strict=True)]
 local_ids = {id(v) for v in local.trainable_weights}
 expected = [o / size if id(v) in local_ids else a
             for v, o, a in zip(model.trainable_variables, own, averaged, strict=True)]
 report["partial_tape"] = largest_difference(grads, expected)
-report["split"] = [[v.path.split("/", 1)[1] for v, _ in pairs] for pairs in (local_pairs, global_pairs)]
+report["split"] = [[v.path.split("/", 1)[1] for v, _ in pairs]  # less the model's name
+                   for pairs in (local_pairs, global_pairs)]
 report["split_gradients"] = largest_difference(
     [g for _, g in local_pairs + global_pairs],
     [e for v, e in zip(model.trainable_variables, expected, strict=True)
