@@ -1,6 +1,7 @@
 """Keras model.fit with bps.DistributedOptimizer and the tf_bps callbacks.
 
     bpslaunch -np 2 python examples/keras_mnist_distributed_optimizer.py
+    bpslaunch -np 2 python examples/keras_mnist_distributed_optimizer.py --powersgd-rank 2
     python examples/keras_mnist_distributed_optimizer.py          # one process
 """
 
@@ -18,6 +19,9 @@ def main():
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=64, help="per worker")
     parser.add_argument("--lr", type=float, default=0.01, help="per worker; scaled by size")
+    parser.add_argument("--powersgd-rank", type=int, default=0,
+                        help="send kernels' gradients as low-rank factors (PowerSGD) of this "
+                             "rank after 10 whole steps; 0: whole throughout")
     args = parser.parse_args()
 
     bps.init()
@@ -40,7 +44,10 @@ def main():
     ])
     # Horovod's recipe: scale the rate by the number of workers, warm it up.
     scaled_lr = args.lr * bps.size()
-    optimizer = bps.DistributedOptimizer(keras.optimizers.SGD(scaled_lr, momentum=0.9))
+    compression = (bps.Compression.powersgd(rank=args.powersgd_rank, start_iter=10)
+                   if args.powersgd_rank else bps.Compression.none)
+    optimizer = bps.DistributedOptimizer(keras.optimizers.SGD(scaled_lr, momentum=0.9),
+                                         compression=compression)
     model.compile(optimizer=optimizer,
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])

@@ -47,6 +47,10 @@ class ScaledFP16Compressor(Compressor):
         self.scale = scale
         self.mixed = mixed
 
+    def __repr__(self):
+        return (f"PERSEUS_ALLREDUCE_DTYPE={'mixed' if self.mixed else 'float16'} "
+                f"(scale {self.scale})")
+
     def compress(self, tensor):
         import tensorflow as tf
 
@@ -66,6 +70,23 @@ class ScaledFP16Compressor(Compressor):
 class Compression:
     none = NoneCompressor
     fp16 = FP16Compressor
+
+    @staticmethod
+    def powersgd(rank: int = 1, start_iter: int = 1000, min_compression_rate: float = 2.0,
+                 use_error_feedback: bool = True, warm_start: bool = True, seed: int = 0):
+        """Low-rank compression (PowerSGD, as PyTorch's powerSGD_hook) of gradients of
+        rank >= 2: see tf_bps/training/powersgd.py. The object keeps each gradient's
+        state from step to step: make it once and pass it to every step's tape."""
+        from tf_bps.training.powersgd import PowerSGD
+
+        return PowerSGD(rank, start_iter, min_compression_rate, use_error_feedback,
+                        warm_start, seed)
+
+
+def name_of(compression) -> str:
+    """How messages name a compression: Compression.fp16, or its settings."""
+    name = getattr(compression, "__name__", None)
+    return f"Compression.{name.removesuffix('Compressor').lower()}" if name else repr(compression)
 
 
 def from_config(config) -> Compressor | None:

@@ -8,6 +8,7 @@ its own, `bps_server` (server_executable).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 from pathlib import Path
@@ -33,6 +34,7 @@ def native_library(stem: str) -> Path:
     return found[0]
 
 
+@functools.cache  # Also keeps importlib out of tf.function traces (AutoGraph warns).
 def _module(name: str):
     try:
         return importlib.import_module(f"tf_bps.{name}")
