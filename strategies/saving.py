@@ -24,6 +24,7 @@ The rest patches Keras 3's private methods (each says why):
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import os
@@ -102,8 +103,8 @@ def _coordinated_save(what, destination, write, shared_writes_in_turn):
             + "; ".join(f"rank {r}: {kind} to {where}" for r, (kind, where) in
                         enumerate(plans)))
     # My turn: how many lower ranks name my destination.
-    turn = sum(1 for where in (w for _, w in plans[:rank]) if where == destination)
-    turns = (max(sum(1 for _, w in plans if w == d) for _, d in plans)
+    turn = sum(1 for _, where in plans[:rank] if where == destination)
+    turns = (max(collections.Counter(where for _, where in plans).values())
              if shared_writes_in_turn else 1)
     result = None
     for current in range(turns):
@@ -141,23 +142,9 @@ def _install_once() -> None:
 
 def _save_collectively() -> None:
     """Public methods, wrapped: Keras's and TensorFlow's savers do not coordinate."""
-    model_save, save_weights = keras.Model.save, keras.Model.save_weights
-
-    @functools.wraps(model_save)
-    def save(self, filepath, *args, **kwargs):
-        if not under_the_strategy(self):
-            return model_save(self, filepath, *args, **kwargs)
-        return _collective_save("model.save", filepath,
-                                lambda: model_save(self, filepath, *args, **kwargs), False)
-
-    @functools.wraps(save_weights)
-    def save_weights_collectively(self, filepath, *args, **kwargs):
-        if not under_the_strategy(self):
-            return save_weights(self, filepath, *args, **kwargs)
-        return _collective_save("model.save_weights", filepath,
-                                lambda: save_weights(self, filepath, *args, **kwargs), False)
-
-    keras.Model.save, keras.Model.save_weights = save, save_weights_collectively
+    keras.Model.save = _saving_collectively("model.save", keras.Model.save)
+    keras.Model.save_weights = _saving_collectively("model.save_weights",
+                                                    keras.Model.save_weights)
 
     manager_save = tf.train.CheckpointManager.save
 
@@ -169,6 +156,20 @@ def _save_collectively() -> None:
                                 lambda: manager_save(self, *args, **kwargs), True)
 
     tf.train.CheckpointManager.save = save_checkpoint
+
+
+def _saving_collectively(what: str, method):
+    """A Model method that saves to its first argument, as a step of the job when the
+    model was built under the strategy."""
+
+    @functools.wraps(method)
+    def collectively(self, filepath, *args, **kwargs):
+        if not under_the_strategy(self):
+            return method(self, filepath, *args, **kwargs)
+        return _collective_save(what, filepath, lambda: method(self, filepath, *args, **kwargs),
+                                False)
+
+    return collectively
 
 
 def _backup_on_rank_0_only() -> None:

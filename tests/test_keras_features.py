@@ -9,20 +9,25 @@ from conftest import base_env
 from conftest import marked_json as reports
 
 
-@pytest.fixture(scope="module")
-def job(tmp_path_factory):
+def _two_worker_job(tmp_path_factory, script: str):
+    """`script` on 2 workers, given a folder of its own: (each rank's REPORT, folder)."""
     from conftest import Processes
 
-    out = tmp_path_factory.mktemp("keras")
+    out = tmp_path_factory.mktemp(script.removesuffix(".py"))
     processes = Processes()
     try:
-        status, output = processes.launch(2, "keras_features.py", str(out))
+        status, output = processes.launch(2, script, str(out))
     finally:
         processes.end_all()
     assert status == 0, output
     got = reports(output)
     assert sorted(got) == [0, 1], output
     return got, out
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    return _two_worker_job(tmp_path_factory, "keras_features.py")
 
 
 def test_optimizer_applies_only_the_average_and_keeps_its_identity(job):
@@ -102,20 +107,9 @@ def test_saved_model_reloads_without_tf_bps(job, procs):
 
 @pytest.fixture(scope="module")
 def layers_job(tmp_path_factory):
-    """tests/workers/horovod_layers.py on 2 workers: each figure is the largest difference
-    from one process computing the same on the global batch."""
-    from conftest import Processes
-
-    out = tmp_path_factory.mktemp("layers")
-    processes = Processes()
-    try:
-        status, output = processes.launch(2, "horovod_layers.py", str(out))
-    finally:
-        processes.end_all()
-    assert status == 0, output
-    got = reports(output)
-    assert sorted(got) == [0, 1], output
-    return got, out
+    """tests/workers/horovod_layers.py: each figure is the largest difference from one
+    process computing the same on the global batch."""
+    return _two_worker_job(tmp_path_factory, "horovod_layers.py")
 
 
 def test_sync_batch_normalization_uses_the_global_batch(layers_job):
