@@ -12,6 +12,8 @@
 #            server's engines and the workers' local merge
 #   server   accepting workers and the engine threads that run their keys' rounds
 #   control  the scheduler link in C++ (the server's), settings, JSON
+#   compression  gradient compressors (onebit, topk, randomk, dithering, fp16) with error
+#            feedback and momentum: a worker's pushes and a server's sums
 COMMON_SOURCES = [
     "custom_ops/common/common.cc",
     "custom_ops/common/logging.cc",
@@ -55,6 +57,13 @@ SERVER_ENGINE_SOURCES = [
     "custom_ops/server/server.cc",
     "custom_ops/server/waiting_room.cc",
 ]
+COMPRESSION_SOURCES = [
+    "custom_ops/compression/compressor.cc",
+    "custom_ops/compression/onebit.cc",
+    "custom_ops/compression/sparse.cc",
+    "custom_ops/compression/dithering.cc",
+    "custom_ops/compression/fp16.cc",
+]
 CONTROL_SOURCES = [
     "custom_ops/control/settings.cc",
     "custom_ops/control/json.cc",
@@ -64,11 +73,12 @@ CONTROL_SOURCES = [
 
 # pip's programs and libraries, each whole.
 # The worker engine behind its C API: tf_bps/_bps_core.
-CORE_SOURCES = COMMON_SOURCES + WIRE_SOURCES + ROUNDS_SOURCES + WORKER_SOURCES
+CORE_SOURCES = (COMMON_SOURCES + WIRE_SOURCES + COMPRESSION_SOURCES + ROUNDS_SOURCES +
+                WORKER_SOURCES)
 
 # bps-server, the native executable every server runs (tf_bps/bps_server).
-SERVER_SOURCES = (COMMON_SOURCES + WIRE_SOURCES + ROUNDS_SOURCES + SERVER_ENGINE_SOURCES +
-                  CONTROL_SOURCES + ["custom_ops/server/main.cc"])
+SERVER_SOURCES = (COMMON_SOURCES + WIRE_SOURCES + COMPRESSION_SOURCES + ROUNDS_SOURCES +
+                  SERVER_ENGINE_SOURCES + CONTROL_SOURCES + ["custom_ops/server/main.cc"])
 
 # The Python binding (pybind11) and the TensorFlow kernels.
 WORKER_MODULE_SOURCES = ["custom_ops/python/worker_module.cc"]
@@ -103,8 +113,10 @@ UNIT_TEST_SOURCES = [
     "tests/cpp/waiting_room_test.cc",
     "tests/cpp/sealed_frames_test.cc",
     "tests/cpp/timeline_test.cc",
+    "tests/cpp/compression_test.cc",
 ]
-UNIT_TEST_PIECES = (COMMON_SOURCES + WIRE_SOURCES + ROUNDS_SOURCES + SERVER_ENGINE_SOURCES + [
+UNIT_TEST_PIECES = (COMMON_SOURCES + WIRE_SOURCES + COMPRESSION_SOURCES + ROUNDS_SOURCES +
+                    SERVER_ENGINE_SOURCES + [
     "custom_ops/worker/task.cc",
     "custom_ops/worker/credits.cc",
     "custom_ops/worker/timeline.cc",

@@ -4,11 +4,14 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "../compression/compressor.h"
 #include "../worker/c_api.h"
 #include "errors.h"
 
@@ -99,6 +102,58 @@ py::object OpenMessage(const std::string& key, unsigned long long sequence,
                        clear.data()) != 0)
     return py::none();
   return py::bytes(clear);
+}
+
+// The gradient compressors (custom_ops/compression), for tests against models of their
+// formats: these call the core's C++ directly, not its C API. A bad spec or malformed
+// data raises ValueError with the parser's message.
+std::unique_ptr<bps::Compressor> CompressorOf(const std::string& text) {
+  bps::CompressorSpec spec;
+  const bps::Status status = bps::ParseCompressorSpec(text, &spec);
+  if (!status.ok()) throw py::value_error(status.message());
+  if (!spec.compresses()) throw py::value_error("compression: '" + text + "' does not compress");
+  return bps::MakeCompressor(spec);
+}
+
+// float32 elements from a float32 array (C-contiguous) or from bytes.
+std::vector<float> FloatsOf(const py::buffer& values) {
+  const py::buffer_info info = values.request();
+  const bool floats = info.itemsize == 4 && (info.format == "f" || info.format == "<f");
+  if (!floats && info.itemsize != 1)
+    throw py::value_error("compression: values must be a float32 array or bytes");
+  py::ssize_t stride = info.itemsize;
+  for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
+    if (info.shape[d] > 1 && info.strides[d] != stride)
+      throw py::value_error("compression: values must be contiguous");
+    stride *= info.shape[d];
+  }
+  const size_t bytes = static_cast<size_t>(info.size) * info.itemsize;
+  if (bytes % 4 != 0) throw py::value_error("compression: bytes must hold float32 elements");
+  std::vector<float> out(bytes / 4);
+  if (bytes != 0) std::memcpy(out.data(), info.ptr, bytes);
+  return out;
+}
+
+py::bytes Compress(const std::string& spec, const py::buffer& values, uint64_t stream,
+                   uint32_t round) {
+  const auto compressor = CompressorOf(spec);
+  const std::vector<float> in = FloatsOf(values);
+  std::string out(compressor->CompressedBytes(in.size()), '\0');
+  compressor->Compress(in.data(), in.size(), stream, round, out.data());
+  return py::bytes(out);
+}
+
+py::bytes Decompress(const std::string& spec, const std::string& data, size_t n) {
+  const auto compressor = CompressorOf(spec);
+  const size_t expected = compressor->CompressedBytes(n);
+  if (data.size() != expected)
+    throw py::value_error("compression: " + std::to_string(data.size()) + " bytes for " +
+                          std::to_string(n) + " elements, not " + std::to_string(expected));
+  if (!compressor->Valid(data.data(), n))
+    throw py::value_error("compression: malformed data for '" + spec + "'");
+  std::vector<float> out(n);
+  compressor->Decompress(data.data(), n, out.data());
+  return py::bytes(reinterpret_cast<const char*>(out.data()), 4 * n);
 }
 
 }  // namespace
@@ -200,6 +255,12 @@ PYBIND11_MODULE(_bps_worker, m) {
   m.def(
       "move_lost_server", [](int server) { Check(bps_worker_move_lost_server(server)); },
       py::arg("server"), "The scheduler says the server is gone: its partitions move.");
+  m.def("compress", &Compress, py::arg("spec"), py::arg("values"), py::arg("stream") = 0,
+        py::arg("round") = 0,
+        "The compressed form (bytes) of float32 `values` (an array or bytes) under the "
+        "compressor `spec` (\"topk k=0.01\", ...), as partition `stream` of `round`.");
+  m.def("decompress", &Decompress, py::arg("spec"), py::arg("data"), py::arg("n"),
+        "The n float32 elements (bytes) that compressed `data` stands for.");
   m.def(
       "shutdown",
       [] {

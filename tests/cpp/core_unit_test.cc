@@ -889,6 +889,8 @@ int main() {
   bps::TestServerRefusesOversizedPushes();
   bps::TestJsonParsing();
   bps::TestSettingsTable();
+  bps::TestCompression();
+  bps::BenchmarkCompressors();
   if (bps::failures) {
     std::cerr << bps::failures << " check(s) failed\n";
     return 1;

@@ -25,6 +25,8 @@ void TestSealedFrames();
 void TestTimelineWindow();
 void TestTimelineRecordings();
 void TestTimelineSwitchesUnderLoad();
+void TestCompression();
+void BenchmarkCompressors();  // Prints; checks nothing.
 
 }  // namespace bps
 
