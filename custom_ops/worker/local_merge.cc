@@ -112,10 +112,19 @@ void LocalMerge::Contribute(PartitionTask partition) {
   }
 }
 
+void LocalMerge::MarkSent(const PartitionTask& partition, int64_t at) {
+  pending_.Update(partition.task, partition.part,
+                  [at](PendingPartition& pending) { pending.sent_at = at; });
+}
+
 bool LocalMerge::SendToLeader(PartitionTask& partition) {
   Task& task = *partition.task;
   LocalPeers::Peer& peer = *peers_.peer(LeaderOf(task.tensor_id(), partition.part));
   if (!task.BeginIo()) return true;  // Failed meanwhile: nothing to send.
+  Timeline* const tracer = TracerFor(task);
+  // The leader's result may come back before this thread notes when the push ended:
+  // BROADCAST then counts from when it began.
+  if (tracer) MarkSent(partition, Timeline::Now());
   FrameHeader header;
   header.rank = static_cast<uint32_t>(options_.rank);
   header.tensor_id = task.tensor_id();
@@ -141,13 +150,12 @@ bool LocalMerge::SendToLeader(PartitionTask& partition) {
     status = peer.channel->SendData(header, partition.data,
                                     SlotKey{{task.tensor_id(), partition.part}, kStagedCopy});
   }
-  if (Timeline* tracer = TracerFor(task); tracer && status.ok()) {
+  if (tracer && status.ok()) {
     // REDUCE: until the leader has this worker's copy; BROADCAST: until its result.
     const int64_t sent_at = Timeline::Now();
     tracer->Stage(task.trace_session(), task.name(), task.round(), partition.part, "REDUCE",
                   partition.queued_at, sent_at);
-    pending_.Update(partition.task, partition.part,
-                    [&](PendingPartition& pending) { pending.sent_at = sent_at; });
+    MarkSent(partition, sent_at);
   }
   task.EndIo();
   if (!status.ok())

@@ -151,6 +151,8 @@ class LocalMerge : private Roster, private LocalPeers::Receiver {
   Timeline* TracerFor(const Task& task) const;
 
   int LeaderOf(uint64_t tensor_id, uint32_t part) const;
+  // When the partition went to its leader, for its BROADCAST stage on the timeline.
+  void MarkSent(const PartitionTask& partition, int64_t at);
   bool SendToLeader(PartitionTask& partition);
   // LocalPeers::Receiver
   Status OnFrame(int index, const FrameHeader& header, DataReader* payload) override;

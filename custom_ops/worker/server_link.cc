@@ -146,6 +146,9 @@ bool ServerLink::Push(PartitionTask& partition) {
   header.process_set = task.op().process_set;
   header.flags = partition.flags;
   if (IsGather(task.kind())) header.rows = task.op().shape[0];
+  // The answer may come back before this thread notes when the push ended: PULL then
+  // counts from when the push began.
+  if (tracer) MarkSent(partition, served_at);
   Status status = SendPartition(partition, &header);
   if (tracer && status.ok()) {
     const int64_t pushed_at = Timeline::Now();
@@ -153,8 +156,7 @@ bool ServerLink::Push(PartitionTask& partition) {
                   partition.queued_at, served_at);
     tracer->Stage(task.trace_session(), task.name(), task.round(), partition.part, "PUSH",
                   served_at, pushed_at);
-    pending_.Update(partition.task, partition.part,
-                    [&](PendingPartition& pending) { pending.sent_at = pushed_at; });
+    MarkSent(partition, pushed_at);
   }
   task.EndIo();
   BPS_LOG(kTrace) << "pushed " << task.name() << " part " << partition.part << " round "
@@ -171,6 +173,11 @@ bool ServerLink::Push(PartitionTask& partition) {
     owner_->OnLinkFailure(status.message() + " while pushing tensor '" + task.name() + "' to " +
                           description());
   return false;
+}
+
+void ServerLink::MarkSent(const PartitionTask& partition, int64_t at) {
+  pending_.Update(partition.task, partition.part,
+                  [at](PendingPartition& pending) { pending.sent_at = at; });
 }
 
 Status ServerLink::SendPartition(const PartitionTask& partition, FrameHeader* header) {

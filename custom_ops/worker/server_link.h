@@ -99,6 +99,8 @@ class ServerLink {
                     const std::vector<uint32_t>& parts);
   // The push stage's work: one partition to the server. False once the link broke.
   bool Push(PartitionTask& partition);
+  // When the partition's push ended (or began), for its PULL stage on the timeline.
+  void MarkSent(const PartitionTask& partition, int64_t at);
   Status SendPartition(const PartitionTask& task, FrameHeader* header);
   void ReceiveLoop();
   Status HandleReply(const FrameHeader& header, DataReader* payload);
