@@ -62,7 +62,7 @@ def test_servers_without_async_refuse_asynchronous_workers(procs):
     (lambda: bps.DistributedGradientTape(None), "DistributedGradientTape cannot train "
                                                 "asynchronously", {}),
     (lambda: bps.DistributedOptimizer(_keras_sgd(), compression=bps.Compression.fp16),
-     "compression=FP16Compressor does not apply with BYTEPS_ENABLE_ASYNC=1", {}),
+     "compression=Compression.fp16 does not apply with BYTEPS_ENABLE_ASYNC=1", {}),
     (lambda: bps.DistributedOptimizer(_v1_sgd()), "a tf.compat.v1 optimizer cannot train "
                                                   "asynchronously", {}),
     (lambda: bps.DistributedOptimizer(_keras_sgd()), "PERSEUS_DOWNSAMPLE_N_ELEMENTS=2 works on "
