@@ -20,7 +20,7 @@ ALLOWED_GROWTH = 32 * MB
 
 def test_memory_stays_flat_under_every_call_pattern(procs):
     job = procs.start([*LAUNCH, "-np", "2", *worker_command("soak.py")],
-                      base_env(TEST_STEPS=100_000, TEST_SECONDS=50, TEST_REPORT_EVERY=50))
+                      base_env(TEST_STEPS=100_000, TEST_SECONDS=35, TEST_REPORT_EVERY=50))
     workers, servers, output = watch_soak(job, [WARM_UP], time.monotonic() + 150)
     procs.end(job)
     text = "".join(output)
