@@ -33,10 +33,12 @@ from tensorflow.python.util import nest
 
 import tf_bps as bps
 from tf_bps.runtime import basics, ops
+from tf_bps.runtime.compression import Compression, name_of
 from tf_bps.runtime.config import Config
 from tf_bps.strategies import saving
 from tf_bps.training import fusion
 from tf_bps.training.asynchronous import AsyncExchange
+from tf_bps.training.powersgd import PowerSGD
 
 _WIRE_DTYPES = {tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64, tf.bool}
 
@@ -50,10 +52,15 @@ class PushPullCrossDeviceOps(tf.distribute.CrossDeviceOps):
     """Sums local replicas on one device, then across workers with push_pull (unless
     `across_workers` is False: asynchronous training reduces inside the worker only)."""
 
-    def __init__(self, config: Config, across_workers: bool = True):
+    def __init__(self, config: Config, across_workers: bool = True,
+                 compression=Compression.none):
         super().__init__()
         self._across_workers = across_workers
         self._fusion_threshold, self._bucket_bytes = config.fusion_threshold, config.partition_bytes
+        # PowerSGD sends the matrices it compresses as factors; what travels whole goes
+        # in the wire type of the other compressions (fp16).
+        self._powersgd = compression if isinstance(compression, PowerSGD) else None
+        self._wire = Compression.none if self._powersgd else compression
 
     @property
     def _workers(self) -> int:
@@ -84,11 +91,30 @@ class PushPullCrossDeviceOps(tf.distribute.CrossDeviceOps):
         for local in locals_:
             with tf.device(local[0].device):
                 totals.append(self._local_sum(local))
-        sent, wire_names, unfuse = fusion.fuse_small(totals, names, self._fusion_threshold,
-                                                    self._bucket_bytes)
+        summed = [None] * len(totals)
+        whole = []
+        for index, total in enumerate(totals):
+            if self._powersgd and self._powersgd.compresses(total):
+                # Keras sums a step's gradients in one batch, in the model's order: the
+                # place and the shape keep each gradient's PowerSGD state (so one
+                # strategy's PowerSGD serves one model).
+                shape = "x".join(map(str, total.shape))
+                summed[index] = self._powersgd.synchronise(
+                    total, f"StrategyGradient.{index}.{shape}", ops.Sum, 0, self._workers)
+            else:
+                whole.append(index)
+        wire, contexts = [], []
+        for index in whole:
+            compressed, context = self._wire.compress(totals[index])
+            wire.append(compressed)
+            contexts.append(context)
+        sent, wire_names, unfuse = fusion.fuse_small(wire, [names[i] for i in whole],
+                                                    self._fusion_threshold, self._bucket_bytes)
         basics.declare(wire_names)
-        summed = unfuse([ops.push_pull(t, op=ops.Sum, name=n)
-                         for t, n in zip(sent, wire_names, strict=True)])
+        results = unfuse([ops.push_pull(t, op=ops.Sum, name=n)
+                          for t, n in zip(sent, wire_names, strict=True)])
+        for index, result, context in zip(whole, results, contexts, strict=True):
+            summed[index] = self._wire.decompress(result, context)
         return [self._finish(reduce_op, total, len(local), destinations)
                 for total, local, (_, destinations) in zip(summed, locals_,
                                                            value_destination_pairs, strict=True)]
@@ -105,11 +131,14 @@ class PushPullCrossDeviceOps(tf.distribute.CrossDeviceOps):
         return tf.add_n(local) if len(local) > 1 else tf.identity(local[0])
 
     def _reduce(self, reduce_op, value, destinations):
+        # One value at a time (eagerly): whole, in the wire type. PowerSGD needs the
+        # gradients of a traced step (model.fit's default; not run_eagerly=True).
         local = self._local_values(value)
         with tf.device(local[0].device):
             total = self._local_sum(local)
             if self._workers > 1:
-                total = ops.push_pull(total, op=ops.Sum)
+                compressed, context = self._wire.compress(total)
+                total = self._wire.decompress(ops.push_pull(compressed, op=ops.Sum), context)
         return self._finish(reduce_op, total, len(local), destinations)
 
     def _finish(self, reduce_op, total, local_count: int, destinations):
@@ -125,14 +154,14 @@ class PushPullCrossDeviceOps(tf.distribute.CrossDeviceOps):
 class _ParameterServerExtended(mirrored_strategy.MirroredExtended):
     """MirroredExtended whose replicas span all workers of the tf_bps job."""
 
-    def __init__(self, container_strategy, devices, config: Config):
+    def __init__(self, container_strategy, devices, config: Config, compression):
         self._variables_created = itertools.count()
         # BYTEPS_ENABLE_ASYNC: weights are exchanged after each update instead.
         self._bps_async = config.enable_async and bps.is_distributed()
         self._bps_exchange = AsyncExchange()
         self._bps_async_names = {}
-        super().__init__(container_strategy, devices=devices,
-                         cross_device_ops=PushPullCrossDeviceOps(config, not self._bps_async))
+        cross_device_ops = PushPullCrossDeviceOps(config, not self._bps_async, compression)
+        super().__init__(container_strategy, devices=devices, cross_device_ops=cross_device_ops)
 
     # The job's, read each time: an elastic job re-forms with other sizes and ranks, and
     # the next model.fit shards its input and counts its replicas by the new ones.
@@ -272,6 +301,8 @@ class ParameterServerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
 
     `num_replicas_in_sync` counts the replicas of all workers; `fit` averages
     gradients over all of them once, and reports metrics averaged over workers.
+    `compression`: bps.Compression.none, .fp16 (what travels whole goes as float16), or
+    .powersgd(...) (kernels as low-rank factors, in traced steps).
     """
 
     # Private: MirroredExtended reads this class attribute of its container.
@@ -280,7 +311,7 @@ class ParameterServerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     # gradients would be averaged twice.
     synchronises_gradients_with_tf_bps = True
 
-    def __init__(self, devices=None):
+    def __init__(self, devices=None, compression=Compression.none):
         # Deliberately not MultiWorkerMirroredStrategy.__init__ (TF_CONFIG, collectives):
         # the subclass is a marker, because Keras 3 averages metrics across workers
         # only for instances of that class (backend/tensorflow/trainer.py).
@@ -292,7 +323,9 @@ class ParameterServerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
             raise ValueError(f"{', '.join(settings)} works through bps.DistributedOptimizer "
                              "and DistributedGradientTape; ParameterServerStrategy reduces "
                              "whole gradients and has no step of its own to check")
-        extended = _ParameterServerExtended(self, list(devices or _local_devices()), config)
+        _check_compression(compression, config)
+        extended = _ParameterServerExtended(self, list(devices or _local_devices()), config,
+                                            compression)
         distribute_lib.Strategy.__init__(self, extended)
         self._bps_cluster_resolver = None
         saving.install()
@@ -320,12 +353,22 @@ class ParameterServerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         return self  # One strategy per process: copies would share the job anyway.
 
 
+def _check_compression(compression, config: Config) -> None:
+    if not (compression in (Compression.none, Compression.fp16)
+            or isinstance(compression, PowerSGD)):
+        raise ValueError(f"compression={compression!r} is not supported by the strategy: "
+                         "use bps.Compression.none, .fp16 or .powersgd(...)")
+    if compression is not Compression.none and config.enable_async:
+        raise ValueError(f"compression={name_of(compression)} does not apply with "
+                         "BYTEPS_ENABLE_ASYNC=1: workers exchange full-precision weights")
+
+
 class MirroredStrategy(ParameterServerStrategy):
     """BytePS's `bps.distribute.MirroredStrategy(devices=...)`: mirrored replicas on this
     worker's `devices`, synchronised across workers through tf_bps."""
 
-    def __init__(self, devices=None, cross_device_ops=None):
+    def __init__(self, devices=None, cross_device_ops=None, compression=Compression.none):
         if cross_device_ops is not None:
             raise ValueError(f"cross_device_ops={cross_device_ops!r} is not supported: tf_bps "
                              "strategies always reduce through push_pull")
-        super().__init__(devices=devices)
+        super().__init__(devices=devices, compression=compression)

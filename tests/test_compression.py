@@ -1,5 +1,5 @@
 """Gradient compression through real jobs: PowerSGD's low-rank factors step by step
-against a numpy model of its definition."""
+against a numpy model of its definition, through the tape and under the strategy."""
 
 from conftest import marked_json as reports
 
@@ -19,6 +19,12 @@ def test_powersgd_matches_its_definition_step_by_step(procs):
         # The factors are an approximation: the check could tell them from the mean.
         assert min(report["differs_from_mean"]) > 0.1, report
         assert "gradient_predivide_factor=2.0" in report["predivide"]
+        # Under ParameterServerStrategy in model.fit: 4 SGD steps of a linear layer as the
+        # model computes them (the first whole), the state kept by the gradient's place.
+        strategy = report["strategy"]
+        assert strategy["worst"] < 1e-5, strategy
+        assert strategy["keys"] == ["StrategyGradient.0.36x4"], strategy
+    assert got[0]["strategy"]["weights"] == got[1]["strategy"]["weights"]
 
 
 # Training with PowerSGD to the accuracy of whole gradients: test_examples.py runs the

@@ -3,6 +3,7 @@ definition that knows every rank's gradients; prints a REPORT."""
 
 import json
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -64,4 +65,37 @@ try:
                                 gradient_predivide_factor=2.0)
 except ValueError as error:
     report["predivide"] = str(error)
+
+# Under ParameterServerStrategy, in model.fit: a linear layer trained by SGD on a global
+# batch that each worker reads half of. PowerSGD's arithmetic depends only on the sums
+# over the workers (of gradients and of errors), so the model needs no worker's share.
+keras.utils.set_random_seed(3)
+rng = np.random.default_rng(7)
+x = rng.normal(size=(16, 36)).astype("float32")
+y = rng.normal(size=(16, 4)).astype("float32")
+strategy_powersgd = bps.Compression.powersgd(rank=2, start_iter=1, min_compression_rate=1.5)
+strategy = bps.ParameterServerStrategy(compression=strategy_powersgd)
+with strategy.scope():
+    model = keras.Sequential([keras.Input((36,)), keras.layers.Dense(4, use_bias=False)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+w = model.weights[0].numpy().astype("float64")
+error = np.zeros_like(w)
+worst_fit = 0.0
+for step in range(1, 5):
+    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    gradient = 2 * x.T @ (x @ w - y) / y.size
+    if step == 1:
+        w = w - 0.1 * gradient
+        [state] = strategy_powersgd._state.values()
+        q = state.q.numpy().astype("float64")
+    else:
+        matrix = gradient + error
+        p, _ = np.linalg.qr(matrix @ q)
+        q = matrix.T @ p
+        approximation = p @ q.T
+        error = matrix - approximation
+        w = w - 0.1 * approximation
+    worst_fit = max(worst_fit, float(np.max(np.abs(model.weights[0].numpy() - w))))
+report["strategy"] = {"worst": worst_fit, "keys": sorted(strategy_powersgd._state),
+                      "weights": model.weights[0].numpy().ravel().tolist()}
 print("REPORT " + json.dumps(report), flush=True)
