@@ -25,6 +25,10 @@ def test_powersgd_matches_its_definition_step_by_step(procs):
         assert strategy["worst"] < 1e-5, strategy
         assert strategy["keys"] == ["StrategyGradient.0.36x4"], strategy
     assert got[0]["strategy"]["weights"] == got[1]["strategy"]["weights"]
+    # ... and with Compression.fp16: float16's rounding of the gradients, and no more.
+    for report in got.values():
+        assert 1e-6 < report["fp16"]["worst"] < 1e-3, report["fp16"]  # float32: ~1e-8
+    assert got[0]["fp16"]["weights"] == got[1]["fp16"]["weights"]
 
 
 # Training with PowerSGD to the accuracy of whole gradients: test_examples.py runs the

@@ -98,4 +98,15 @@ for step in range(1, 5):
     worst_fit = max(worst_fit, float(np.max(np.abs(model.weights[0].numpy() - w))))
 report["strategy"] = {"worst": worst_fit, "keys": sorted(strategy_powersgd._state),
                       "weights": model.weights[0].numpy().ravel().tolist()}
+
+# The strategy with Compression.fp16: gradients travel as float16 (one step; a float16
+# sum of float16 shares differs from the float32 gradient by its rounding, no more).
+with bps.ParameterServerStrategy(compression=bps.Compression.fp16).scope():
+    model = keras.Sequential([keras.Input((36,)), keras.layers.Dense(4, use_bias=False)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+w = model.weights[0].numpy()
+model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+expected = w - 0.1 * (2 * x.T @ (x @ w - y) / y.size)
+report["fp16"] = {"worst": float(np.max(np.abs(model.weights[0].numpy() - expected))),
+                  "weights": model.weights[0].numpy().ravel().tolist()}
 print("REPORT " + json.dumps(report), flush=True)
