@@ -83,7 +83,7 @@ class PowerSGD:
         step = state.step.assign_add(1)
 
         def whole():
-            return _reduced(grad, f"{name}", op, set_id, group_size)
+            return _reduced(grad, name, op, set_id, group_size)
 
         def factored():
             return state.compress(grad, name, op, set_id, group_size, step)
