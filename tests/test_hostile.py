@@ -314,7 +314,10 @@ def test_idle_strangers_before_the_workers_arrive_do_not_stop_the_job(procs):
     finally:
         for sock in [*idle, trickle]:
             sock.close()
-    assert cut_after is not None and cut_after < 13, cut_after
+    # A byte a second must not buy more time: it is cut at its 10 s deadline (a few more
+    # seconds on a loaded 2-core machine: CI measured 13.9 s once), never kept while it
+    # keeps trickling (the loop gives up at 20 s).
+    assert cut_after is not None and cut_after < 18, cut_after
     assert "others have not said who they are yet" in outputs["server"]
     assert "did not introduce itself within 10 s" in outputs["server"]
 
