@@ -34,6 +34,7 @@ ROUNDS_SOURCES = [
     "custom_ops/rounds/round_data.cc",
     "custom_ops/rounds/policy.cc",
     "custom_ops/rounds/reduce_policy.cc",
+    "custom_ops/rounds/compressed_sum_policy.cc",
     "custom_ops/rounds/broadcast_policy.cc",
     "custom_ops/rounds/gather_policy.cc",
     "custom_ops/rounds/async_store.cc",
@@ -63,6 +64,7 @@ COMPRESSION_SOURCES = [
     "custom_ops/compression/sparse.cc",
     "custom_ops/compression/dithering.cc",
     "custom_ops/compression/fp16.cc",
+    "custom_ops/compression/registry.cc",
 ]
 CONTROL_SOURCES = [
     "custom_ops/control/settings.cc",

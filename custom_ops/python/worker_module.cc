@@ -36,7 +36,8 @@ void Init(int rank, int size, const std::vector<std::tuple<std::string, int, boo
           const std::string& token, const std::vector<int>& local_ranks,
           const std::string& local_socket_prefix, const std::string& debug_sample, bool nan_check,
           bool across_hosts, const std::vector<int>& server_shares, unsigned generation,
-          bool move_lost_servers, int lost_server_wait_ms, int notify_fd, bool encrypt) {
+          bool move_lost_servers, int lost_server_wait_ms, int notify_fd, bool encrypt,
+          long long min_compress_bytes) {
   std::vector<bps_server_address> addresses;
   for (const auto& [host, port, same_host] : servers)
     addresses.push_back({host.c_str(), port, same_host ? 1 : 0});
@@ -63,6 +64,7 @@ void Init(int rank, int size, const std::vector<std::tuple<std::string, int, boo
   config.lost_server_wait_ms = lost_server_wait_ms;
   config.notify_fd = notify_fd;
   config.encrypt = encrypt ? 1 : 0;
+  config.min_compress_bytes = min_compress_bytes;
   int result;
   {
     py::gil_scoped_release unlocked;  // Connecting may take up to the timeout.
@@ -113,6 +115,14 @@ std::unique_ptr<bps::Compressor> CompressorOf(const std::string& text) {
   if (!status.ok()) throw py::value_error(status.message());
   if (!spec.compresses()) throw py::value_error("compression: '" + text + "' does not compress");
   return bps::MakeCompressor(spec);
+}
+
+// The canonical text of a spec (what workers declare), or ValueError naming what is wrong.
+std::string CanonicalCompression(const std::string& text) {
+  bps::CompressorSpec spec;
+  const bps::Status status = bps::ParseCompressorSpec(text, &spec);
+  if (!status.ok()) throw py::value_error(status.message());
+  return bps::FormatCompressorSpec(spec);
 }
 
 // float32 elements from a float32 array (C-contiguous) or from bytes.
@@ -185,6 +195,7 @@ PYBIND11_MODULE(_bps_worker, m) {
         py::arg("server_shares") = std::vector<int>{}, py::arg("generation") = 0,
         py::arg("move_lost_servers") = false, py::arg("lost_server_wait_ms") = 0,
         py::arg("notify_fd") = -1, py::arg("encrypt") = false,
+        py::arg("min_compress_bytes") = 65536,
         "Connects to the servers ((host, port, same_host) each) and, with several local "
         "ranks, to the other workers of this host.");
   m.def(
@@ -259,6 +270,8 @@ PYBIND11_MODULE(_bps_worker, m) {
         py::arg("round") = 0,
         "The compressed form (bytes) of float32 `values` (an array or bytes) under the "
         "compressor `spec` (\"topk k=0.01\", ...), as partition `stream` of `round`.");
+  m.def("canonical_compression", &CanonicalCompression, py::arg("spec"),
+        "The canonical text of compressor `spec` (ValueError naming what is wrong).");
   m.def("decompress", &Decompress, py::arg("spec"), py::arg("data"), py::arg("n"),
         "The n float32 elements (bytes) that compressed `data` stands for.");
   m.def(

@@ -18,6 +18,8 @@ const RoundPolicy& PolicyFor(OpKind kind) {
     case OpKind::kAllgather:
     case OpKind::kAlltoall:
       return GatherPolicy();
+    case OpKind::kCompressedPushPull:
+      return CompressedSumPolicy();
     default:
       return ReducePolicy();
   }

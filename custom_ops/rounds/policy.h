@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "../compression/compressor.h"
 #include "round_data.h"
 
 namespace bps {
@@ -30,6 +31,11 @@ struct ResultContext {
   uint32_t part = 0;
   const std::vector<uint32_t>* members = nullptr;  // ascending: the group's order
   bool local_reader = false;                       // a same-host worker receives the result
+  uint32_t round = 0;
+  // Compressed push_pull: the key's state for compressing results (error feedback),
+  // and the stream that seeds the compressor's random choices.
+  CompressionState* result_compression = nullptr;
+  uint64_t stream = 0;
 };
 
 class RoundPolicy {
@@ -62,6 +68,8 @@ class ByRankPolicy : public RoundPolicy {
 
 // Push_pull and reducescatter: an element-wise reduction of every push.
 const RoundPolicy& ReducePolicy();
+// Compressed push_pull: the sum of the (decompressed) pushes, compressed for the reply.
+const RoundPolicy& CompressedSumPolicy();
 // The root's push is the result, for every other worker.
 const RoundPolicy& BroadcastPolicy();
 // Allgather and alltoall: every worker's rows, in rank order, behind a table of sizes.

@@ -36,6 +36,7 @@ void BlockPool::Release(Block block) {
 void RoundData::Clear(BlockPool* pool) {
   shared.clear();
   pool->Release(std::move(sum));
+  pool->Release(std::move(reply));
   for (Contribution& c : by_rank) pool->Release(std::move(c.block));
   by_rank.clear();
 }

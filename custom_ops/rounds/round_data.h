@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../common/common.h"
+#include "../compression/registry.h"
 #include "../wire/protocol.h"
 
 namespace bps {
@@ -47,12 +48,16 @@ struct RoundSpec {
   uint64_t signature = 0;
   int32_t owner = -1;        // the one rank the result goes to; -1: every contributor
   uint32_t process_set = 0;  // 0: every worker
-  size_t length = 0;         // reductions: every push's length
+  size_t length = 0;         // reductions: every push's length (compressed: decompressed)
+  // kCompressedPushPull: the compressor the declarations name (pushes arrive
+  // decompressed; the result leaves compressed).
+  const CompressionSetup* compression = nullptr;
 };
 
 struct RoundData {
   RoundSpec spec;
-  BlockPool::Block sum;               // reductions: the sum of socket pushes; gathers: the result
+  BlockPool::Block sum;               // reductions: the sum of socket pushes
+  BlockPool::Block reply;             // a result built at the end (gathers, compressed sums)
   std::vector<const char*> shared;    // reductions: shared-memory pushes, reduced at the end
   std::vector<Contribution> by_rank;  // broadcast and gathers: each worker's push
   // Returns every block to `pool` and forgets the pushes.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "../common/logging.h"
 #include "../rounds/policy.h"
 
 namespace bps {
@@ -39,8 +40,8 @@ class RoundEngine::KeyPort : public RoundAnswers, public ResultMemory {
     return slot;
   }
   char* Private(size_t length) override {
-    key_->data.sum = engine_->setup_.pool->Acquire(length);
-    return key_->data.sum.data.get();
+    key_->data.reply = engine_->setup_.pool->Acquire(length);
+    return key_->data.reply.data.get();
   }
 
  private:
@@ -156,7 +157,7 @@ void RoundEngine::Process(EngineItem item) {
       const std::vector<uint32_t> single{item.rank};
       const auto& counts_for = item.host_merged ? (*setup_.host_ranks)[item.rank] : single;
       if (key.round.Add(arrival, counts_for, item.part, &port)) {
-        key.bytes_in += item.length;
+        key.bytes_in += item.wire_length;
         PolicyFor(key.data.spec.kind)
             .Add(&key.data, item.rank,
                  Contribution{std::move(item.block), item.shared, item.length, item.rows},
@@ -191,7 +192,7 @@ bool RoundEngine::Open(KeyState* key, const EngineItem& item, KeyPort* port) {
 bool RoundEngine::Agrees(KeyState* key, const EngineItem& item, KeyPort* port) {
   const Arrival arrival{item.rank, item.round, 0};
   // A host's merged push counts for each of its workers (the leader summed them).
-  if (item.host_merged && (item.spec.kind != OpKind::kPushPull || item.spec.process_set != 0)) {
+  if (item.host_merged && (!IsPushPull(item.spec.kind) || item.spec.process_set != 0)) {
     key->round.Fail(ErrorKind::kInternal,
                     "worker rank " + std::to_string(item.rank) + " sent a host-merged " +
                         OpKindName(item.spec.kind) + " of tensor " + port->Tensor(item.rank) +
@@ -203,7 +204,8 @@ bool RoundEngine::Agrees(KeyState* key, const EngineItem& item, KeyPort* port) {
   const bool same_length = !IsReduction(item.spec.kind) || item.spec.length == spec.length;
   if (item.spec.signature == spec.signature && item.spec.kind == spec.kind &&
       item.spec.dtype == spec.dtype && item.spec.owner == spec.owner &&
-      item.spec.process_set == spec.process_set && same_length && key->round.IsMember(item.rank))
+      item.spec.process_set == spec.process_set && item.spec.compression == spec.compression &&
+      same_length && key->round.IsMember(item.rank))
     return true;
   const uint32_t first =
       key->round.contributors().empty() ? item.rank : key->round.contributors().front();
@@ -241,7 +243,7 @@ void RoundEngine::ProcessAsync(KeyState* key, EngineItem* item, KeyPort* port) {
   std::vector<Arrival> replies;
   if (key->async.Push(Arrival{rank, item->round, 0}, item->spec, item->data(), setup_.pool, port,
                       &replies))
-    key->bytes_in += item->length;
+    key->bytes_in += item->wire_length;
   const PartitionKey id{item->tensor_id, item->part};
   for (const Arrival& reply : replies) {
     SendReply(reply.rank, id, reply.round, key->async.parameters(), key->async.length());
@@ -260,9 +262,13 @@ void RoundEngine::MaybeFinish(const PartitionKey& id, KeyState* key) {
     return;
   }
   // A shared slot only pays when a same-host worker reads the result.
-  ResultContext context{id.part, &key->round.members(), false};
+  ResultContext context{id.part, &key->round.members(), false, key->round.round()};
   for (uint32_t r : key->round.contributors())
     if (policy.Receives(key->data, r) && host_->SharesMemory(r)) context.local_reader = true;
+  if (key->data.spec.compression) {
+    context.result_compression = ResultCompression(id, key);
+    context.stream = PartitionKeyHash()(id);
+  }
   size_t length = 0;
   const char* result = policy.Result(&key->data, context, &port, &length);
   if (!result) {
@@ -272,6 +278,24 @@ void RoundEngine::MaybeFinish(const PartitionKey& id, KeyState* key) {
   }
   key->bytes_out += length * Reply(id, *key, result, length);
   key->round.Succeed(&port);
+}
+
+CompressionState* RoundEngine::ResultCompression(const PartitionKey& id, KeyState* key) {
+  const CompressionSetup* setup = key->data.spec.compression;
+  const size_t elements = key->data.spec.length / sizeof(float);
+  if (!key->result_compression || key->result_setup != setup || key->result_elements != elements) {
+    // Momentum is the workers' (on the gradients they push); the sum is only compressed,
+    // with error feedback when the spec asks for it.
+    CompressorSpec spec = setup->spec;
+    spec.nesterov = false;
+    key->result_compression =
+        std::make_unique<CompressionState>(spec, setup->compressor.get(), elements);
+    key->result_setup = setup;
+    key->result_elements = elements;
+    BPS_LOG(kDebug) << "tensor " << setup_.declarations->Describe(id.tensor_id, 0) << " part "
+                    << id.part << ": results compressed with '" << setup->text << "'";
+  }
+  return key->result_compression.get();
 }
 
 size_t RoundEngine::Reply(const PartitionKey& id, const KeyState& key, const char* result,

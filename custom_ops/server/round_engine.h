@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "../compression/compressor.h"
 #include "../rounds/async_store.h"
 #include "../rounds/declarations.h"
 #include "../rounds/round.h"
@@ -48,6 +49,7 @@ struct EngineItem {
   int64_t rows = 0;          // gathers: the sender's first dimension
   bool host_merged = false;  // counts for every worker of the sender's host
   size_t length = 0;
+  size_t wire_length = 0;  // bytes the push took on the wire (compressed pushes: fewer)
   BlockPool::Block block;        // data received over the socket, or
   const char* shared = nullptr;  // data in the worker's shared slot (same host).
   const char* data() const { return shared ? shared : block.data.get(); }
@@ -104,6 +106,11 @@ class RoundEngine {
     AsyncStore async;
     ShmLocation result_slot;  // the round's result, if in shared memory
     bool holds_result_slot = false;
+    // Compressed push_pull: the error feedback of the results this key sent, for as
+    // long as the tensor keeps its compressor and partition size.
+    std::unique_ptr<CompressionState> result_compression;
+    const CompressionSetup* result_setup = nullptr;
+    size_t result_elements = 0;
     // Tensor data pushed here and sent back, over all rounds (logged at the end).
     uint64_t bytes_in = 0;
     uint64_t bytes_out = 0;
@@ -117,6 +124,8 @@ class RoundEngine {
   // Whether the item agrees with its round's first push (and may be merged).
   bool Agrees(KeyState* key, const EngineItem& item, KeyPort* port);
   void ProcessAsync(KeyState* key, EngineItem* item, KeyPort* port);
+  // The key's result compression, made anew when the round's compressor or size changed.
+  CompressionState* ResultCompression(const PartitionKey& id, KeyState* key);
   // Ends the round if every member has contributed or joined.
   void MaybeFinish(const PartitionKey& id, KeyState* key);
   // Sends the result to every contributor; those that do not receive it get an

@@ -125,15 +125,18 @@ Status Server::HandleFrame(WorkerConn* worker, uint32_t rank, const FrameHeader&
     EngineOf(item.tensor_id, item.part).Enqueue(std::move(item));
     return Status::OK();
   }
-  Status status = CheckPushLength(header, rank);
+  const CompressionSetup* compression = nullptr;
+  Status status = CheckPushLength(header, rank, &compression);
   if (!status.ok()) return status;
   {
     std::unique_lock<std::mutex> lock(worker->mutex);
     worker->cv.wait(lock, [&] { return worker->outstanding < kMaxOutstandingPerWorker; });
     ++worker->outstanding;
   }
-  status = ReceivePush(header, payload, &item);
-  if (!status.ok()) return status;
+  status = ReceivePush(header, payload, compression, &item);
+  if (!status.ok())
+    return status.WithSuffix(" (worker rank " + std::to_string(rank) + ", tensor " +
+                             declarations_.Describe(header.tensor_id, rank) + ")");
   item.rank = rank;  // The connection's rank, whatever the frame claims.
   EngineOf(item.tensor_id, item.part).Enqueue(std::move(item));
   return Status::OK();
@@ -196,7 +199,8 @@ RoundEngine& Server::EngineOf(uint64_t tensor_id, uint32_t part) {
   return *engines_[PartitionKeyHash()(PartitionKey{tensor_id, part}) % engines_.size()];
 }
 
-Status Server::ReceivePush(const FrameHeader& header, DataReader* payload, EngineItem* item) {
+Status Server::ReceivePush(const FrameHeader& header, DataReader* payload,
+                           const CompressionSetup* compression, EngineItem* item) {
   item->tensor_id = header.tensor_id;
   item->part = header.part;
   item->round = header.round;
@@ -210,6 +214,8 @@ Status Server::ReceivePush(const FrameHeader& header, DataReader* payload, Engin
   item->rows = header.rows;
   item->host_merged = (header.flags & kFlagHostMerged) != 0;
   item->length = header.length;
+  item->wire_length = header.length;
+  if (compression) return DecompressPush(header, payload, compression, item);
   // Data in shared memory is used where it lies; from a socket it lands in a block.
   item->shared = payload->View(item->length);
   if (item->shared) return Status::OK();
@@ -221,17 +227,67 @@ Status Server::ReceivePush(const FrameHeader& header, DataReader* payload, Engin
   return payload->Read(item->block.data.get(), item->length);
 }
 
-Status Server::CheckPushLength(const FrameHeader& header, uint32_t rank) {
+Status Server::DecompressPush(const FrameHeader& header, DataReader* payload,
+                              const CompressionSetup* compression, EngineItem* item) {
+  // The compressed bytes are read out of the sender's memory (shared memory too)
+  // before they are checked: what is checked is what gets decompressed.
+  thread_local std::vector<char> wire;
+  wire.resize(header.length);
+  Status status = payload->Read(wire.data(), wire.size());
+  if (!status.ok()) return status;
+  const auto elements = static_cast<size_t>(header.rows);
+  const Compressor& compressor = *compression->compressor;
+  if (!compressor.Valid(wire.data(), elements))
+    return Status::Error("a malformed '" + compression->text + "' push of partition " +
+                         std::to_string(header.part));
+  item->spec.length = item->length = elements * sizeof(float);
+  item->spec.compression = compression;
+  try {
+    item->block = pool_.Acquire(item->length);
+  } catch (const std::bad_alloc&) {
+    return Status::Error("no memory for a push of " + std::to_string(item->length) + " bytes");
+  }
+  compressor.Decompress(wire.data(), elements, reinterpret_cast<float*>(item->block.data.get()));
+  return Status::OK();
+}
+
+Status Server::CheckPushLength(const FrameHeader& header, uint32_t rank,
+                               const CompressionSetup** compression) {
   // A gather's first step carries at most every worker's split.
   uint64_t limit = AllgatherTableBytes(num_workers_);
   Declaration declared;
-  if (declarations_.Find(header.tensor_id, rank, &declared))
-    limit = std::max(limit, DeclaredBytes(declared));
+  const bool known = declarations_.Find(header.tensor_id, rank, &declared);
+  if (header.op_kind == static_cast<uint8_t>(OpKind::kCompressedPushPull))
+    return CheckCompressedPush(header, rank, known ? &declared : nullptr, compression);
+  if (known) limit = std::max(limit, DeclaredBytes(declared));
   if (header.length <= limit) return Status::OK();
   return Status::Error("worker rank " + std::to_string(rank) + " pushed " +
                        std::to_string(header.length) + " bytes of tensor " +
                        declarations_.Describe(header.tensor_id, rank) + ", more than the " +
                        std::to_string(limit) + " it declared");
+}
+
+Status Server::CheckCompressedPush(const FrameHeader& header, uint32_t rank,
+                                   const Declaration* declared,
+                                   const CompressionSetup** compression) {
+  const std::string from = "worker rank " + std::to_string(rank);
+  if (!declared || declared->kind != OpKind::kCompressedPushPull ||
+      declared->dtype != DataType::kFloat32 ||
+      !FindCompression(declared->compression, compression).ok() ||
+      !(*compression)->compressor)
+    return Status::Error(from + " sent a compressed push of tensor " +
+                         declarations_.Describe(header.tensor_id, rank) +
+                         " without declaring its compressor");
+  // The element count bounds the decompressed partition: at most the tensor.
+  const uint64_t elements = DeclaredBytes(*declared) / sizeof(float);
+  if (header.rows <= 0 || static_cast<uint64_t>(header.rows) > elements ||
+      header.rows > int64_t{UINT32_MAX} ||
+      header.length != (*compression)->compressor->CompressedBytes(header.rows))
+    return Status::Error(from + " pushed " + std::to_string(header.length) + " bytes for " +
+                         std::to_string(header.rows) + " elements of tensor " +
+                         declarations_.Describe(header.tensor_id, rank) + " compressed with '" +
+                         (*compression)->text + "'");
+  return Status::OK();
 }
 
 void Server::PushDone(uint32_t rank) {

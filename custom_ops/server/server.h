@@ -127,9 +127,18 @@ class Server : private RoundEngine::Host, private Roster {
                      DataReader* payload);
   Status ReceiveDeclaration(uint32_t rank, const FrameHeader& header, DataReader* payload);
   Status ReceiveProcessSet(const FrameHeader& header, DataReader* payload);
-  Status ReceivePush(const FrameHeader& header, DataReader* payload, EngineItem* item);
-  // A push may not exceed what its sender declared the tensor to hold.
-  Status CheckPushLength(const FrameHeader& header, uint32_t rank);
+  // `compression`: a compressed push's setup (CheckPushLength's), null for others.
+  Status ReceivePush(const FrameHeader& header, DataReader* payload,
+                     const CompressionSetup* compression, EngineItem* item);
+  // A push may not exceed what its sender declared the tensor to hold; a compressed
+  // one must be its element count's compressed size (`*compression` is then its setup).
+  Status CheckPushLength(const FrameHeader& header, uint32_t rank,
+                         const CompressionSetup** compression);
+  Status CheckCompressedPush(const FrameHeader& header, uint32_t rank, const Declaration* declared,
+                             const CompressionSetup** compression);
+  // Reads a compressed push, checks it, and hands the engine its float32 elements.
+  Status DecompressPush(const FrameHeader& header, DataReader* payload,
+                        const CompressionSetup* compression, EngineItem* item);
   RoundEngine& EngineOf(uint64_t tensor_id, uint32_t part);
   // Queues a control item (about worker `rank`, for kForget) on every engine.
   void EnqueueEverywhere(EngineItem::Kind kind, uint32_t rank = 0);

@@ -169,6 +169,7 @@ class CollectiveOp : public AsyncOpKernel {
     op.prescale = prescale_;
     op.postscale = postscale_;
     op.process_set = process_set_;
+    op.compression = compression_.c_str();
     op.ndims = static_cast<int>(shape.size());
     op.shape = shape.data();
     op.input = input.tensor_data().data();
@@ -203,6 +204,7 @@ class CollectiveOp : public AsyncOpKernel {
   int process_set_ = 0;
   float prescale_ = 1.0f;
   float postscale_ = 1.0f;
+  std::string compression_;  // push_pull: the compressor's text ("": none)
 };
 
 class PushPullOp : public CollectiveOp {
@@ -210,6 +212,7 @@ class PushPullOp : public CollectiveOp {
   explicit PushPullOp(OpKernelConstruction* context)
       : CollectiveOp(context, bps::OpKind::kPushPull) {
     ReadReductionAttrs(context);
+    OP_REQUIRES_OK(context, context->GetAttr("compression", &compression_));
   }
 };
 
@@ -333,6 +336,7 @@ REGISTER_OP("BytepsPushPull")
     .Attr("reduce_op: int = 0")
     .Attr("prescale_factor: float = 1.0")
     .Attr("postscale_factor: float = 1.0")
+    .Attr("compression: string = ''")
     .Input("tensor: T")
     .Output("reduced: T")
     .SetIsStateful()

@@ -9,6 +9,7 @@ namespace {
 // Bounds on a declaration from the wire, checked before anything is allocated.
 constexpr uint32_t kMaxNameBytes = 64 * 1024;
 constexpr uint32_t kMaxDims = 64;
+constexpr uint32_t kMaxCompressionBytes = 1024;
 
 class Writer {
  public:
@@ -61,11 +62,13 @@ const char* OpKindName(OpKind kind) {
       return "reducescatter";
     case OpKind::kAsyncPushPull:
       return "async push_pull";
+    case OpKind::kCompressedPushPull:
+      return "compressed push_pull";
   }
   return "unknown operation";
 }
 
-bool IsValidOpKind(uint8_t value) { return value >= 1 && value <= 6; }
+bool IsValidOpKind(uint8_t value) { return value >= 1 && value <= 7; }
 
 std::string EncodeDeclaration(const Declaration& d) {
   Writer out;
@@ -80,6 +83,8 @@ std::string EncodeDeclaration(const Declaration& d) {
   out.Put(d.process_set);
   out.Put(static_cast<uint32_t>(d.shape.size()));
   out.PutBytes(d.shape.data(), d.shape.size() * sizeof(int64_t));
+  out.Put(static_cast<uint32_t>(d.compression.size()));
+  out.PutBytes(d.compression.data(), d.compression.size());
   return out.Take();
 }
 
@@ -98,7 +103,12 @@ bool DecodeDeclaration(const std::string& payload, Declaration* d) {
   d->dtype = static_cast<DataType>(dtype);
   d->reduce_op = static_cast<ReduceOp>(reduce_op);
   d->shape.resize(dims);
-  return in.GetBytes(d->shape.data(), dims * sizeof(int64_t)) && in.done();
+  uint32_t compression_bytes = 0;
+  if (!in.GetBytes(d->shape.data(), dims * sizeof(int64_t)) || !in.Get(&compression_bytes) ||
+      compression_bytes > kMaxCompressionBytes)
+    return false;
+  d->compression.resize(compression_bytes);
+  return in.GetBytes(d->compression.data(), compression_bytes) && in.done();
 }
 
 uint64_t DeclaredBytes(const Declaration& d) {
@@ -129,6 +139,7 @@ std::string Describe(const Declaration& d) {
   if (d.prescale != 1.0) out << " prescaled by " << d.prescale;
   if (d.postscale != 1.0) out << " postscaled by " << d.postscale;
   if (d.process_set != 0) out << " in process set " << d.process_set;
+  if (!d.compression.empty()) out << " compressed with '" << d.compression << "'";
   return out.str();
 }
 

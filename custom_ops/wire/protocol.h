@@ -59,6 +59,11 @@ enum class OpKind : uint8_t {
   // weight delta, added at once and answered with the parameters to its sender alone,
   // with no wait for the other workers.
   kAsyncPushPull = 6,
+  // A push_pull (float32 sum or average) whose pushes and results travel compressed
+  // (compression/compressor.h): the declaration names the compressor, a push's `rows`
+  // is the partition's element count, and its payload that count's compressed form.
+  // The server decompresses every push, sums, and compresses the sum for the reply.
+  kCompressedPushPull = 7,
 };
 
 const char* OpKindName(OpKind kind);
@@ -90,7 +95,8 @@ struct FrameHeader {
   uint32_t process_set = 0;  // the workers taking part; 0: all of them
   uint64_t tensor_id = 0;    // stable hash of the tensor's name.
   uint64_t signature = 0;    // hash of everything workers must agree on; see Signature().
-  // Allgather pushes: the sender's first dimension (its row count).
+  // Allgather pushes: the sender's first dimension (its row count). Compressed
+  // push_pull pushes: the partition's element count.
   int64_t rows = 0;
   uint64_t length = 0;  // payload bytes that follow.
   // The job generation the sender belongs to: the scheduler starts a new one each
@@ -136,12 +142,16 @@ struct Declaration {
   double prescale = 1.0;
   double postscale = 1.0;
   uint32_t process_set = 0;
+  // kCompressedPushPull: the compressor's canonical text (FormatCompressorSpec); an
+  // adapter's push_pull request may carry any spelling, "" for none.
+  std::string compression;
 };
 
 std::string EncodeDeclaration(const Declaration& declaration);
 bool DecodeDeclaration(const std::string& payload, Declaration* declaration);
 // Equal signatures mean the workers agree on the operation: kind, dtype, shape (an
-// allgather's first dimension may differ), reduce op, root and scale factors.
+// allgather's first dimension may differ), reduce op, root, scale factors and
+// compressor.
 uint64_t Signature(const Declaration& declaration);
 // For error messages: "allreduce(sum) of float32[2,3]", "broadcast from rank 1 of ...".
 std::string Describe(const Declaration& declaration);
@@ -162,7 +172,12 @@ inline bool IsGather(OpKind kind) {
   return kind == OpKind::kAllgather || kind == OpKind::kAlltoall;
 }
 inline bool IsReduction(OpKind kind) {
-  return kind == OpKind::kPushPull || kind == OpKind::kReduceScatter;
+  return kind == OpKind::kPushPull || kind == OpKind::kReduceScatter ||
+         kind == OpKind::kCompressedPushPull;
+}
+// A push_pull, compressed or not: a host's workers merge these (local_merge.h).
+inline bool IsPushPull(OpKind kind) {
+  return kind == OpKind::kPushPull || kind == OpKind::kCompressedPushPull;
 }
 // Bytes of the tensor a declaration describes; UINT64_MAX when it overflows.
 uint64_t DeclaredBytes(const Declaration& d);

@@ -167,6 +167,11 @@ Status ToTaskSpec(const bps_op* op, TaskSpec* spec) {
     return Status::Error(ErrorKind::kInvalidArgument,
                          "a negative process set id for tensor '" + d.name + "'");
   d.process_set = static_cast<uint32_t>(op->process_set);
+  // Adapters ask for a push_pull with a compressor; the core picks the wire's kind.
+  if (d.kind == OpKind::kCompressedPushPull)
+    return Status::Error(ErrorKind::kInvalidArgument,
+                         "ask for a push_pull with a compressor (tensor '" + d.name + "')");
+  d.compression = op->compression ? op->compression : "";
   return Status::OK();
 }
 
@@ -215,6 +220,7 @@ int bps_worker_init(const bps_worker_config* config) {
   options.move_lost_servers = config->move_lost_servers != 0;
   if (config->lost_server_wait_ms > 0) options.lost_server_wait_ms = config->lost_server_wait_ms;
   options.notify_fd = config->notify_fd;
+  options.min_compress_bytes = static_cast<size_t>(std::max(0LL, config->min_compress_bytes));
   status = bps::CopyServers(*config, &options.servers);
   if (!status.ok()) return bps::Fail(status);
   status = bps::CopyShares(config->server_shares, options.servers.size(), &options.server_shares);

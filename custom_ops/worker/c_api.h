@@ -64,6 +64,9 @@ typedef struct bps_worker_config {
   /* BYTEPS_ENCRYPT: every frame to and from the servers is encrypted and authenticated
    * with keys derived from `token` (which must then be set). */
   int encrypt;
+  /* BYTEPS_MIN_COMPRESS_BYTES: a push_pull that asks for compression (bps_op's
+   * `compression`) of fewer bytes travels uncompressed. */
+  long long min_compress_bytes;
 } bps_worker_config;
 int bps_worker_init(const bps_worker_config* config);
 void bps_worker_abort(const char* reason);
@@ -120,6 +123,10 @@ typedef struct bps_op {
   const long long* splits;  /* alltoall: rows for each rank (copied); NULL: even split */
   int nsplits;
   int process_set; /* 0: every worker */
+  /* push_pull: the compressor's text ("topk k=0.01 ef=vanilla", compression/compressor.h);
+   * NULL or "": none. A float32 sum or average in the global set of at least
+   * min_compress_bytes is compressed on the way to the servers and back. */
+  const char* compression;
 } bps_op;
 
 /* Returns the buffer of output `index` (0 the result, 1 an alltoall's received

@@ -13,7 +13,7 @@ constexpr size_t kMaxDeclarationBytes = 1u << 20;
 }  // namespace
 
 bool LocalMerge::MergesOp(const Declaration& op) {
-  return op.kind == OpKind::kPushPull && op.process_set == 0 && DeclaredBytes(op) > 0;
+  return IsPushPull(op.kind) && op.process_set == 0 && DeclaredBytes(op) > 0;
 }
 
 LocalMerge::LocalMerge(Owner* owner, LocalMergeOptions options, std::shared_ptr<SharedSlots> slots)

@@ -76,21 +76,43 @@ Status ReadAnswerError(const FrameHeader& header, DataReader* payload, const std
 }
 
 Status ReadAnswer(const FrameHeader& header, DataReader* payload, const PendingPartition& pending,
-                  const std::string& from, const std::function<void(void*, size_t)>& finish) {
+                  const std::string& from, const std::function<void(void*, size_t)>& finish,
+                  const CompressionSetup* compression) {
   Task& task = *pending.task;
-  if (header.length != pending.reply_length) {
-    task.Fail(Status::Error(ErrorKind::kInternal,
-                            from + " returned a malformed result (" +
-                                std::to_string(header.length) + " bytes where " +
-                                std::to_string(pending.reply_length) + " were due) for partition " +
-                                std::to_string(header.part) + " of tensor '" + task.name() + "'"));
+  const size_t elements = pending.reply_length / sizeof(float);
+  const size_t due =
+      compression ? compression->compressor->CompressedBytes(elements) : pending.reply_length;
+  auto malformed = [&](const std::string& what) {
+    task.Fail(Status::Error(ErrorKind::kInternal, from + " returned a malformed result (" + what +
+                                                      ") for partition " +
+                                                      std::to_string(header.part) + " of tensor '" +
+                                                      task.name() + "'"));
+  };
+  if (header.length != due) {
+    malformed(std::to_string(header.length) + " bytes where " + std::to_string(due) +
+              " were due");
     return payload->Skip();
   }
   if (!task.BeginIo()) return payload->Skip();
   void* dst = static_cast<char*>(task.output()) + pending.offset;
-  Status status = payload->Read(dst, pending.reply_length);
-  if (status.ok() && finish) finish(dst, pending.reply_length);
+  Status status = Status::OK();
+  bool valid = true;
+  if (compression) {
+    // Read whole first (shared memory too), so that what is checked is what is used.
+    thread_local std::vector<char> wire;
+    wire.resize(due);
+    status = payload->Read(wire.data(), due);
+    valid = status.ok() && compression->compressor->Valid(wire.data(), elements);
+    if (valid) compression->compressor->Decompress(wire.data(), elements, static_cast<float*>(dst));
+  } else {
+    status = payload->Read(dst, pending.reply_length);
+  }
+  if (status.ok() && valid && finish) finish(dst, pending.reply_length);
   task.EndIo();
+  if (status.ok() && !valid) {
+    malformed("not a well-formed '" + compression->text + "' partition");
+    return status;
+  }
   if (status.ok()) {
     task.PartitionDone();
   } else {

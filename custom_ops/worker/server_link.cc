@@ -146,10 +146,17 @@ bool ServerLink::Push(PartitionTask& partition) {
   header.process_set = task.op().process_set;
   header.flags = partition.flags;
   if (IsGather(task.kind())) header.rows = task.op().shape[0];
+  const char* data = partition.data;
+  size_t length = partition.push_length;
+  if (task.compression()) {
+    CompressPartition(partition, &header);
+    data = compressed_.data();
+    length = compressed_.size();
+  }
   // The answer may come back before this thread notes when the push ended: PULL then
   // counts from when the push began.
   if (tracer) MarkSent(partition, served_at);
-  Status status = SendPartition(partition, &header);
+  Status status = SendPartition(partition, data, length, &header);
   if (tracer && status.ok()) {
     const int64_t pushed_at = Timeline::Now();
     tracer->Stage(task.trace_session(), task.name(), task.round(), partition.part, "QUEUE",
@@ -180,7 +187,28 @@ void ServerLink::MarkSent(const PartitionTask& partition, int64_t at) {
                   [at](PendingPartition& pending) { pending.sent_at = at; });
 }
 
-Status ServerLink::SendPartition(const PartitionTask& partition, FrameHeader* header) {
+void ServerLink::CompressPartition(const PartitionTask& partition, FrameHeader* header) {
+  const Task& task = *partition.task;
+  const CompressionSetup& setup = *task.compression();
+  const size_t elements = partition.push_length / sizeof(float);
+  const PartitionKey key{task.tensor_id(), partition.part};
+  PushCompression& compression = push_compression_[key];
+  if (!compression.state || compression.setup != &setup || compression.elements != elements) {
+    compression.state =
+        std::make_unique<CompressionState>(setup.spec, setup.compressor.get(), elements);
+    compression.setup = &setup;
+    compression.elements = elements;
+  }
+  compressed_.resize(setup.compressor->CompressedBytes(elements));
+  // The stream is the partition's, as at the server: randomk then picks the same
+  // elements on every worker and in the server's reply.
+  compression.state->Compress(reinterpret_cast<const float*>(partition.data), PartitionKeyHash()(key),
+                              task.round(), 1.0, compressed_.data());
+  header->rows = static_cast<int64_t>(elements);
+}
+
+Status ServerLink::SendPartition(const PartitionTask& partition, const char* data, size_t length,
+                                 FrameHeader* header) {
   // The server hears a tensor's declaration before its first push, and again whenever
   // anything in it changes (a gather's first dimension too, which bounds what the
   // server accepts).
@@ -194,12 +222,11 @@ Status ServerLink::SendPartition(const PartitionTask& partition, FrameHeader* he
     declared = task.declaration_hash();
   }
   header->type = static_cast<uint8_t>(FrameType::kPush);
-  header->length = partition.push_length;
+  header->length = length;
   // A broadcast root's data goes to the receivers from where it lies; alternating
   // copies keep its next round from overwriting what they may still be reading.
   const uint32_t copy = task.kind() == OpKind::kBroadcast ? task.round() % 2 : 0;
-  return channel_->SendData(*header, partition.data,
-                            SlotKey{{task.tensor_id(), partition.part}, copy});
+  return channel_->SendData(*header, data, SlotKey{{task.tensor_id(), partition.part}, copy});
 }
 
 bool ServerLink::TakePending(const FrameHeader& header, PendingPartition* pending) {
@@ -235,12 +262,15 @@ Status ServerLink::HandleReply(const FrameHeader& header, DataReader* payload) {
   if (IsGather(task.kind()) && header.part == kSizesPart && header.length == pending.reply_length)
     return StartGather(header, payload, pending);
   Timeline* const tracer = TracerFor(task);
-  return ReadAnswer(header, payload, pending, description(), [&](void* data, size_t bytes) {
-    FinishPartition(task, data, bytes);
-    if (tracer && pending.sent_at)
-      tracer->Stage(task.trace_session(), task.name(), task.round(), header.part, "PULL",
-                    pending.sent_at, Timeline::Now());
-  });
+  return ReadAnswer(
+      header, payload, pending, description(),
+      [&](void* data, size_t bytes) {
+        FinishPartition(task, data, bytes);
+        if (tracer && pending.sent_at)
+          tracer->Stage(task.trace_session(), task.name(), task.round(), header.part, "PULL",
+                        pending.sent_at, Timeline::Now());
+      },
+      task.compression());
 }
 
 Status ServerLink::StartGather(const FrameHeader& header, DataReader* payload,

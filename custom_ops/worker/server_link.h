@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "../common/common.h"
+#include "../compression/compressor.h"
+#include "../compression/registry.h"
 #include "../wire/transport.h"
 #include "credits.h"
 #include "pending.h"
@@ -101,7 +103,12 @@ class ServerLink {
   bool Push(PartitionTask& partition);
   // When the partition's push ended (or began), for its PULL stage on the timeline.
   void MarkSent(const PartitionTask& partition, int64_t at);
-  Status SendPartition(const PartitionTask& task, FrameHeader* header);
+  // Sends `length` bytes at `data` as the partition's push (its declaration first).
+  Status SendPartition(const PartitionTask& task, const char* data, size_t length,
+                       FrameHeader* header);
+  // A compressed push_pull's partition in compressed form, in compressed_; sets the
+  // header's element count.
+  void CompressPartition(const PartitionTask& partition, FrameHeader* header);
   void ReceiveLoop();
   Status HandleReply(const FrameHeader& header, DataReader* payload);
   Status HandleJoined(const FrameHeader& header, DataReader* payload);
@@ -124,6 +131,16 @@ class ServerLink {
   PushCredits credits_;
   // The declaration hash this server last heard per tensor; push stage only.
   std::unordered_map<uint64_t, uint64_t> declared_;
+  // Compressed push_pull, push stage only: each partition's momentum and error
+  // feedback (made anew when its compressor or size changes), and the bytes of the
+  // push being sent.
+  struct PushCompression {
+    const CompressionSetup* setup = nullptr;
+    size_t elements = 0;
+    std::unique_ptr<CompressionState> state;
+  };
+  std::unordered_map<PartitionKey, PushCompression, PartitionKeyHash> push_compression_;
+  std::vector<char> compressed_;
 
   PendingTable pending_;
 

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "../common/reduce.h"
+#include "../compression/registry.h"
 
 namespace bps {
 
@@ -61,11 +62,42 @@ Status CheckTaskSpec(const TaskSpec& spec, const Group& group) {
   if (op.kind == OpKind::kAlltoall && spec.splits.empty() && op.shape[0] % size != 0)
     return invalid("without splits the first dimension (" + std::to_string(op.shape[0]) +
                    ") must divide evenly among " + std::to_string(size) + " workers");
-  const bool needs_output = op.kind == OpKind::kPushPull || op.kind == OpKind::kBroadcast ||
+  if (!op.compression.empty()) {
+    const CompressionSetup* setup = nullptr;
+    Status status = FindCompression(op.compression, &setup);
+    if (!status.ok()) return invalid(status.message());
+    // What the compressors and the servers' sums are defined for (as in BytePS).
+    if (setup->compressor) {
+      if (op.kind != OpKind::kPushPull) return invalid("only push_pull compresses");
+      if (op.dtype != DataType::kFloat32)
+        return invalid("'" + setup->text + "' compresses float32 tensors, not " +
+                       DataTypeName(op.dtype));
+      if (op.reduce_op != ReduceOp::kSum && op.reduce_op != ReduceOp::kAverage)
+        return invalid("'" + setup->text + "' compresses sums and averages, not " +
+                       ReduceOpName(op.reduce_op));
+      if (op.process_set != 0)
+        return invalid("'" + setup->text + "' compresses in the global set only, not in process set " +
+                       std::to_string(op.process_set));
+    }
+  }
+  const bool needs_output = IsPushPull(op.kind) || op.kind == OpKind::kBroadcast ||
                             op.kind == OpKind::kAsyncPushPull;
   if (spec.bytes && (!spec.input || (needs_output && !spec.output)))
     return invalid("no input or output memory");
   return Status::OK();
+}
+
+void ChooseWireKind(size_t min_compress_bytes, Declaration* op) {
+  if (op->compression.empty()) return;
+  const CompressionSetup* setup = nullptr;
+  const bool compresses = FindCompression(op->compression, &setup).ok() && setup->compressor &&
+                          DeclaredBytes(*op) >= min_compress_bytes;
+  if (compresses) {
+    op->kind = OpKind::kCompressedPushPull;
+    op->compression = setup->text;  // every worker declares the same spelling
+  } else {
+    op->compression.clear();
+  }
 }
 
 Task::Task(TaskSpec spec, Group group, uint64_t tensor_id, uint64_t order, uint32_t round,
@@ -83,7 +115,12 @@ Task::Task(TaskSpec spec, Group group, uint64_t tensor_id, uint64_t order, uint3
       allocate_(std::move(allocate)),
       output_(spec_.output),
       source_(static_cast<const char*>(spec_.input)),
-      done_(std::move(done)) {}
+      done_(std::move(done)) {
+  // Checked by CheckTaskSpec before any task is made of the declaration.
+  if (kind() == OpKind::kCompressedPushPull && FindCompression(op().compression, &compression_).ok())
+    return;
+  compression_ = nullptr;
+}
 
 Status Task::AllocateOutput(const std::vector<int64_t>& shape) {
   if (output_) return Status::OK();

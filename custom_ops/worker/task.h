@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../common/common.h"
+#include "../compression/registry.h"
 #include "../wire/protocol.h"
 
 namespace bps {
@@ -42,6 +43,11 @@ struct Group {
 // The adapter's mistakes (shape and bytes disagree, a root outside the group, ...),
 // caught before anything reaches the wire.
 Status CheckTaskSpec(const TaskSpec& spec, const Group& group);
+
+// A push_pull that asks for compression travels as kCompressedPushPull (with the
+// compressor's canonical text) when it has at least `min_compress_bytes`, else as a
+// plain push_pull (BytePS's BYTEPS_MIN_COMPRESS_BYTES). After CheckTaskSpec.
+void ChooseWireKind(size_t min_compress_bytes, Declaration* op);
 
 // The rows of a `rows`-row tensor that rank `rank` of `size` keeps in a
 // reducescatter: an even split, the first ranks taking one more when it is uneven.
@@ -93,6 +99,8 @@ class Task {
   uint64_t tensor_id() const { return tensor_id_; }
   uint64_t order() const { return order_; }
   uint64_t signature() const { return signature_; }
+  // kCompressedPushPull: the compressor (null for other kinds).
+  const CompressionSetup* compression() const { return compression_; }
   // The operation as a kDeclare payload, and its hash: a peer hears the declaration
   // again whenever the hash differs from the one it last heard for the tensor.
   const std::string& declaration_frame() const { return declaration_frame_; }
@@ -146,6 +154,7 @@ class Task {
   const int timeout_ms_;
   const std::chrono::steady_clock::time_point deadline_;
   uint32_t trace_session_ = 0;
+  const CompressionSetup* compression_ = nullptr;
   AllocateFn allocate_;
   void* output_;
   const char* source_;

@@ -143,6 +143,7 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
     done(status);
     return;
   }
+  ChooseWireKind(options_.min_compress_bytes, &spec.op);
   if (spec.op.kind == OpKind::kAlltoall && spec.splits.empty())
     spec.splits.assign(group.size(), spec.op.shape[0] / group.size());
   TensorEntry entry;
@@ -166,7 +167,7 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
   // The result's size is known here only where it is the input's.
   const DataType dtype = spec.op.dtype;
   const size_t result_bytes =
-      kind == OpKind::kPushPull || kind == OpKind::kBroadcast || kind == OpKind::kAsyncPushPull
+      IsPushPull(kind) || kind == OpKind::kBroadcast || kind == OpKind::kAsyncPushPull
           ? spec.bytes
           : 0;
   void* const result = spec.output;
@@ -318,6 +319,7 @@ Status Worker::Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask
   const char* source = task->source();
   switch (op.kind) {
     case OpKind::kPushPull:
+    case OpKind::kCompressedPushPull:
     case OpKind::kAsyncPushPull:
     case OpKind::kBroadcast: {
       const bool root = op.kind == OpKind::kBroadcast && op.root_rank == options_.rank;

@@ -79,6 +79,9 @@ struct WorkerOptions {
   // A descriptor (the write end of a pipe, non-blocking) that gets a byte whenever a
   // server is lost: the binding's scheduler link wakes on it and reports the loss.
   int notify_fd = -1;
+  // BYTEPS_MIN_COMPRESS_BYTES: a push_pull asking for compression travels whole below
+  // this size (ChooseWireKind).
+  size_t min_compress_bytes = 65536;
 };
 
 // The worker engine. Its server links and its local merge report to it through

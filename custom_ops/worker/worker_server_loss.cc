@@ -67,7 +67,7 @@ Status Worker::MoveLostServer(int server) {
 
 void Worker::SendAgain(PendingPartition partition, const std::string& lost) {
   const Task& task = *partition.task;
-  if (task.kind() != OpKind::kPushPull && task.kind() != OpKind::kBroadcast) {
+  if (!IsPushPull(task.kind()) && task.kind() != OpKind::kBroadcast) {
     // A gather's second step depends on the sizes its first got from that server.
     partition.task->Fail(Status::Error(
         ErrorKind::kPeerGone, std::string(OpKindName(task.kind())) + " of tensor '" + task.name() +

@@ -67,9 +67,69 @@ class ScaledFP16Compressor(Compressor):
         return tf.cast(tensor, context) / tf.cast(self.scale, context)
 
 
+class CoreCompressor(Compressor):
+    """One of BytePS's compressors (onebit, topk, randomk, dithering), run by the core on
+    each partition of a float32 push_pull: compressed on the way to the servers, the
+    servers' sum compressed on the way back (custom_ops/compression/compressor.h). The
+    tensor itself goes to push_pull unchanged; `spec` is what the core reads."""
+
+    def __init__(self, spec: str):
+        from tf_bps.runtime import core
+
+        self.spec = core.worker_engine().canonical_compression(spec)
+
+    def __repr__(self):
+        return f"Compression.{self.spec.split()[0]}({', '.join(self.spec.split()[1:])})"
+
+    def __eq__(self, other):
+        return isinstance(other, CoreCompressor) and other.spec == self.spec
+
+    def __hash__(self):
+        return hash(self.spec)
+
+
+def _spec(name: str, **options) -> CoreCompressor:
+    words = [name]
+    for key, value in options.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        words.append(f"{key}={value}")
+    return CoreCompressor(" ".join(words))
+
+
 class Compression:
     none = NoneCompressor
     fp16 = FP16Compressor
+
+    @staticmethod
+    def onebit(scaling: bool = False, ef: str | None = None, momentum: str | None = None,
+               mu: float | None = None) -> CoreCompressor:
+        """Signs only, one bit per element (BytePS's onebit); `scaling` multiplies them
+        by the mean magnitude. `ef="vanilla"`: error feedback; `momentum="nesterov"`."""
+        return _spec("onebit", scaling=scaling, ef=ef, momentum=momentum, mu=mu)
+
+    @staticmethod
+    def topk(k: float, ef: str | None = None, momentum: str | None = None,
+             mu: float | None = None) -> CoreCompressor:
+        """The k largest magnitudes of each partition (k below 1: a fraction)."""
+        return _spec("topk", k=k, ef=ef, momentum=momentum, mu=mu)
+
+    @staticmethod
+    def randomk(k: float, seed: int = 0, ef: str | None = None, momentum: str | None = None,
+                mu: float | None = None) -> CoreCompressor:
+        """k elements of each partition chosen at random, the same on every worker."""
+        return _spec("randomk", k=k, seed=seed, ef=ef, momentum=momentum, mu=mu)
+
+    @staticmethod
+    def dithering(k: int, partition: str = "linear", normalize: str = "max", seed: int = 0,
+                  ef: str | None = None, momentum: str | None = None,
+                  mu: float | None = None) -> CoreCompressor:
+        """Stochastic rounding to k levels per sign (linear or natural), of the values
+        divided by their max or l2 norm; unbiased."""
+        return _spec("dithering", k=k, partition=partition, normalize=normalize, seed=seed,
+                     ef=ef, momentum=momentum, mu=mu)
 
     @staticmethod
     def powersgd(rank: int = 1, start_iter: int = 1000, min_compression_rate: float = 2.0,

@@ -230,6 +230,9 @@ class Config:
     local_rank: int
     local_size: int
     partition_bytes: int
+    # BYTEPS_MIN_COMPRESS_BYTES: push_pulls smaller than this travel uncompressed even
+    # when a compressor is asked for (custom_ops/compression/compressor.h).
+    min_compress_bytes: int
     # BYTEPS_SCHEDULING_CREDIT: partitions a worker may have pushed to one server
     # without the sum back (custom_ops/worker/credits.h); 0: no limit.
     scheduling_credit: int
@@ -336,6 +339,7 @@ class Config:
             # Unset: one worker process per visible GPU, as BytePS's launcher does.
             local_size=local_size or max(1, len(visible_gpus(env))),
             partition_bytes=_int(env, "BYTEPS_PARTITION_BYTES"),
+            min_compress_bytes=_int(env, "BYTEPS_MIN_COMPRESS_BYTES"),
             scheduling_credit=credit,
             server_engine_threads=_int(env, "BYTEPS_SERVER_ENGINE_THREAD"),
             force_distributed=_flag(env, "BYTEPS_FORCE_DISTRIBUTED"),

@@ -95,7 +95,8 @@ def worker_init(rank: int, size: int, servers: list[str], merge_with: list[int],
                          server_shares=shares, generation=generation,
                          move_lost_servers=moves_lost_servers(config),
                          lost_server_wait_ms=int(config.heartbeat_timeout * 1000),
-                         notify_fd=notify_fd, encrypt=config.encrypt)
+                         notify_fd=notify_fd, encrypt=config.encrypt,
+                         min_compress_bytes=config.min_compress_bytes)
 
 
 def moves_lost_servers(config: Config) -> bool:

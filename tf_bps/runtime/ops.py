@@ -18,7 +18,7 @@ import tensorflow as tf
 from tensorflow.python.framework import auto_control_deps
 
 from tf_bps.runtime import basics, core
-from tf_bps.runtime.compression import Compression
+from tf_bps.runtime.compression import Compression, CoreCompressor
 from tf_bps.runtime.process_sets import global_process_set, process_set_id, ranks_of
 
 _OP_TYPES = frozenset(("BytepsPushPull", "BytepsAsyncPushPull", "BytepsBroadcast",
@@ -130,11 +130,12 @@ def _default_name(prefix: str, tensor: tf.Tensor, set_id: int = 0) -> str:
 
 
 def _push_pull(tensor: tf.Tensor, name: str, op: ReduceOp, prescale_factor=1.0,
-               postscale_factor=1.0, set_id: int = 0) -> tf.Tensor:
+               postscale_factor=1.0, set_id: int = 0, compression: str = "") -> tf.Tensor:
     return _library.byteps_push_pull(tensor, tensor_name=name,
                                      reduce_op=_CORE_REDUCE_OP[ReduceOp(op)],
                                      prescale_factor=prescale_factor,
-                                     postscale_factor=postscale_factor, process_set=set_id)
+                                     postscale_factor=postscale_factor, process_set=set_id,
+                                     compression=compression)
 
 
 def _async_push_pull(tensor: tf.Tensor, name: str) -> tf.Tensor:
@@ -161,6 +162,11 @@ def push_pull(tensor, average: bool | None = None, name: str | None = None,
                              ("postscale_factor", postscale_factor)):
         if not isinstance(factor, (int, float)):
             raise ValueError(f"{argument}={factor!r} must be a number")
+    if isinstance(compression, CoreCompressor):
+        # The core compresses each partition on the way to the servers and back.
+        name = name or _default_name("PushPull", tensor, set_id)
+        return _push_pull(tensor, name, reduce_op, float(prescale_factor),
+                          float(postscale_factor), set_id, compression.spec)
     if compression is not Compression.none:
         # Scale the full-precision values; the wire carries the compressed ones.
         tensor = _scale(tensor, prescale_factor)

@@ -1,0 +1,135 @@
+"""BytePS's compressors in the core, through a real job: each push_pull round against a
+numpy model of both legs (every worker's momentum, error feedback and compressed push;
+the server's sum, its own error feedback and compressed reply), partition by
+partition. The model knows every rank's inputs; compress/decompress are the core's own
+(checked against their definitions in test_compression_units.py). Prints a REPORT."""
+
+import json
+import os
+
+import numpy as np
+import tensorflow as tf
+
+import tf_bps as bps
+from tf_bps.runtime import core
+
+bps.init()
+rank, size = bps.rank(), bps.size()
+native = core.worker_engine()
+NUM_SERVERS = int(os.environ["DMLC_NUM_SERVER"])
+PARTITION_BYTES = int(os.environ["BYTEPS_PARTITION_BYTES"])
+ELEMENTS = 50_000  # 200 KB: four partitions of 64 KB over the servers
+ROUNDS = 3
+SPECS = {
+    "onebit": bps.Compression.onebit(scaling=True, ef="vanilla"),
+    "topk": bps.Compression.topk(0.05, ef="vanilla"),
+    "randomk": bps.Compression.randomk(0.05, seed=3, ef="vanilla"),
+    "dithering": bps.Compression.dithering(4, ef="vanilla"),
+    "nesterov": bps.Compression.topk(0.05, ef="vanilla", momentum="nesterov", mu=0.9),
+    "plain": bps.Compression.onebit(),
+}
+report = {"rank": rank, "worst": {}, "specs": {k: c.spec for k, c in SPECS.items()}}
+
+
+def inputs(worker: int, step: int, n: int = ELEMENTS) -> np.ndarray:
+    return np.random.default_rng(100 * step + worker).normal(size=n).astype("float32")
+
+
+def tensor_id(name: str) -> int:  # FNV-1a, as the core names tensors
+    h = 1469598103934665603
+    for byte in name.encode():
+        h = ((h ^ byte) * 1099511628211) % 2**64
+    return h
+
+
+def partitions(n: int) -> list[tuple[int, int]]:
+    # The core's even cut (EvenPartitionBytes): whole elements, a multiple of the
+    # servers' cycle while pieces keep 64 KiB.
+    limit = max(1, PARTITION_BYTES // 4)
+    pieces = -(-n // limit)
+    even = -(-pieces // NUM_SERVERS) * NUM_SERVERS
+    count = min(even, max(pieces, 4 * n // 65536))
+    step = -(-n // count)
+    return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
+
+
+def model(spec: str, name: str, average: bool) -> list[np.ndarray]:
+    """The results every worker should receive, round by round."""
+    nesterov = "momentum=nesterov" in spec
+    ef = "ef=vanilla" in spec
+    parts = partitions(ELEMENTS)
+    momentum = {(w, p): np.zeros(hi - lo, "float32") for w in range(size)
+                for p, (lo, hi) in enumerate(parts)}
+    residual = dict.fromkeys(momentum, None)
+    server_residual = dict.fromkeys(range(len(parts)), None)
+    results = []
+
+    def squeeze(values, stream, round_, residual_of):
+        e = values if residual_of is None else values + residual_of
+        packed = native.compress(spec, e, stream=stream, round=round_)
+        restored = np.frombuffer(native.decompress(spec, packed, len(e)), "float32")
+        return restored, (e - restored if ef else None)
+
+    for round_ in range(1, ROUNDS + 1):
+        out = np.zeros(ELEMENTS, "float32")
+        for p, (lo, hi) in enumerate(parts):
+            stream = tensor_id(name) ^ ((p * 0x9E3779B97F4A7C15) % 2**64)
+            total = np.zeros(hi - lo, "float32")
+            for w in range(size):
+                g = inputs(w, round_)[lo:hi]
+                if nesterov:
+                    m = momentum[w, p] = np.float32(0.9) * momentum[w, p] + g
+                    g = g + np.float32(0.9) * m
+                sent, residual[w, p] = squeeze(g, stream, round_, residual[w, p])
+                total = total + sent
+            back, server_residual[p] = squeeze(total, stream, round_, server_residual[p])
+            out[lo:hi] = back / np.float32(size) if average else back
+        results.append(out)
+    return results
+
+
+def run(function, name, compression, average=True, n=ELEMENTS):
+    got = []
+    for round_ in range(1, ROUNDS + 1):
+        mine = tf.constant(inputs(rank, round_, n))
+        got.append(function(mine, name, compression, average).numpy())
+    return got
+
+
+def eager(tensor, name, compression, average):
+    return bps.push_pull(tensor, average=average, name=name, compression=compression)
+
+
+graph = tf.function(eager, reduce_retracing=True)
+
+for key, compression in SPECS.items():
+    for mode, function in (("eager", eager), ("graph", graph)):
+        name = f"{mode}.{key}"
+        got = run(function, name, compression, average=key != "plain")
+        want = model(compression.spec, name, average=key != "plain")
+        exact = [np.mean([inputs(w, r) for w in range(size)], axis=0) for r in (1, 2, 3)]
+        report["worst"][name] = max(float(np.max(np.abs(g - w)))
+                                    for g, w in zip(got, want, strict=True))
+        report.setdefault("from_mean", {})[name] = float(np.max(np.abs(got[-1] - exact[-1])))
+
+# Below BYTEPS_MIN_COMPRESS_BYTES a tensor travels whole: the exact mean.
+small = run(eager, "small", SPECS["topk"], n=1000)[-1]
+want = np.mean([inputs(w, ROUNDS, 1000) for w in range(size)], axis=0)
+report["small"] = float(np.max(np.abs(small - want)))
+
+refusals = {}
+cases = {
+    "float64": lambda: bps.push_pull(tf.zeros(ELEMENTS, tf.float64), name="f64",
+                                     compression=SPECS["topk"]),
+    "max": lambda: bps.push_pull(tf.zeros(ELEMENTS), name="max", op=bps.Max,
+                                 compression=SPECS["topk"]),
+}
+for case, call in cases.items():
+    try:
+        call()
+        refusals[case] = "accepted"
+    except tf.errors.InvalidArgumentError as error:
+        refusals[case] = error.message
+report["refusals"] = refusals
+bps.shutdown()
+print("REPORT " + json.dumps(report), flush=True)
