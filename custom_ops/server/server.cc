@@ -373,12 +373,20 @@ void Server::EnqueueEverywhere(EngineItem::Kind kind, uint32_t rank) {
 }
 
 void Server::LogTraffic() {
-  if (!LogEnabled(LogLevel::kDebug)) return;
+  if (!LogEnabled(LogLevel::kInfo)) return;
   std::map<uint64_t, std::pair<uint64_t, uint64_t>> by_tensor;  // id -> (in, out)
   for (auto& engine : engines_) engine->AddTraffic(&by_tensor);
-  for (const auto& [tensor_id, traffic] : by_tensor)
-    BPS_LOG(kDebug) << "tensor " << declarations_.Describe(tensor_id, 0) << " moved "
-                    << traffic.first << " bytes in and " << traffic.second << " bytes out";
+  for (const auto& [tensor_id, traffic] : by_tensor) {
+    // A compressed tensor's bytes are what its compression achieved: the operator's
+    // measure of it, so they are told at INFO; the others only when debugging.
+    Declaration declared;
+    const bool compressed = declarations_.Find(tensor_id, 0, &declared) &&
+                            declared.kind == OpKind::kCompressedPushPull;
+    const LogLevel level = compressed ? LogLevel::kInfo : LogLevel::kDebug;
+    if (!LogEnabled(level)) continue;
+    LogLine(level) << "tensor " << declarations_.Describe(tensor_id, 0) << " moved "
+                   << traffic.first << " bytes in and " << traffic.second << " bytes out";
+  }
 }
 
 std::shared_ptr<Server::WorkerConn> Server::ConnOf(uint32_t rank) {

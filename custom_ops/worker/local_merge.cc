@@ -249,7 +249,7 @@ Status LocalMerge::OnFrame(int index, const FrameHeader& header, DataReader* pay
       const char* data = payload->View(header.length);
       if (!data && header.length > 0)
         return Status::Error(peer.name + " sent a partition outside shared memory");
-      if (header.op_kind != static_cast<uint8_t>(OpKind::kPushPull) ||
+      if (!IsPushPull(static_cast<OpKind>(header.op_kind)) ||
           LeaderOf(header.tensor_id, header.part) != index_)
         return Status::Error(peer.name + " sent partition " + std::to_string(header.part) +
                              " of tensor id " + std::to_string(header.tensor_id) +

@@ -2,7 +2,13 @@
 numpy model of both legs (every worker's momentum, error feedback and compressed push;
 the server's sum, its own error feedback and compressed reply), partition by
 partition. The model knows every rank's inputs; compress/decompress are the core's own
-(checked against their definitions in test_compression_units.py). Prints a REPORT."""
+(checked against their definitions in test_compression_units.py). Prints a REPORT.
+
+Environment: COMPRESSORS (comma-separated keys of SPECS; all by default), MODES
+(eager, graph: how push_pull is called; both by default), INTEGERS=1
+(small integer inputs: every sum is exact, so the servers' order of adding cannot
+matter), MERGED=1 (the job merges each host's pushes first, BYTEPS_LOCAL_MERGE=1: the
+host's sum is what is compressed, once)."""
 
 import json
 import os
@@ -20,7 +26,9 @@ NUM_SERVERS = int(os.environ["DMLC_NUM_SERVER"])
 PARTITION_BYTES = int(os.environ["BYTEPS_PARTITION_BYTES"])
 ELEMENTS = 50_000  # 200 KB: four partitions of 64 KB over the servers
 ROUNDS = 3
-SPECS = {
+INTEGERS = os.environ.get("INTEGERS") == "1"
+MERGED = os.environ.get("MERGED") == "1"
+ALL_SPECS = {
     "onebit": bps.Compression.onebit(scaling=True, ef="vanilla"),
     "topk": bps.Compression.topk(0.05, ef="vanilla"),
     "randomk": bps.Compression.randomk(0.05, seed=3, ef="vanilla"),
@@ -28,11 +36,15 @@ SPECS = {
     "nesterov": bps.Compression.topk(0.05, ef="vanilla", momentum="nesterov", mu=0.9),
     "plain": bps.Compression.onebit(),
 }
+SPECS = {key: ALL_SPECS[key]
+         for key in os.environ.get("COMPRESSORS", ",".join(ALL_SPECS)).split(",")}
 report = {"rank": rank, "worst": {}, "specs": {k: c.spec for k, c in SPECS.items()}}
 
 
 def inputs(worker: int, step: int, n: int = ELEMENTS) -> np.ndarray:
-    return np.random.default_rng(100 * step + worker).normal(size=n).astype("float32")
+    rng = np.random.default_rng(100 * step + worker)
+    values = rng.integers(-8, 9, size=n) if INTEGERS else rng.normal(size=n)
+    return values.astype("float32")
 
 
 def tensor_id(name: str) -> int:  # FNV-1a, as the core names tensors
@@ -58,7 +70,8 @@ def model(spec: str, name: str, average: bool) -> list[np.ndarray]:
     nesterov = "momentum=nesterov" in spec
     ef = "ef=vanilla" in spec
     parts = partitions(ELEMENTS)
-    momentum = {(w, p): np.zeros(hi - lo, "float32") for w in range(size)
+    senders = 1 if MERGED else size  # a merged host pushes its workers' sum
+    momentum = {(w, p): np.zeros(hi - lo, "float32") for w in range(senders)
                 for p, (lo, hi) in enumerate(parts)}
     residual = dict.fromkeys(momentum, None)
     server_residual = dict.fromkeys(range(len(parts)), None)
@@ -75,8 +88,9 @@ def model(spec: str, name: str, average: bool) -> list[np.ndarray]:
         for p, (lo, hi) in enumerate(parts):
             stream = tensor_id(name) ^ ((p * 0x9E3779B97F4A7C15) % 2**64)
             total = np.zeros(hi - lo, "float32")
-            for w in range(size):
-                g = inputs(w, round_)[lo:hi]
+            for w in range(senders):
+                g = (sum(inputs(v, round_)[lo:hi] for v in range(size)) if MERGED
+                     else inputs(w, round_)[lo:hi])
                 if nesterov:
                     m = momentum[w, p] = np.float32(0.9) * momentum[w, p] + g
                     g = g + np.float32(0.9) * m
@@ -102,27 +116,39 @@ def eager(tensor, name, compression, average):
 
 graph = tf.function(eager, reduce_retracing=True)
 
+MODES = {"eager": eager, "graph": graph}
+MODES = {mode: MODES[mode] for mode in os.environ.get("MODES", "eager,graph").split(",")}
 for key, compression in SPECS.items():
-    for mode, function in (("eager", eager), ("graph", graph)):
+    for mode, function in MODES.items():
         name = f"{mode}.{key}"
         got = run(function, name, compression, average=key != "plain")
         want = model(compression.spec, name, average=key != "plain")
-        exact = [np.mean([inputs(w, r) for w in range(size)], axis=0) for r in (1, 2, 3)]
+        exact = [np.mean([inputs(w, r) for w in range(size)], axis=0)
+                 for r in range(1, ROUNDS + 1)]
         report["worst"][name] = max(float(np.max(np.abs(g - w)))
                                     for g, w in zip(got, want, strict=True))
         report.setdefault("from_mean", {})[name] = float(np.max(np.abs(got[-1] - exact[-1])))
 
+# What the servers should count: each round, each partition's compressed push from
+# every sender, and its compressed reply to every worker.
+report["wire_bytes"] = {
+    f"{mode}.{key}": ROUNDS * sum(
+        len(native.compress(compression.spec, np.zeros(hi - lo, "float32")))
+        for lo, hi in partitions(ELEMENTS)) for key, compression in SPECS.items()
+    for mode in MODES}
+report["senders"] = 1 if MERGED else size
+
 # Below BYTEPS_MIN_COMPRESS_BYTES a tensor travels whole: the exact mean.
-small = run(eager, "small", SPECS["topk"], n=1000)[-1]
+small = run(eager, "small", ALL_SPECS["topk"], n=1000)[-1]
 want = np.mean([inputs(w, ROUNDS, 1000) for w in range(size)], axis=0)
 report["small"] = float(np.max(np.abs(small - want)))
 
 refusals = {}
 cases = {
     "float64": lambda: bps.push_pull(tf.zeros(ELEMENTS, tf.float64), name="f64",
-                                     compression=SPECS["topk"]),
+                                     compression=ALL_SPECS["topk"]),
     "max": lambda: bps.push_pull(tf.zeros(ELEMENTS), name="max", op=bps.Max,
-                                 compression=SPECS["topk"]),
+                                 compression=ALL_SPECS["topk"]),
 }
 for case, call in cases.items():
     try:
