@@ -33,7 +33,7 @@ from tensorflow.python.util import nest
 
 import tf_bps as bps
 from tf_bps.runtime import basics, ops
-from tf_bps.runtime.compression import Compression, name_of
+from tf_bps.runtime.compression import Compression, CoreCompressor, core_spec, name_of
 from tf_bps.runtime.config import Config
 from tf_bps.strategies import saving
 from tf_bps.training import fusion
@@ -75,12 +75,17 @@ class PushPullCrossDeviceOps(tf.distribute.CrossDeviceOps):
         return self._workers
 
     def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):
-        return self._reduce(reduce_op, per_replica_value, destinations)
+        # Single values (metrics, strategy.reduce) travel whole even with a compressor
+        # of the core's: only gradients, which Keras reduces in batches, are compressed.
+        return self._reduce(reduce_op, per_replica_value, destinations, compress=False)
 
     def batch_reduce_implementation(self, reduce_op, value_destination_pairs, options):
         if self._workers == 1 or tf.executing_eagerly():
-            return [self._reduce(reduce_op, value, destinations)
-                    for value, destinations in value_destination_pairs]
+            # Each gradient under its own name: the core keeps a compressor's momentum
+            # and error feedback by name, which one name for all would mix up.
+            return [self._reduce(reduce_op, value, destinations, compress=True,
+                                 name=f"EagerGradient.{index}")
+                    for index, (value, destinations) in enumerate(value_destination_pairs)]
         # Named, and ranked, in the order given (the model's variables): the next step's
         # forward pass needs the first layers' sums first. Small values (biases, norms)
         # share rounds (fusion.py, BYTEPS_FUSION_THRESHOLD).
@@ -111,7 +116,9 @@ class PushPullCrossDeviceOps(tf.distribute.CrossDeviceOps):
         sent, wire_names, unfuse = fusion.fuse_small(wire, [names[i] for i in whole],
                                                     self._fusion_threshold, self._bucket_bytes)
         basics.declare(wire_names)
-        results = unfuse([ops.push_pull(t, op=ops.Sum, name=n)
+        # A compressor of the core's goes with every float32 tensor (fused buffers too);
+        # the core compresses those of BYTEPS_MIN_COMPRESS_BYTES or more.
+        results = unfuse([self._push_pull(t, n, compress=True)
                           for t, n in zip(sent, wire_names, strict=True)])
         for index, result, context in zip(whole, results, contexts, strict=True):
             summed[index] = self._wire.decompress(result, context)
@@ -130,7 +137,14 @@ class PushPullCrossDeviceOps(tf.distribute.CrossDeviceOps):
     def _local_sum(local: list):
         return tf.add_n(local) if len(local) > 1 else tf.identity(local[0])
 
-    def _reduce(self, reduce_op, value, destinations):
+    def _push_pull(self, tensor, name=None, compress=True):
+        """The sum over workers; `compress`: with the core's compressor, if one is set
+        and the tensor is float32 (others travel whole)."""
+        if compress and core_spec(self._wire, tensor.dtype):
+            return ops.push_pull(tensor, op=ops.Sum, name=name, compression=self._wire)
+        return ops.push_pull(tensor, op=ops.Sum, name=name)
+
+    def _reduce(self, reduce_op, value, destinations, compress: bool, name=None):
         # One value at a time (eagerly): whole, in the wire type. PowerSGD needs the
         # gradients of a traced step (model.fit's default; not run_eagerly=True).
         local = self._local_values(value)
@@ -138,7 +152,8 @@ class PushPullCrossDeviceOps(tf.distribute.CrossDeviceOps):
             total = self._local_sum(local)
             if self._workers > 1:
                 compressed, context = self._wire.compress(total)
-                total = self._wire.decompress(ops.push_pull(compressed, op=ops.Sum), context)
+                total = self._wire.decompress(
+                    self._push_pull(compressed, name, compress), context)
         return self._finish(reduce_op, total, len(local), destinations)
 
     def _finish(self, reduce_op, total, local_count: int, destinations):
@@ -301,8 +316,10 @@ class ParameterServerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
 
     `num_replicas_in_sync` counts the replicas of all workers; `fit` averages
     gradients over all of them once, and reports metrics averaged over workers.
-    `compression`: bps.Compression.none, .fp16 (what travels whole goes as float16), or
-    .powersgd(...) (kernels as low-rank factors, in traced steps).
+    `compression`: bps.Compression.none, .fp16 (what travels whole goes as float16),
+    .powersgd(...) (kernels as low-rank factors, in traced steps), or one of BytePS's
+    compressors, run by the core on float32 gradients (.onebit, .topk, .randomk,
+    .dithering, .from_params).
     """
 
     # Private: MirroredExtended reads this class attribute of its container.
@@ -355,9 +372,10 @@ class ParameterServerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
 
 def _check_compression(compression, config: Config) -> None:
     if not (compression in (Compression.none, Compression.fp16)
-            or isinstance(compression, PowerSGD)):
+            or isinstance(compression, (PowerSGD, CoreCompressor))):
         raise ValueError(f"compression={compression!r} is not supported by the strategy: "
-                         "use bps.Compression.none, .fp16 or .powersgd(...)")
+                         "use bps.Compression.none, .fp16, .powersgd(...) or one of the "
+                         "core's (.onebit, .topk, .randomk, .dithering)")
     if compression is not Compression.none and config.enable_async:
         raise ValueError(f"compression={name_of(compression)} does not apply with "
                          "BYTEPS_ENABLE_ASYNC=1: workers exchange full-precision weights")

@@ -187,17 +187,16 @@ PYBIND11_MODULE(_bps_worker, m) {
         "Seals one control message as number `sequence`.");
   m.def("open_message", &OpenMessage, py::arg("key"), py::arg("sequence"), py::arg("sealed"),
         "The clear text of a sealed control message, or None if it does not authenticate.");
-  m.def("init", &Init, py::arg("rank"), py::arg("size"), py::arg("servers"),
-        py::arg("partition_bytes"), py::arg("credit_bytes"), py::arg("timeout_ms"),
-        py::arg("token"), py::arg("local_ranks") = std::vector<int>{},
-        py::arg("local_socket_prefix") = "", py::arg("debug_sample") = "",
-        py::arg("nan_check") = false, py::arg("across_hosts") = false,
-        py::arg("server_shares") = std::vector<int>{}, py::arg("generation") = 0,
-        py::arg("move_lost_servers") = false, py::arg("lost_server_wait_ms") = 0,
-        py::arg("notify_fd") = -1, py::arg("encrypt") = false,
-        py::arg("min_compress_bytes") = 65536,
-        "Connects to the servers ((host, port, same_host) each) and, with several local "
-        "ranks, to the other workers of this host.");
+  m.def(
+      "init", &Init, py::arg("rank"), py::arg("size"), py::arg("servers"),
+      py::arg("partition_bytes"), py::arg("credit_bytes"), py::arg("timeout_ms"), py::arg("token"),
+      py::arg("local_ranks") = std::vector<int>{}, py::arg("local_socket_prefix") = "",
+      py::arg("debug_sample") = "", py::arg("nan_check") = false, py::arg("across_hosts") = false,
+      py::arg("server_shares") = std::vector<int>{}, py::arg("generation") = 0,
+      py::arg("move_lost_servers") = false, py::arg("lost_server_wait_ms") = 0,
+      py::arg("notify_fd") = -1, py::arg("encrypt") = false, py::arg("min_compress_bytes") = 65536,
+      "Connects to the servers ((host, port, same_host) each) and, with several local "
+      "ranks, to the other workers of this host.");
   m.def(
       "abort", [](const std::string& reason) { bps_worker_abort(reason.c_str()); },
       py::arg("reason"), "Fails every operation in flight and to come with `reason`.");

@@ -49,7 +49,7 @@ struct EngineItem {
   int64_t rows = 0;          // gathers: the sender's first dimension
   bool host_merged = false;  // counts for every worker of the sender's host
   size_t length = 0;
-  size_t wire_length = 0;  // bytes the push took on the wire (compressed pushes: fewer)
+  size_t wire_length = 0;        // bytes the push took on the wire (compressed pushes: fewer)
   BlockPool::Block block;        // data received over the socket, or
   const char* shared = nullptr;  // data in the worker's shared slot (same host).
   const char* data() const { return shared ? shared : block.data.get(); }

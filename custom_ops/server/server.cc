@@ -273,8 +273,7 @@ Status Server::CheckCompressedPush(const FrameHeader& header, uint32_t rank,
   const std::string from = "worker rank " + std::to_string(rank);
   if (!declared || declared->kind != OpKind::kCompressedPushPull ||
       declared->dtype != DataType::kFloat32 ||
-      !FindCompression(declared->compression, compression).ok() ||
-      !(*compression)->compressor)
+      !FindCompression(declared->compression, compression).ok() || !(*compression)->compressor)
     return Status::Error(from + " sent a compressed push of tensor " +
                          declarations_.Describe(header.tensor_id, rank) +
                          " without declaring its compressor");
@@ -380,8 +379,8 @@ void Server::LogTraffic() {
     // A compressed tensor's bytes are what its compression achieved: the operator's
     // measure of it, so they are told at INFO; the others only when debugging.
     Declaration declared;
-    const bool compressed = declarations_.Find(tensor_id, 0, &declared) &&
-                            declared.kind == OpKind::kCompressedPushPull;
+    const bool compressed =
+        declarations_.Find(tensor_id, 0, &declared) && declared.kind == OpKind::kCompressedPushPull;
     const LogLevel level = compressed ? LogLevel::kInfo : LogLevel::kDebug;
     if (!LogEnabled(level)) continue;
     LogLine(level) << "tensor " << declarations_.Describe(tensor_id, 0) << " moved "

@@ -83,14 +83,12 @@ Status ReadAnswer(const FrameHeader& header, DataReader* payload, const PendingP
   const size_t due =
       compression ? compression->compressor->CompressedBytes(elements) : pending.reply_length;
   auto malformed = [&](const std::string& what) {
-    task.Fail(Status::Error(ErrorKind::kInternal, from + " returned a malformed result (" + what +
-                                                      ") for partition " +
-                                                      std::to_string(header.part) + " of tensor '" +
-                                                      task.name() + "'"));
+    task.Fail(Status::Error(ErrorKind::kInternal,
+                            from + " returned a malformed result (" + what + ") for partition " +
+                                std::to_string(header.part) + " of tensor '" + task.name() + "'"));
   };
   if (header.length != due) {
-    malformed(std::to_string(header.length) + " bytes where " + std::to_string(due) +
-              " were due");
+    malformed(std::to_string(header.length) + " bytes where " + std::to_string(due) + " were due");
     return payload->Skip();
   }
   if (!task.BeginIo()) return payload->Skip();

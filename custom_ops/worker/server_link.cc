@@ -202,8 +202,8 @@ void ServerLink::CompressPartition(const PartitionTask& partition, FrameHeader* 
   compressed_.resize(setup.compressor->CompressedBytes(elements));
   // The stream is the partition's, as at the server: randomk then picks the same
   // elements on every worker and in the server's reply.
-  compression.state->Compress(reinterpret_cast<const float*>(partition.data), PartitionKeyHash()(key),
-                              task.round(), 1.0, compressed_.data());
+  compression.state->Compress(reinterpret_cast<const float*>(partition.data),
+                              PartitionKeyHash()(key), task.round(), 1.0, compressed_.data());
   header->rows = static_cast<int64_t>(elements);
 }
 

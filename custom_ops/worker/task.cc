@@ -76,12 +76,13 @@ Status CheckTaskSpec(const TaskSpec& spec, const Group& group) {
         return invalid("'" + setup->text + "' compresses sums and averages, not " +
                        ReduceOpName(op.reduce_op));
       if (op.process_set != 0)
-        return invalid("'" + setup->text + "' compresses in the global set only, not in process set " +
+        return invalid("'" + setup->text +
+                       "' compresses in the global set only, not in process set " +
                        std::to_string(op.process_set));
     }
   }
-  const bool needs_output = IsPushPull(op.kind) || op.kind == OpKind::kBroadcast ||
-                            op.kind == OpKind::kAsyncPushPull;
+  const bool needs_output =
+      IsPushPull(op.kind) || op.kind == OpKind::kBroadcast || op.kind == OpKind::kAsyncPushPull;
   if (spec.bytes && (!spec.input || (needs_output && !spec.output)))
     return invalid("no input or output memory");
   return Status::OK();
@@ -117,7 +118,8 @@ Task::Task(TaskSpec spec, Group group, uint64_t tensor_id, uint64_t order, uint3
       source_(static_cast<const char*>(spec_.input)),
       done_(std::move(done)) {
   // Checked by CheckTaskSpec before any task is made of the declaration.
-  if (kind() == OpKind::kCompressedPushPull && FindCompression(op().compression, &compression_).ok())
+  if (kind() == OpKind::kCompressedPushPull &&
+      FindCompression(op().compression, &compression_).ok())
     return;
   compression_ = nullptr;
 }

@@ -1,6 +1,10 @@
-"""Gradient compression applied around push_pull (Horovod's Compression API)."""
+"""Gradient compression applied around push_pull (Horovod's Compression API), and
+BytePS's compressors, which the core runs (CoreCompressor; BytePS's compression_params
+dict builds them too: Compression.from_params)."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 
 class Compressor:
@@ -93,10 +97,66 @@ def _spec(name: str, **options) -> CoreCompressor:
     for key, value in options.items():
         if value is None:
             continue
-        if isinstance(value, bool):
-            value = "true" if value else "false"
-        words.append(f"{key}={value}")
+        text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+        # The spec is words of key=value: a value with a space or '=' would smuggle in
+        # another key (or hide this one) instead of being refused by the core.
+        if not text or any(c.isspace() or c == "=" for c in text):
+            raise ValueError(f"compression: {key}={value!r} is not a valid value")
+        words.append(f"{key}={text}")
     return CoreCompressor(" ".join(words))
+
+
+# BytePS's compression_params (byteps.mxnet.DistributedTrainer; docs/gradient-compression.md).
+_PARAM_KEYS = ("compressor", "k", "scaling", "ef", "momentum", "mu", "seed", "partition",
+               "normalize", "fp16")
+_CORE_COMPRESSORS = ("onebit", "topk", "randomk", "dithering")
+
+
+def _from_params(params) -> Compressor:
+    if not isinstance(params, Mapping):
+        raise ValueError(f"compression_params={params!r} must be a dict such as "
+                         "{'compressor': 'topk', 'k': 0.01, 'ef': 'vanilla'}")
+    for key, value in params.items():
+        if key not in _PARAM_KEYS:
+            raise ValueError(f"compression_params: unknown key {key!r} (value {value!r}); "
+                             f"the keys are {', '.join(_PARAM_KEYS)}")
+    fp16 = params.get("fp16", False)
+    if not isinstance(fp16, bool):
+        raise ValueError(f"compression_params: 'fp16': {fp16!r} must be True or False")
+    name = params.get("compressor")
+    # As in BytePS, a key set to None counts as absent.
+    options = {key: value for key, value in params.items()
+               if key not in ("compressor", "fp16") and value is not None}
+    if name is None:
+        if options:
+            key, value = next(iter(options.items()))
+            raise ValueError(f"compression_params: {key!r}: {value!r} needs a 'compressor' "
+                             f"({', '.join(_CORE_COMPRESSORS)})")
+        # BytePS: fp16 alone is the cast before the local merge, the only compression.
+        return FP16Compressor if fp16 else NoneCompressor
+    if not isinstance(name, str) or name not in _CORE_COMPRESSORS:
+        raise ValueError(f"compression_params: 'compressor': {name!r} is not one of "
+                         f"{', '.join(_CORE_COMPRESSORS)}")
+    if fp16:
+        # BytePS casts to float16 before its compressor; this core compresses float32
+        # partitions only, so float16 gradients would silently travel uncompressed.
+        raise ValueError(f"compression_params: 'fp16': True does not combine with "
+                         f"'compressor': {name!r}: the core compresses float32 gradients "
+                         "only; leave 'fp16' out (the compressor sends far fewer bytes "
+                         "than float16 would)")
+    try:
+        return _spec(name, **options)
+    except ValueError as error:
+        raise ValueError(f"compression_params={dict(params)!r}: {error}") from None
+
+
+def core_spec(compression, dtype) -> str:
+    """The compressor text the core's push_pull gets for a tensor of `dtype`: a
+    CoreCompressor's spec for float32, what the core compresses (it decides by size);
+    "" otherwise, so such tensors travel whole, as BytePS leaves them."""
+    if isinstance(compression, CoreCompressor) and getattr(dtype, "name", None) == "float32":
+        return compression.spec
+    return ""
 
 
 class Compression:
@@ -130,6 +190,15 @@ class Compression:
         divided by their max or l2 norm; unbiased."""
         return _spec("dithering", k=k, partition=partition, normalize=normalize, seed=seed,
                      ef=ef, momentum=momentum, mu=mu)
+
+    @staticmethod
+    def from_params(params: Mapping) -> Compressor:
+        """BytePS's `compression_params` dict, e.g. {"compressor": "topk", "k": 0.01,
+        "ef": "vanilla", "momentum": "nesterov", "mu": 0.9}: the same CoreCompressor the
+        builders above make (keys compressor, k, scaling, ef, momentum, mu, seed,
+        partition, normalize, fp16). Without "compressor": Compression.none, or
+        Compression.fp16 with "fp16": True."""
+        return _from_params(params)
 
     @staticmethod
     def powersgd(rank: int = 1, start_iter: int = 1000, min_compression_rate: float = 2.0,

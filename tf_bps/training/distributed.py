@@ -145,20 +145,24 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                          device_sparse="", compression=Compression.none, sparse_as_dense=False,
                          backward_passes_per_step=None, op=Average, gradient_predivide_factor=1.0,
                          average_aggregated_gradients=False, num_groups=0, groups=None,
-                         process_set=global_process_set, scale_local_gradients=True):
+                         process_set=global_process_set, scale_local_gradients=True,
+                         compression_params=None):
     """Wraps a Keras 3 (or tf.compat.v1) optimizer so that it applies gradients
     averaged (op=bps.Average) or summed (op=bps.Sum) over all workers.
 
     Takes every argument of Horovod's DistributedOptimizer (horovod.tensorflow and
     horovod.tensorflow.keras) with its default. `backward_passes_per_step=N` adds N
     local gradients before one synchronisation (their mean with
-    average_aggregated_gradients=True). The result is an instance of a subclass of the
-    optimizer's own class with the same name, module and config, so saved models
-    reload without tf_bps.
+    average_aggregated_gradients=True). `compression` may be one of BytePS's
+    compressors (bps.Compression.topk(...) and the like), or `compression_params`
+    BytePS's dict for one (Compression.from_params). The result is an instance of a
+    subclass of the optimizer's own class with the same name, module and config, so
+    saved models reload without tf_bps.
     """
     options = SyncOptions.from_arguments(compression, op, sparse_as_dense,
                                          gradient_predivide_factor, device_dense,
-                                         device_sparse, num_groups, groups, process_set)
+                                         device_sparse, num_groups, groups, process_set,
+                                         compression_params)
     if backward_passes_per_step is None:  # 1, or AIACC's PERSEUS_ACCUMULATE_N_STEPS
         backward_passes_per_step = basics.config().accumulate_steps
     if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
@@ -244,7 +248,7 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
                                 gradient_predivide_factor=1.0,
                                 average_aggregated_gradients=False, groups=None,
                                 process_set=global_process_set, local_layers=None,
-                                scale_local_gradients=True):
+                                scale_local_gradients=True, compression_params=None):
     """A DistributedOptimizer whose `local_layers` (a Keras layer or a list) keep their
     gradients on this worker (scaled by 1/size when scale_local_gradients): model
     parallel parts of a model, as Horovod's PartialDistributedOptimizer."""
@@ -255,7 +259,8 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
         backward_passes_per_step=backward_passes_per_step, op=op,
         gradient_predivide_factor=gradient_predivide_factor,
         average_aggregated_gradients=average_aggregated_gradients, groups=groups,
-        process_set=process_set, scale_local_gradients=scale_local_gradients)
+        process_set=process_set, scale_local_gradients=scale_local_gradients,
+        compression_params=compression_params)
     wrapped._bps_register_local_layers(layers)
     return wrapped
 
@@ -264,7 +269,8 @@ def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="",
                                    compression=Compression.none, sparse_as_dense=False,
                                    op=Average, gradient_predivide_factor=1.0, num_groups=0,
                                    groups=None, process_set=global_process_set,
-                                   local_layers=None, scale_local_gradients=True):
+                                   local_layers=None, scale_local_gradients=True,
+                                   compression_params=None):
     """A DistributedGradientTape whose `local_layers` keep their gradients on this worker
     (scaled by 1/size when scale_local_gradients), as Horovod's."""
     layers = _layers(local_layers)
@@ -272,7 +278,8 @@ def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="",
         gradtape, device_dense=device_dense, device_sparse=device_sparse,
         compression=compression, sparse_as_dense=sparse_as_dense, op=op,
         gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
-        groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients)
+        groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients,
+        compression_params=compression_params)
     tape._bps_register_local_layers(layers)
     return tape
 
@@ -285,18 +292,19 @@ _TAPE_STEP_STATE: dict[tuple, tuple] = {}
 
 class DistributedGradientTape(_GradientSync):
     """Wraps a tf.GradientTape: `gradient()` returns gradients synchronised over all
-    workers. Takes every argument of Horovod's DistributedGradientTape; everything
-    else is the wrapped tape's."""
+    workers. Takes every argument of Horovod's DistributedGradientTape, and BytePS's
+    compressors as DistributedOptimizer does (`compression` or `compression_params`);
+    everything else is the wrapped tape's."""
 
     def __init__(self, gradtape, device_dense="", device_sparse="",
                  compression=Compression.none, sparse_as_dense=False, op=Average,
                  gradient_predivide_factor=1.0, num_groups=0, groups=None,
                  process_set=global_process_set, scale_local_gradients=True,
-                 name="DistributedGradientTape"):
+                 name="DistributedGradientTape", compression_params=None):
         self._tape = gradtape
         options = SyncOptions.from_arguments(
             compression, op, sparse_as_dense, gradient_predivide_factor, device_dense,
-            device_sparse, num_groups, groups, process_set)
+            device_sparse, num_groups, groups, process_set, compression_params)
         options.refuse_asynchronous("DistributedGradientTape")
         self._prefix = name
         self._bps_init_sync(options, name, scale_local_gradients)

@@ -10,7 +10,7 @@ import dataclasses
 import tensorflow as tf
 
 from tf_bps.runtime import basics
-from tf_bps.runtime.compression import Compression, name_of
+from tf_bps.runtime.compression import Compression, CoreCompressor, core_spec, name_of
 from tf_bps.runtime.compression import from_config as compression_from_config
 from tf_bps.runtime.ops import (
     Average,
@@ -59,7 +59,14 @@ class SyncOptions:
     @classmethod
     def from_arguments(cls, compression=Compression.none, op=Average, sparse_as_dense=False,
                        gradient_predivide_factor=1.0, device_dense="", device_sparse="",
-                       num_groups=0, groups=None, process_set=None) -> SyncOptions:
+                       num_groups=0, groups=None, process_set=None,
+                       compression_params=None) -> SyncOptions:
+        if compression_params is not None:
+            if compression is not Compression.none:
+                raise ValueError(f"compression={name_of(compression)} and compression_params="
+                                 f"{compression_params!r} both choose the compression: pass "
+                                 "one of them")
+            compression = Compression.from_params(compression_params)
         if op not in (Average, Sum):
             raise ValueError(f"op={op!r} is not supported: use bps.Average or bps.Sum")
         if gradient_predivide_factor != 1.0 and op != Average:
@@ -97,6 +104,10 @@ class SyncOptions:
                 raise ValueError(f"{', '.join(config.gradient_step_options())} works on "
                                  "synchronised gradients; it cannot be combined with "
                                  "BYTEPS_ENABLE_ASYNC=1")
+        if isinstance(compression, CoreCompressor) and set_id != 0:
+            # The servers sum compressed pushes of all workers (custom_ops/compression).
+            raise ValueError(f"compression={name_of(compression)} compresses push_pulls of "
+                             f"all workers only, not in process_set={process_set!r}")
         if isinstance(compression, PowerSGD) and gradient_predivide_factor != 1.0:
             raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor!r} does "
                              "not combine with Compression.powersgd, which averages (or sums) "
@@ -138,10 +149,11 @@ class SyncOptions:
 
 
 @tf.function
-def _push_pull_group(tensors, names, op, set_id):
-    """All push_pulls of one step in one graph, so they are in flight together."""
-    return [_push_pull(t, n, ReduceOp(op), set_id=set_id)
-            for t, n in zip(tensors, names, strict=True)]
+def _push_pull_group(tensors, names, op, set_id, specs):
+    """All push_pulls of one step in one graph, so they are in flight together.
+    `specs`: each tensor's core compressor ("" for none)."""
+    return [_push_pull(t, n, ReduceOp(op), set_id=set_id, compression=c)
+            for t, n, c in zip(tensors, names, specs, strict=True)]
 
 
 def synchronise_gradients(grads, names, options: SyncOptions = SyncOptions(),
@@ -203,12 +215,16 @@ def synchronise_gradients(grads, names, options: SyncOptions = SyncOptions(),
     # Priority follows the model's order (the variables'), not the backward pass's:
     # the next step's forward pass needs the first layers' sums first.
     basics.declare(wire_names)
+    # A core compressor travels with each float32 tensor, fused buffers included (the
+    # core compresses those of BYTEPS_MIN_COMPRESS_BYTES or more); its compress() and
+    # decompress() above and below leave the values as they are.
+    specs = tuple(core_spec(options.compression, t.dtype) for t in tensors)
     with _placed(options.device_dense):
         if tf.executing_eagerly():
-            summed = _push_pull_group(tensors, tuple(wire_names), int(op), set_id)
+            summed = _push_pull_group(tensors, tuple(wire_names), int(op), set_id, specs)
         else:
-            summed = [_push_pull(t, n, op, set_id=set_id)
-                      for t, n in zip(tensors, wire_names, strict=True)]
+            summed = [_push_pull(t, n, op, set_id=set_id, compression=c)
+                      for t, n, c in zip(tensors, wire_names, specs, strict=True)]
     if unfuse:
         summed = unfuse(summed)
     summed = [_scale(options.compression.decompress(tensor, context), postscale)
