@@ -509,6 +509,17 @@ class FakeWorker {
     EXPECT(conn_->Send(header, frame.data()).ok());
   }
 
+  // A push of raw bytes (a compressed partition: `rows` elements).
+  void PushBytes(uint64_t tensor, uint32_t round, OpKind kind, uint64_t signature,
+                 const std::string& bytes, int64_t rows) {
+    FrameHeader header = Header(FrameType::kPush, tensor, round, kind);
+    header.signature = signature;
+    header.dtype = static_cast<uint8_t>(DataType::kFloat32);
+    header.rows = rows;
+    header.length = bytes.size();
+    EXPECT(conn_->Send(header, bytes.data()).ok());
+  }
+
   // A push header claiming `length` bytes, with none of them sent.
   void ClaimPush(uint64_t tensor, uint64_t length) {
     FrameHeader header = Header(FrameType::kPush, tensor, 1, OpKind::kPushPull);
@@ -607,6 +618,59 @@ void TestServerRefusesOversizedPushes() {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT(small.failure().find("BYTEPS_MAX_TENSOR_BYTES") != std::string::npos);
   small.Stop();
+}
+
+// A compressed push_pull at a server: the reply is the sum compressed again, and a push
+// that is not what the declaration's compressor makes (a length for another element
+// count, an index out of range) costs its sender the connection, never the server.
+void TestServerChecksCompressedPushes() {
+  ServerOptions options;
+  options.token = kToken;
+  options.timeout_ms = 5000;
+  Declaration declaration;
+  declaration.name = "sparse";
+  declaration.kind = OpKind::kCompressedPushPull;
+  declaration.shape = {1000};
+  declaration.compression = "topk k=2 ef=none momentum=none";
+  const uint64_t signature = Signature(declaration);
+  const CompressionSetup* setup = nullptr;
+  EXPECT(FindCompression(declaration.compression, &setup).ok());
+  std::vector<float> values(1000, 0.0f);
+  values[3] = 1.5f;
+  values[700] = -2.0f;
+  std::string push(setup->compressor->CompressedBytes(values.size()), '\0');
+  setup->compressor->Compress(values.data(), values.size(), 0, 1, push.data());
+
+  for (const char* mischief : {"", "length", "index"}) {
+    Server server(options);
+    int port = 0;
+    EXPECT(server.Listen(&port).ok() && server.Serve({0}).ok());
+    FakeWorker worker(port, 0);
+    worker.Declare(21, declaration);
+    std::string sent = push;
+    int64_t rows = 1000;
+    if (std::string(mischief) == "length") rows = 999;  // 16 bytes are topk's of any count
+    if (std::string(mischief) == "length") sent += "more";
+    if (std::string(mischief) == "index") std::memcpy(sent.data() + 4, "\xff\xff\x00\x00", 4);
+    worker.PushBytes(21, 1, OpKind::kCompressedPushPull, signature, sent, rows);
+    if (!*mischief) {
+      // One worker: the sum is its push, and topk of it keeps the same two elements.
+      std::string reply;
+      const FrameHeader header = worker.Receive(&reply);
+      EXPECT(header.type == static_cast<uint8_t>(FrameType::kReply) && reply == push);
+    } else {
+      for (int i = 0; i < 100 && server.failure().empty(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      const std::string failure = server.failure();
+      const char* expected =
+          std::string(mischief) == "length" ? "bytes for 999 elements" : "a malformed 'topk k=2";
+      if (failure.find(expected) == std::string::npos) {
+        ++failures;
+        std::cerr << "server failure '" << failure << "' lacks '" << expected << "'\n";
+      }
+    }
+    server.Stop();
+  }
 }
 
 // Someone on this host bound the server's local socket name first: the worker sees it
@@ -892,6 +956,7 @@ int main(int argc, char** argv) {
   bps::TestSealedFrames();
   bps::TestSquattedLocalSocketIsNotTrusted();
   bps::TestServerRefusesOversizedPushes();
+  bps::TestServerChecksCompressedPushes();
   bps::TestJsonParsing();
   bps::TestSettingsTable();
   bps::TestCompression();
