@@ -10,6 +10,12 @@ import pytest
 from conftest import LAUNCH, base_env, finish, worker_command
 from conftest import marked_json as reports
 
+# A dead worker that no server saw close its connection is found by its silence, and a
+# failed elastic job's scheduler stays a heartbeat timeout to tell workers between
+# two registrations why: 3 s instead of the default 10 s. Heartbeats still come every
+# 0.5 s, six to a timeout, so a live process on a busy machine is not taken for dead.
+FAST_HEARTBEAT = {"PS_HEARTBEAT_INTERVAL": 0.5, "PS_HEARTBEAT_TIMEOUT": 3}
+
 
 @pytest.mark.parametrize("limit", [1, 2])
 def test_an_elastic_job_within_and_past_its_reset_limit(procs, limit):
@@ -91,7 +97,7 @@ def test_losing_the_host_of_rank_0_leaves_the_other_host_training(procs, tmp_pat
     # Horovod's scenario: both workers of the first host (ranks 0 and 1) die at one
     # step; the job goes from 4 to 2 and its new rank 0 is on the other host.
     job = DiscoveredJob(procs, tmp_path, "localhost:2,127.0.0.1:2", "--min-np", "2",
-                        steps=100, ELASTIC_DIE="localhost@20")
+                        steps=100, ELASTIC_DIE="localhost@20", **FAST_HEARTBEAT)
     status, output = job.finish(timeout=180)
     assert status == 0, output
     assert output.count("DYING") == 2, output
@@ -121,7 +127,7 @@ def test_a_failed_host_is_blacklisted_for_its_cooldown_and_then_used_again(procs
 
 def test_every_worker_failing_ends_the_job_with_a_message(procs, tmp_path):
     job = DiscoveredJob(procs, tmp_path, "localhost:1,127.0.0.1:1", "--min-np", "1",
-                        steps=100, ELASTIC_DIE="localhost@10,127.0.0.1@10")
+                        steps=100, ELASTIC_DIE="localhost@10,127.0.0.1@10", **FAST_HEARTBEAT)
     status, output = job.finish()
     assert status != 0, output
     assert "every worker failed" in output, output
