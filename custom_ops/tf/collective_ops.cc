@@ -409,6 +409,29 @@ REGISTER_OP("BytepsAsyncPushPull")
         "servers keep and returns them, without waiting for other workers. The first "
         "call on a tensor sends the initial value instead; every worker gets rank 0's.");
 
+// The learning rate of the step whose gradients are pushed next: error feedback rescales
+// what compression left out when it changes (compression/compressor.h).
+class SetLearningRateOp : public tensorflow::OpKernel {
+ public:
+  explicit SetLearningRateOp(OpKernelConstruction* context) : OpKernel(context) {}
+  void Compute(OpKernelContext* context) override {
+    const Tensor& rate = context->input(0);
+    OP_REQUIRES(context, tensorflow::TensorShapeUtils::IsScalar(rate.shape()),
+                absl::InvalidArgumentError("the learning rate must be a scalar"));
+    bps_set_learning_rate(rate.scalar<double>()());
+  }
+};
+
+REGISTER_OP("BytepsSetLearningRate")
+    .Input("learning_rate: float64")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .Doc(
+        "Tells the core the learning rate of the step whose gradients follow, so that "
+        "compression's error feedback keeps meaning the same update when it changes.");
+
+REGISTER_KERNEL_BUILDER(Name("BytepsSetLearningRate").Device(tensorflow::DEVICE_CPU),
+                        SetLearningRateOp);
 REGISTER_KERNEL_BUILDER(Name("BytepsPushPull").Device(tensorflow::DEVICE_CPU), PushPullOp);
 REGISTER_KERNEL_BUILDER(Name("BytepsBroadcast").Device(tensorflow::DEVICE_CPU), BroadcastOp);
 REGISTER_KERNEL_BUILDER(Name("BytepsAllgather").Device(tensorflow::DEVICE_CPU), AllgatherOp);

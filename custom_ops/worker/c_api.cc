@@ -311,6 +311,12 @@ void bps_enqueue(const bps_op* op, bps_allocate_fn allocate, bps_done_fn done, v
   worker->Enqueue(std::move(spec), std::move(allocate_output), std::move(finish));
 }
 
+void bps_set_learning_rate(double learning_rate) {
+  std::shared_ptr<bps::Worker> worker;
+  if (learning_rate > 0 && bps::CurrentWorker(&worker) && worker)
+    worker->SetLearningRate(learning_rate);
+}
+
 int bps_worker_start_timeline(const char* path, int first_step, int last_step) {
   if (!path || !*path || first_step < 1 || (last_step != 0 && last_step < first_step))
     return bps::Fail("malformed timeline request");

@@ -95,6 +95,10 @@ int bps_worker_start_timeline(const char* path, int first_step, int last_step);
  * returns once its file is written, or after the operation timeout if operations it
  * took are still running (the file follows once they end). */
 int bps_worker_stop_timeline(void);
+/* The learning rate of the step whose push_pulls are enqueued next (> 0): compressed
+ * push_pulls with error feedback rescale their residual by the old rate over the new
+ * one when it changes. Without servers, or before init, it does nothing. */
+void bps_set_learning_rate(double learning_rate);
 /* Gives the `count` tensors named in `names` their priority, in that order (earlier
  * goes first), unless they already have one. Without servers it does nothing. */
 int bps_worker_declare(const char* const* names, int count);

@@ -183,7 +183,10 @@ void LocalMerge::MaybeMerge(const PartitionKey& key, MergeState* state, Effects*
       options_.timeout_ms, nullptr,
       [this, key, round, hold](const Status& result) { OnUpstreamDone(key, round, result); });
   // Its pushes and pulls are this worker's part in the round: recorded where its own are.
-  if (state->own) state->upstream->set_trace_session(state->own->trace_session());
+  if (state->own) {
+    state->upstream->set_trace_session(state->own->trace_session());
+    state->upstream->set_learning_rate(state->own->learning_rate());
+  }
   PartitionTask item =
       MakePartition(state->upstream, key.part, 0, sum, state->length, state->length);
   item.flags = kFlagHostMerged;

@@ -200,10 +200,19 @@ void ServerLink::CompressPartition(const PartitionTask& partition, FrameHeader* 
     compression.elements = elements;
   }
   compressed_.resize(setup.compressor->CompressedBytes(elements));
+  // The residual is part of a gradient meant for the step it was left out of: when the
+  // learning rate changed since, it is rescaled so that it moves the weights as much.
+  double residual_scale = 1.0;
+  if (task.learning_rate() > 0) {
+    if (compression.learning_rate > 0)
+      residual_scale = compression.learning_rate / task.learning_rate();
+    compression.learning_rate = task.learning_rate();
+  }
   // The stream is the partition's, as at the server: randomk then picks the same
   // elements on every worker and in the server's reply.
   compression.state->Compress(reinterpret_cast<const float*>(partition.data),
-                              PartitionKeyHash()(key), task.round(), 1.0, compressed_.data());
+                              PartitionKeyHash()(key), task.round(), residual_scale,
+                              compressed_.data());
   header->rows = static_cast<int64_t>(elements);
 }
 

@@ -137,6 +137,7 @@ class ServerLink {
   struct PushCompression {
     const CompressionSetup* setup = nullptr;
     size_t elements = 0;
+    double learning_rate = 0;  // of the step it last compressed (0: not told)
     std::unique_ptr<CompressionState> state;
   };
   std::unordered_map<PartitionKey, PushCompression, PartitionKeyHash> push_compression_;

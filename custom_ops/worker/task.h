@@ -138,6 +138,10 @@ class Task {
   // the task reaches any stage, read without a lock afterwards.
   uint32_t trace_session() const { return trace_session_; }
   void set_trace_session(uint32_t session) { trace_session_ = session; }
+  // The learning rate of the step this task belongs to (0: not told); set before the
+  // task reaches any stage. Error feedback rescales its residual when it changes.
+  double learning_rate() const { return learning_rate_; }
+  void set_learning_rate(double rate) { learning_rate_ = rate; }
 
  private:
   void MaybeFinishLocked(std::unique_lock<std::mutex>& lock);
@@ -154,6 +158,7 @@ class Task {
   const int timeout_ms_;
   const std::chrono::steady_clock::time_point deadline_;
   uint32_t trace_session_ = 0;
+  double learning_rate_ = 0;
   const CompressionSetup* compression_ = nullptr;
   AllocateFn allocate_;
   void* output_;

@@ -181,6 +181,7 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
         done(status);
       });
   task->set_trace_session(traced);  // before any stage sees the task
+  task->set_learning_rate(learning_rate_.load(std::memory_order_relaxed));
   std::vector<PartitionTask> plan;
   status = Plan(task, &plan);
   if (status.ok()) {

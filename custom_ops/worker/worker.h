@@ -108,6 +108,8 @@ class Worker : public ServerLink::Owner, public LocalMerge::Owner {
                      uint32_t last = Timeline::kEveryStep) {
     timeline_->Start(path, first, last, TimelineWait());
   }
+  // The learning rate of the steps whose tasks are enqueued from now on (task.h).
+  void SetLearningRate(double rate) { learning_rate_.store(rate, std::memory_order_relaxed); }
   // Horovod's stop_timeline: ends the recording in progress, if any, and returns once
   // its file is written.
   void StopTimeline() { timeline_->Stop(TimelineWait()); }
@@ -233,6 +235,7 @@ class Worker : public ServerLink::Owner, public LocalMerge::Owner {
   Status fatal_ = Status::OK();
 
   std::atomic<bool> stopping_{false};
+  std::atomic<double> learning_rate_{0};  // SetLearningRate's; 0: never told
   struct LostServer {
     int server;
     std::chrono::steady_clock::time_point at;

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 import tf_bps as bps
 from tf_bps.runtime import core
+from tf_bps.runtime.ops import set_learning_rate
 
 bps.init()
 rank, size = bps.rank(), bps.size()
@@ -35,7 +36,11 @@ ALL_SPECS = {
     "dithering": bps.Compression.dithering(4, ef="vanilla"),
     "nesterov": bps.Compression.topk(0.05, ef="vanilla", momentum="nesterov", mu=0.9),
     "plain": bps.Compression.onebit(),
+    # The learning rate falls to a quarter at the last round: each worker's residual is
+    # then rescaled by 4 (bps.set_learning_rate before each round).
+    "rate": bps.Compression.randomk(0.05, seed=1, ef="vanilla"),
 }
+RATES = [0.1] * (ROUNDS - 1) + [0.025]
 SPECS = {key: ALL_SPECS[key]
          for key in os.environ.get("COMPRESSORS", ",".join(ALL_SPECS)).split(",")}
 report = {"rank": rank, "worst": {}, "specs": {k: c.spec for k, c in SPECS.items()}}
@@ -65,7 +70,7 @@ def partitions(n: int) -> list[tuple[int, int]]:
     return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
 
 
-def model(spec: str, name: str, average: bool) -> list[np.ndarray]:
+def model(spec: str, name: str, average: bool, rates=None) -> list[np.ndarray]:
     """The results every worker should receive, round by round."""
     nesterov = "momentum=nesterov" in spec
     ef = "ef=vanilla" in spec
@@ -77,8 +82,8 @@ def model(spec: str, name: str, average: bool) -> list[np.ndarray]:
     server_residual = dict.fromkeys(range(len(parts)), None)
     results = []
 
-    def squeeze(values, stream, round_, residual_of):
-        e = values if residual_of is None else values + residual_of
+    def squeeze(values, stream, round_, residual_of, scale=1.0):
+        e = values if residual_of is None else values + residual_of * np.float32(scale)
         packed = native.compress(spec, e, stream=stream, round=round_)
         restored = np.frombuffer(native.decompress(spec, packed, len(e)), "float32")
         return restored, (e - restored if ef else None)
@@ -94,7 +99,8 @@ def model(spec: str, name: str, average: bool) -> list[np.ndarray]:
                 if nesterov:
                     m = momentum[w, p] = np.float32(0.9) * momentum[w, p] + g
                     g = g + np.float32(0.9) * m
-                sent, residual[w, p] = squeeze(g, stream, round_, residual[w, p])
+                scale = rates[round_ - 2] / rates[round_ - 1] if rates and round_ > 1 else 1
+                sent, residual[w, p] = squeeze(g, stream, round_, residual[w, p], scale)
                 total = total + sent
             back, server_residual[p] = squeeze(total, stream, round_, server_residual[p])
             out[lo:hi] = back / np.float32(size) if average else back
@@ -102,9 +108,11 @@ def model(spec: str, name: str, average: bool) -> list[np.ndarray]:
     return results
 
 
-def run(function, name, compression, average=True, n=ELEMENTS):
+def run(function, name, compression, average=True, n=ELEMENTS, rates=None):
     got = []
     for round_ in range(1, ROUNDS + 1):
+        if rates:
+            set_learning_rate(rates[round_ - 1])
         mine = tf.constant(inputs(rank, round_, n))
         got.append(function(mine, name, compression, average).numpy())
     return got
@@ -121,13 +129,18 @@ MODES = {mode: MODES[mode] for mode in os.environ.get("MODES", "eager,graph").sp
 for key, compression in SPECS.items():
     for mode, function in MODES.items():
         name = f"{mode}.{key}"
-        got = run(function, name, compression, average=key != "plain")
-        want = model(compression.spec, name, average=key != "plain")
+        rates = RATES if key == "rate" else None
+        got = run(function, name, compression, average=key != "plain", rates=rates)
+        want = model(compression.spec, name, average=key != "plain", rates=rates)
         exact = [np.mean([inputs(w, r) for w in range(size)], axis=0)
                  for r in range(1, ROUNDS + 1)]
         report["worst"][name] = max(float(np.max(np.abs(g - w)))
                                     for g, w in zip(got, want, strict=True))
         report.setdefault("from_mean", {})[name] = float(np.max(np.abs(got[-1] - exact[-1])))
+        if rates:  # the rescaling is what the model tells apart
+            unscaled = model(compression.spec, name, average=True)
+            report.setdefault("from_unscaled", {})[name] = float(np.max(np.abs(
+                got[-1] - unscaled[-1])))
 
 # What the servers should count: each round, each partition's compressed push from
 # every sender, and its compressed reply to every worker.
