@@ -85,6 +85,12 @@ class CoreCompressor(Compressor):
     def __repr__(self):
         return f"Compression.{self.spec.split()[0]}({', '.join(self.spec.split()[1:])})"
 
+    @property
+    def error_feedback(self) -> bool:
+        """Whether what it leaves out is carried to the next step (ef=vanilla): then the
+        learning rate of each step matters (ops.set_learning_rate)."""
+        return "ef=vanilla" in self.spec.split()
+
     def __eq__(self, other):
         return isinstance(other, CoreCompressor) and other.spec == self.spec
 

@@ -77,7 +77,8 @@ class _DistributedKerasOptimizer(_GradientSync):
 
     def _bps_synchronise(self, grads, variables):
         names = [f"{self._bps_prefix}.{_variable_name(v)}" for v in variables]
-        return self._bps_sync(grads, variables, names)
+        # The rate this step applies (a schedule's value at this step).
+        return self._bps_sync(grads, variables, names, learning_rate=self.learning_rate)
 
     def _bps_accumulate_then_apply(self, grads, variables, trainable_variables):
         """Adds local gradients for backward_passes_per_step calls, then synchronises

@@ -20,6 +20,7 @@ from tf_bps.runtime.ops import (
     _placed,
     _push_pull,
     _scale,
+    set_learning_rate,
 )
 from tf_bps.runtime.process_sets import process_set_id, ranks_of
 from tf_bps.training import fusion
@@ -157,9 +158,11 @@ def _push_pull_group(tensors, names, op, set_id, specs):
 
 
 def synchronise_gradients(grads, names, options: SyncOptions = SyncOptions(),
-                          sampler: DownSampler | None = None):
+                          sampler: DownSampler | None = None, learning_rate=None):
     """push_pulls every gradient (None stays None); `names` must be stable per step.
-    With a `sampler`, dense gradients of known size send only this step's share."""
+    With a `sampler`, dense gradients of known size send only this step's share.
+    `learning_rate`: the step's (an optimizer's), which a core compressor's error
+    feedback needs to rescale what it carries when the rate changes."""
     grads = list(grads)
     if not options.synchronises_here():
         return grads  # One worker (in the set), or not in it: gradients stay local.
@@ -219,7 +222,11 @@ def synchronise_gradients(grads, names, options: SyncOptions = SyncOptions(),
     # core compresses those of BYTEPS_MIN_COMPRESS_BYTES or more); its compress() and
     # decompress() above and below leave the values as they are.
     specs = tuple(core_spec(options.compression, t.dtype) for t in tensors)
-    with _placed(options.device_dense):
+    rate_told = []
+    if (learning_rate is not None and isinstance(options.compression, CoreCompressor)
+            and options.compression.error_feedback):
+        rate_told = [op for op in [set_learning_rate(learning_rate)] if op is not None]
+    with _placed(options.device_dense), tf.control_dependencies(rate_told):
         if tf.executing_eagerly():
             summed = _push_pull_group(tensors, tuple(wire_names), int(op), set_id, specs)
         else:
@@ -269,14 +276,14 @@ class _GradientSync:
             variable is weight for layer in self._bps_local_layers
             for weight in layer.trainable_weights)
 
-    def _bps_sync(self, grads, variables, names):
+    def _bps_sync(self, grads, variables, names, learning_rate=None):
         """Synchronises the gradients of shared variables; local ones stay (scaled)."""
         options = self._bps_options
         if self._bps_step_check and options.synchronises_here():
             self._bps_step_check.begin(grads)
         shared = [i for i, v in enumerate(variables) if not self._bps_is_local(v)]
         synced = synchronise_gradients([grads[i] for i in shared], [names[i] for i in shared],
-                                       options, self._bps_sampler)
+                                       options, self._bps_sampler, learning_rate)
         results = list(grads)
         for i, grad in zip(shared, synced, strict=True):
             results[i] = grad
