@@ -86,6 +86,14 @@ def test_a_lost_worker_ends_run_with_the_internal_error_after_restoring(procs):
         assert report["counter"] == report["step"], report
 
 
+# The tests below that kill, freeze or cut off a process of an elastic_training.py job
+# do it a second after every worker printed READY: at its step 20 or so, as the steps
+# take at least their 0.05 s pause (the logs show steps 10 to 15). A job of 60 steps
+# leaves at least 3 s for the loss to come, three times what it needs, and the steps
+# after it still check every sum and count every step once.
+STEPS_AROUND_A_LOSS = "60"
+
+
 def _wait_until_ready(*workers) -> None:
     for worker in workers:
         for line in worker.stdout:
@@ -105,9 +113,9 @@ def test_losing_rank_0_re_forms_the_job_with_the_survivors_renumbered(procs, mer
     # (elastic_training.py checks each one). Merged, the host's workers sum among
     # themselves first, with rank 0 leading some partitions when it dies. Encrypted,
     # the survivors and the server register again under fresh keys.
-    job = procs.start_job_by_role(3, 1, "elastic_training.py", "120", "0.05", BYTEPS_ELASTIC=1,
-                                  BYTEPS_LOCAL_MERGE=merge, BYTEPS_ENCRYPT=encrypt,
-                                  BYTEPS_JOB_TOKEN="the job's token")
+    job = procs.start_job_by_role(3, 1, "elastic_training.py", STEPS_AROUND_A_LOSS, "0.05",
+                                  BYTEPS_ELASTIC=1, BYTEPS_LOCAL_MERGE=merge,
+                                  BYTEPS_ENCRYPT=encrypt, BYTEPS_JOB_TOKEN="the job's token")
     _wait_until_ready(job["worker0"], job["worker1"], job["worker2"])
     time.sleep(1.0)
     procs.end(job["worker0"])
@@ -117,10 +125,10 @@ def test_losing_rank_0_re_forms_the_job_with_the_survivors_renumbered(procs, mer
         assert status == 0, output
         got[name] = output
         [report] = reports(output).values()
-        assert report["size"] == 2 and report["step"] == 120, report
+        assert report["size"] == 2 and report["step"] == 60, report
         assert report["sizes"] == [3, 2] and report["resets"] == [2], report
         # Every step counted once: restored to the last commit, then trained on.
-        assert report["restores"] == 1 and report["weight"] == 120.0, report
+        assert report["restores"] == 1 and report["weight"] == 60.0, report
     # Old rank 1 is the new rank 0, old rank 2 the new rank 1.
     assert _resets(got["worker1"])[0].startswith("RESET rank 0 size 2")
     assert _resets(got["worker2"])[0].startswith("RESET rank 1 size 2")
@@ -133,8 +141,9 @@ def test_losing_rank_0_re_forms_the_job_with_the_survivors_renumbered(procs, mer
 def test_a_frozen_worker_is_left_behind_after_the_heartbeat_timeout(procs):
     # SIGSTOP: its connections stay open, so only its silence tells. The survivors'
     # round waits for it until the scheduler gives up on it, then they re-form.
-    job = procs.start_job_by_role(3, 1, "elastic_training.py", "80", "0.05", BYTEPS_ELASTIC=1,
-                                  PS_HEARTBEAT_INTERVAL=0.5, PS_HEARTBEAT_TIMEOUT=3)
+    job = procs.start_job_by_role(3, 1, "elastic_training.py", STEPS_AROUND_A_LOSS, "0.05",
+                                  BYTEPS_ELASTIC=1, PS_HEARTBEAT_INTERVAL=0.5,
+                                  PS_HEARTBEAT_TIMEOUT=3)
     _wait_until_ready(job["worker0"], job["worker1"], job["worker2"])
     time.sleep(1.0)
     os.kill(job["worker2"].pid, signal.SIGSTOP)
@@ -143,7 +152,7 @@ def test_a_frozen_worker_is_left_behind_after_the_heartbeat_timeout(procs):
         status, output = finish(job[name], timeout=90)
         assert status == 0, output
         [report] = reports(output).values()
-        assert report["sizes"] == [3, 2] and report["weight"] == 80.0, report
+        assert report["sizes"] == [3, 2] and report["weight"] == 60.0, report
     assert time.monotonic() - frozen_at < 60
     status, output = finish(job["scheduler"], timeout=30)
     assert status == 0 and "worker rank 2" in output and "no heartbeat" in output, output
@@ -190,8 +199,8 @@ def test_a_worker_whose_link_is_cut_is_left_behind(procs):
                                     base_env(DMLC_ROLE=role, **procs.job_env))
         for rank, host in enumerate((0, 0, 1)):
             job[f"worker{rank}"] = procs.start(
-                bed.command(host, [*LAUNCH, *worker_command("elastic_training.py", "150",
-                                                            "0.05")]),
+                bed.command(host, [*LAUNCH, *worker_command("elastic_training.py",
+                                                            STEPS_AROUND_A_LOSS, "0.05")]),
                 base_env(DMLC_ROLE="worker", DMLC_WORKER_ID=rank, **procs.job_env))
         _wait_until_ready(job["worker0"], job["worker1"], job["worker2"])
         time.sleep(1.0)
@@ -200,7 +209,7 @@ def test_a_worker_whose_link_is_cut_is_left_behind(procs):
             status, output = finish(job[name], timeout=90)
             assert status == 0, output
             [report] = reports(output).values()
-            assert report["sizes"] == [3, 2] and report["weight"] == 150.0, report
+            assert report["sizes"] == [3, 2] and report["weight"] == 60.0, report
             assert report["restores"] == 1, report
         status, output = finish(job["scheduler"], timeout=30)
         assert status == 0 and "sent no heartbeat" in output, output
@@ -211,8 +220,11 @@ def test_a_worker_whose_link_is_cut_is_left_behind(procs):
 
 
 def test_too_few_survivors_end_the_job_naming_the_minimum(procs):
+    # A failed elastic job's scheduler stays a heartbeat timeout to tell workers between
+    # two registrations why: 3 s here instead of the default 10 s.
     job = procs.start_job_by_role(2, 1, "elastic_training.py", "1000", "0.05", BYTEPS_ELASTIC=1,
-                                  BYTEPS_ELASTIC_MIN_WORKERS=2, BYTEPS_ELASTIC_TIMEOUT=3)
+                                  BYTEPS_ELASTIC_MIN_WORKERS=2, BYTEPS_ELASTIC_TIMEOUT=3,
+                                  PS_HEARTBEAT_INTERVAL=0.5, PS_HEARTBEAT_TIMEOUT=3)
     _wait_until_ready(job["worker0"], job["worker1"])
     procs.end(job["worker1"])
     status, output = finish(job["scheduler"], timeout=60)
@@ -278,8 +290,9 @@ def test_a_server_lost_at_any_moment_inside_elastic_run(procs):
     # answered a round to one worker and not to the other, that round cannot be
     # finished elsewhere, and elastic.run restores the last commit instead (one
     # re-forming). Either way every sum is right and the weight counts every step.
-    job = procs.start_job_by_role(2, 2, "elastic_training.py", "120", "0.05", BYTEPS_ELASTIC=1,
-                                  PS_HEARTBEAT_INTERVAL=0.5, PS_HEARTBEAT_TIMEOUT=3)
+    job = procs.start_job_by_role(2, 2, "elastic_training.py", STEPS_AROUND_A_LOSS, "0.05",
+                                  BYTEPS_ELASTIC=1, PS_HEARTBEAT_INTERVAL=0.5,
+                                  PS_HEARTBEAT_TIMEOUT=3)
     _wait_until_ready(job["worker0"], job["worker1"])
     time.sleep(1.0)
     procs.end(job["server1"])
@@ -288,7 +301,7 @@ def test_a_server_lost_at_any_moment_inside_elastic_run(procs):
         status, output = finish(job[name], timeout=90)
         assert status == 0, output
         [report] = reports(output).values()
-        assert report["sizes"] == [2] and report["weight"] == 120.0, report
+        assert report["sizes"] == [2] and report["weight"] == 60.0, report
         resets.add(tuple(report["resets"]))
     assert resets in ({()}, {(2,)}), resets
     status, output = finish(job["scheduler"], timeout=30)
