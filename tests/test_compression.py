@@ -83,8 +83,9 @@ def test_core_compressors_on_both_legs_match_their_model(procs):
     report = _core_compression_job(procs, 2, 2)
     assert report["specs"]["randomk"] == "randomk k=0.05 ef=vanilla momentum=none seed=3"
     assert all(worst == 0.0 for worst in report["worst"].values()), report["worst"]
-    # The learning rate fell to a quarter before the last round (bps.set_learning_rate):
-    # the residuals were rescaled by 4, which the model without rescaling tells apart.
+    # The learning rate fell to a quarter before the last round
+    # (bps.set_compression_learning_rate): the residuals were rescaled by 4, which the
+    # model without rescaling tells apart.
     assert min(report["from_unscaled"].values()) > 0.1, report["from_unscaled"]
     assert "'topk k=0.05 ef=vanilla momentum=none' compresses float32 tensors, not float64" in (
         report["refusals"]["float64"])

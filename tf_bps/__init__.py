@@ -59,7 +59,7 @@ _LAZY = {
         "grouped_allgather", "allgather_object", "alltoall", "reducescatter",
         "grouped_reducescatter", "join", "barrier", "rank_op", "local_rank_op", "size_op",
         "local_size_op", "process_set_included_op", "Average", "Sum", "Adasum", "Min", "Max",
-        "Product", "ReduceOp"),
+        "Product", "ReduceOp", "set_compression_learning_rate"),
     "tf_bps.training.distributed": (
         "DistributedOptimizer", "DistributedGradientTape", "PartialDistributedOptimizer",
         "PartialDistributedGradientTape", "load_model"),

@@ -18,7 +18,6 @@ import tensorflow as tf
 
 import tf_bps as bps
 from tf_bps.runtime import core
-from tf_bps.runtime.ops import set_learning_rate
 
 bps.init()
 rank, size = bps.rank(), bps.size()
@@ -37,7 +36,7 @@ ALL_SPECS = {
     "nesterov": bps.Compression.topk(0.05, ef="vanilla", momentum="nesterov", mu=0.9),
     "plain": bps.Compression.onebit(),
     # The learning rate falls to a quarter at the last round: each worker's residual is
-    # then rescaled by 4 (bps.set_learning_rate before each round).
+    # then rescaled by 4 (bps.set_compression_learning_rate before each round).
     "rate": bps.Compression.randomk(0.05, seed=1, ef="vanilla"),
 }
 RATES = [0.1] * (ROUNDS - 1) + [0.025]
@@ -112,7 +111,7 @@ def run(function, name, compression, average=True, n=ELEMENTS, rates=None):
     got = []
     for round_ in range(1, ROUNDS + 1):
         if rates:
-            set_learning_rate(rates[round_ - 1])
+            bps.set_compression_learning_rate(rates[round_ - 1])
         mine = tf.constant(inputs(rank, round_, n))
         got.append(function(mine, name, compression, average).numpy())
     return got

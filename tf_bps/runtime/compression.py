@@ -88,7 +88,7 @@ class CoreCompressor(Compressor):
     @property
     def error_feedback(self) -> bool:
         """Whether what it leaves out is carried to the next step (ef=vanilla): then the
-        learning rate of each step matters (ops.set_learning_rate)."""
+        learning rate of each step matters (ops.set_compression_learning_rate)."""
         return "ef=vanilla" in self.spec.split()
 
     def __eq__(self, other):

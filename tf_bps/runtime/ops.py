@@ -138,14 +138,14 @@ def _push_pull(tensor: tf.Tensor, name: str, op: ReduceOp, prescale_factor=1.0,
                                      compression=compression)
 
 
-def set_learning_rate(learning_rate):
+def set_compression_learning_rate(learning_rate):
     """Tells the core the learning rate of the step whose gradients are pushed next: a
     compressor with error feedback (Compression.topk(..., ef="vanilla"), ...) rescales
     what it left out of earlier steps when the rate changes, as BytePS does.
     DistributedOptimizer does this itself; a custom loop with DistributedGradientTape
-    calls it before taking the gradients. In a graph it returns the op, which the
-    push_pulls of the step must depend on (tf.control_dependencies): they may
-    otherwise run first."""
+    whose learning rate changes calls it each step before the tape's gradient(). In a
+    graph it returns the op, which the step's push_pulls must depend on
+    (tf.control_dependencies): they may otherwise run first."""
     # Not through _Library: the op belongs to no tensor's rounds.
     return _library._library.byteps_set_learning_rate(tf.cast(learning_rate, tf.float64))
 

@@ -20,7 +20,7 @@ from tf_bps.runtime.ops import (
     _placed,
     _push_pull,
     _scale,
-    set_learning_rate,
+    set_compression_learning_rate,
 )
 from tf_bps.runtime.process_sets import process_set_id, ranks_of
 from tf_bps.training import fusion
@@ -225,7 +225,7 @@ def synchronise_gradients(grads, names, options: SyncOptions = SyncOptions(),
     rate_told = []
     if (learning_rate is not None and isinstance(options.compression, CoreCompressor)
             and options.compression.error_feedback):
-        rate_told = [op for op in [set_learning_rate(learning_rate)] if op is not None]
+        rate_told = [op for op in [set_compression_learning_rate(learning_rate)] if op is not None]
     with _placed(options.device_dense), tf.control_dependencies(rate_told):
         if tf.executing_eagerly():
             summed = _push_pull_group(tensors, tuple(wire_names), int(op), set_id, specs)
