@@ -227,11 +227,14 @@ def test_a_frame_changed_on_the_way_ends_the_job_naming_the_worker(procs, tmp_pa
 def test_a_forged_scheduler_message(procs, tmp_path, encrypt):
     # Worker 0 reaches the scheduler through a man in the middle that slips a forged
     # abort into what the scheduler says. In the clear it ends the worker; sealed, the
-    # worker drops it and the job completes with every sum right.
+    # worker drops it and the job completes with every sum right. In the clear, the rest
+    # of the job stops once the scheduler finds worker 0 silent: a 3 s heartbeat timeout
+    # (0.5 s heartbeats) instead of the default 10 s.
     port = free_port()
     env = dict(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=port, DMLC_NUM_WORKER=2,
                DMLC_NUM_SERVER=1, BYTEPS_JOB_TOKEN="the job's token", BYTEPS_ENABLE_IPC=0,
-               BYTEPS_ENCRYPT=int(encrypt), TEST_ROUNDS=250, TEST_ELEMENTS=4096)
+               BYTEPS_ENCRYPT=int(encrypt), TEST_ROUNDS=250, TEST_ELEMENTS=4096,
+               PS_HEARTBEAT_INTERVAL=0.5, PS_HEARTBEAT_TIMEOUT=3)
     middle = ControlManInTheMiddle(port)
     job = {"scheduler": procs.start(LAUNCH, base_env(DMLC_ROLE="scheduler", **env)),
            "server": procs.start(LAUNCH, base_env(DMLC_ROLE="server", **env))}
