@@ -2,6 +2,8 @@
 
     bpslaunch -np 2 python examples/keras_mnist_distributed_optimizer.py
     bpslaunch -np 2 python examples/keras_mnist_distributed_optimizer.py --powersgd-rank 2
+    BYTEPS_MIN_COMPRESS_BYTES=4096 \
+        bpslaunch -np 2 python examples/keras_mnist_distributed_optimizer.py --compressor topk
     python examples/keras_mnist_distributed_optimizer.py          # one process
 """
 
@@ -22,6 +24,10 @@ def main():
     parser.add_argument("--powersgd-rank", type=int, default=0,
                         help="send kernels' gradients as low-rank factors (PowerSGD) of this "
                              "rank after 10 whole steps; 0: whole throughout")
+    parser.add_argument("--compressor", choices=["onebit", "topk", "randomk", "dithering"],
+                        help="compress gradients with one of BytePS's compressors (error "
+                             "feedback on); tensors below BYTEPS_MIN_COMPRESS_BYTES travel "
+                             "whole")
     args = parser.parse_args()
 
     bps.init()
@@ -44,8 +50,15 @@ def main():
     ])
     # Horovod's recipe: scale the rate by the number of workers, warm it up.
     scaled_lr = args.lr * bps.size()
-    compression = (bps.Compression.powersgd(rank=args.powersgd_rank, start_iter=10)
-                   if args.powersgd_rank else bps.Compression.none)
+    compression = bps.Compression.none
+    if args.powersgd_rank:
+        compression = bps.Compression.powersgd(rank=args.powersgd_rank, start_iter=10)
+    elif args.compressor:
+        # BytePS's dict (compression_params) says the same: {"compressor": "topk", ...}.
+        compression = bps.Compression.from_params({
+            "compressor": args.compressor, "ef": "vanilla",
+            **{"onebit": {"scaling": True}, "topk": {"k": 0.1}, "randomk": {"k": 0.1},
+               "dithering": {"k": 8}}[args.compressor]})
     optimizer = bps.DistributedOptimizer(keras.optimizers.SGD(scaled_lr, momentum=0.9),
                                          compression=compression)
     model.compile(optimizer=optimizer,
