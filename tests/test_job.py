@@ -257,13 +257,14 @@ def test_killed_worker_fails_the_others_quickly(procs):
                          ids=["local-merge", "flat"])
 def test_push_pull_without_partner_times_out_naming_tensor(procs, merge, waits_for):
     # With the local merge, worker 0 waits for its partner on this host; without, for
-    # the server that never heard from it. The timeout also bounds the rendezvous, which
-    # waits for both workers to import TensorFlow: a few seconds on two busy cores.
-    job = procs.start_job_by_role(2, 1, "loop.py", "0", BYTEPS_OP_TIMEOUT=8,
-                                  BYTEPS_LOCAL_MERGE=merge)
+    # the server that never heard from it. The rendezvous, which waits for both workers
+    # to import TensorFlow (a few seconds on two busy cores), has a bound of its own
+    # (HOROVOD_START_TIMEOUT), so the operation's timeout can be short.
+    job = procs.start_job_by_role(2, 1, "loop.py", "0", BYTEPS_OP_TIMEOUT=4,
+                                  HOROVOD_START_TIMEOUT=60, BYTEPS_LOCAL_MERGE=merge)
     status, output = finish(job["worker0"], timeout=30)
     assert status == 3, output
-    assert "timed out after 8 s" in output and "tensor 'loop0'" in output and waits_for in output
+    assert "timed out after 4 s" in output and "tensor 'loop0'" in output and waits_for in output
 
 
 def test_clean_shutdown_ends_every_process(procs):
