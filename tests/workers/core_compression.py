@@ -13,15 +13,15 @@ host's sum is what is compressed, once)."""
 import json
 import os
 
+import compression_model
 import numpy as np
 import tensorflow as tf
 
 import tf_bps as bps
-from tf_bps.runtime import core
 
 bps.init()
 rank, size = bps.rank(), bps.size()
-native = core.worker_engine()
+native = compression_model.native
 NUM_SERVERS = int(os.environ["DMLC_NUM_SERVER"])
 PARTITION_BYTES = int(os.environ["BYTEPS_PARTITION_BYTES"])
 ELEMENTS = 50_000  # 200 KB: four partitions of 64 KB over the servers
@@ -51,60 +51,17 @@ def inputs(worker: int, step: int, n: int = ELEMENTS) -> np.ndarray:
     return values.astype("float32")
 
 
-def tensor_id(name: str) -> int:  # FNV-1a, as the core names tensors
-    h = 1469598103934665603
-    for byte in name.encode():
-        h = ((h ^ byte) * 1099511628211) % 2**64
-    return h
-
-
 def partitions(n: int) -> list[tuple[int, int]]:
-    # The core's even cut (EvenPartitionBytes): whole elements, a multiple of the
-    # servers' cycle while pieces keep 64 KiB.
-    limit = max(1, PARTITION_BYTES // 4)
-    pieces = -(-n // limit)
-    even = -(-pieces // NUM_SERVERS) * NUM_SERVERS
-    count = min(even, max(pieces, 4 * n // 65536))
-    step = -(-n // count)
-    return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
+    return compression_model.partitions(n, PARTITION_BYTES, NUM_SERVERS)
 
 
 def model(spec: str, name: str, average: bool, rates=None) -> list[np.ndarray]:
     """The results every worker should receive, round by round."""
-    nesterov = "momentum=nesterov" in spec
-    ef = "ef=vanilla" in spec
-    parts = partitions(ELEMENTS)
-    senders = 1 if MERGED else size  # a merged host pushes its workers' sum
-    momentum = {(w, p): np.zeros(hi - lo, "float32") for w in range(senders)
-                for p, (lo, hi) in enumerate(parts)}
-    residual = dict.fromkeys(momentum, None)
-    server_residual = dict.fromkeys(range(len(parts)), None)
-    results = []
-
-    def squeeze(values, stream, round_, residual_of, scale=1.0):
-        e = values if residual_of is None else values + residual_of * np.float32(scale)
-        packed = native.compress(spec, e, stream=stream, round=round_)
-        restored = np.frombuffer(native.decompress(spec, packed, len(e)), "float32")
-        return restored, (e - restored if ef else None)
-
-    for round_ in range(1, ROUNDS + 1):
-        out = np.zeros(ELEMENTS, "float32")
-        for p, (lo, hi) in enumerate(parts):
-            stream = tensor_id(name) ^ ((p * 0x9E3779B97F4A7C15) % 2**64)
-            total = np.zeros(hi - lo, "float32")
-            for w in range(senders):
-                g = (sum(inputs(v, round_)[lo:hi] for v in range(size)) if MERGED
-                     else inputs(w, round_)[lo:hi])
-                if nesterov:
-                    m = momentum[w, p] = np.float32(0.9) * momentum[w, p] + g
-                    g = g + np.float32(0.9) * m
-                scale = rates[round_ - 2] / rates[round_ - 1] if rates and round_ > 1 else 1
-                sent, residual[w, p] = squeeze(g, stream, round_, residual[w, p], scale)
-                total = total + sent
-            back, server_residual[p] = squeeze(total, stream, round_, server_residual[p])
-            out[lo:hi] = back / np.float32(size) if average else back
-        results.append(out)
-    return results
+    rounds = [[inputs(w, r) for w in range(size)] for r in range(1, ROUNDS + 1)]
+    if MERGED:  # one sender: the host's sum
+        rounds = [[sum(tensors)] for tensors in rounds]
+    return compression_model.both_legs(spec, name, rounds, partitions(ELEMENTS), size,
+                                       average, rates)
 
 
 def run(function, name, compression, average=True, n=ELEMENTS, rates=None):

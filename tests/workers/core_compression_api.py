@@ -10,16 +10,15 @@ import json
 import os
 import time
 
+import compression_model
 import keras
 import numpy as np
 import tensorflow as tf
 
 import tf_bps as bps
-from tf_bps.runtime import core
 
 bps.init()
 rank, size = bps.rank(), bps.size()
-native = core.worker_engine()
 NUM_SERVERS = int(os.environ["DMLC_NUM_SERVER"])
 PARTITION_BYTES = int(os.environ["BYTEPS_PARTITION_BYTES"])
 STEPS = 3
@@ -31,58 +30,11 @@ def lap(what: str) -> None:  # seconds since init, reported: where a slow job sp
     report["seconds"][what] = round(time.monotonic() - started, 1)
 
 
-def tensor_id(name: str) -> int:  # FNV-1a, as the core names tensors
-    h = 1469598103934665603
-    for byte in name.encode():
-        h = ((h ^ byte) * 1099511628211) % 2**64
-    return h
-
-
-def partitions(n: int) -> list[tuple[int, int]]:
-    # The core's even cut (EvenPartitionBytes), as core_compression.py models it.
-    limit = max(1, PARTITION_BYTES // 4)
-    pieces = -(-n // limit)
-    even = -(-pieces // NUM_SERVERS) * NUM_SERVERS
-    count = min(even, max(pieces, 4 * n // 65536))
-    step = -(-n // count)
-    return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
-
-
 def model(spec: str, name: str, rounds: list[list[np.ndarray]]) -> list[np.ndarray]:
     """What an averaging push_pull of `name` returns, round by round; rounds[r][w] is
     worker w's flat float32 tensor in round r + 1."""
-    nesterov, ef = "momentum=nesterov" in spec, "ef=vanilla" in spec
-    mu = np.float32(float(spec.split("mu=")[1].split()[0])) if nesterov else None
-    n = rounds[0][0].size
-    parts = partitions(n)
-    momentum = {(w, p): np.zeros(hi - lo, "float32") for w in range(size)
-                for p, (lo, hi) in enumerate(parts)}
-    residual = dict.fromkeys(momentum, None)
-    server_residual = dict.fromkeys(range(len(parts)), None)
-
-    def squeeze(values, stream, round_, residual_of):
-        e = values if residual_of is None else values + residual_of
-        packed = native.compress(spec, e, stream=stream, round=round_)
-        restored = np.frombuffer(native.decompress(spec, packed, len(e)), "float32")
-        return restored, (e - restored if ef else None)
-
-    results = []
-    for round_, tensors in enumerate(rounds, start=1):
-        out = np.zeros(n, "float32")
-        for p, (lo, hi) in enumerate(parts):
-            stream = tensor_id(name) ^ ((p * 0x9E3779B97F4A7C15) % 2**64)
-            total = np.zeros(hi - lo, "float32")
-            for w in range(size):
-                g = tensors[w][lo:hi]
-                if nesterov:
-                    m = momentum[w, p] = mu * momentum[w, p] + g
-                    g = g + mu * m
-                sent, residual[w, p] = squeeze(g, stream, round_, residual[w, p])
-                total = total + sent
-            back, server_residual[p] = squeeze(total, stream, round_, server_residual[p])
-            out[lo:hi] = back / np.float32(size)
-        results.append(out)
-    return results
+    parts = compression_model.partitions(rounds[0][0].size, PARTITION_BYTES, NUM_SERVERS)
+    return compression_model.both_legs(spec, name, rounds, parts, size)
 
 
 def gradients(step: int, worker: int, shapes) -> list[np.ndarray]:
