@@ -28,27 +28,69 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("mode,optimizer,passes,compression,tolerance", CASES,
-                         ids=[f"{m}-{o}-passes{p}-{c}" for m, o, p, c, _ in CASES])
-def test_two_workers_match_one_process_on_the_global_batch(
-        procs, tmp_path, mode, optimizer, passes, compression, tolerance):
-    args = ["--mode", mode, "--optimizer", optimizer, "--passes", str(passes),
-            "--compression", compression]
-    (tmp_path / "ref").mkdir()
-    (tmp_path / "dist").mkdir()
+# Every case but the strategy's trains in one job (and one reference process), case
+# after case, each with a model of its own named case<index>: one start of TensorFlow
+# in each process instead of one per case. The strategy's cases run alone: the strategy
+# takes over the whole process.
+SHARED = [case for case in CASES if case[0] != "strategy"]
+
+
+def _case_id(case) -> str:
+    mode, optimizer, passes, compression, _ = case
+    return f"{mode}-{optimizer}-passes{passes}-{compression}"
+
+
+def _train(procs, out, args: list[str], timeout: float = 120):
+    """train.py under bpslaunch -np 2 and, meanwhile, as the reference: the job's output
+    and the reference's."""
+    (out / "ref").mkdir(parents=True)
+    (out / "dist").mkdir()
     # The reference trains while the job starts: most of both is importing TensorFlow.
     reference = procs.start(
-        worker_command("train.py", *args, "--reference", "--out", str(tmp_path / "ref")),
+        worker_command("train.py", *args, "--reference", "--out", str(out / "ref")),
         base_env())
-    status, output = procs.launch(2, "train.py", *args, "--out", str(tmp_path / "dist"),
-                                  BYTEPS_LOG_LEVEL="DEBUG")
+    status, output = procs.launch(2, "train.py", *args, "--out", str(out / "dist"),
+                                  BYTEPS_LOG_LEVEL="DEBUG", timeout=timeout)
     assert status == 0, output
-    status, reference_output = finish(reference, timeout=120)
+    status, reference_output = finish(reference, timeout=timeout)
     assert status == 0, reference_output
+    return output, reference_output
+
+
+@pytest.fixture(scope="module")
+def shared_job(tmp_path_factory):
+    from conftest import Processes
+
+    processes = Processes()
+    out = tmp_path_factory.mktemp("shared")
+    cases = ",".join(f"{m}/{o}/{p}/{c}" for m, o, p, c, _ in SHARED)
+    try:
+        return out, *_train(processes, out, ["--cases", cases], timeout=400)
+    finally:
+        processes.end_all()
+
+
+@pytest.mark.parametrize("mode,optimizer,passes,compression,tolerance", CASES,
+                         ids=[_case_id(case) for case in CASES])
+def test_two_workers_match_one_process_on_the_global_batch(
+        request, procs, tmp_path, mode, optimizer, passes, compression, tolerance):
+    case = (mode, optimizer, passes, compression, tolerance)
+    if case in SHARED:
+        out, output, reference_output = request.getfixturevalue("shared_job")
+        index = SHARED.index(case)
+        ref, dist = out / "ref" / str(index), out / "dist" / str(index)
+        # This case's gradients, by its model's name (case3/dense/kernel, ...).
+        fused = rf"tensor '[^']*\bcase{index}/[^']*\.fused\d+' moved"
+    else:
+        args = ["--mode", mode, "--optimizer", optimizer, "--passes", str(passes),
+                "--compression", compression]
+        output, reference_output = _train(procs, tmp_path, args)
+        ref, dist = tmp_path / "ref", tmp_path / "dist"
+        fused = r"tensor '[^']+\.fused\d+' moved"
     # The model's gradients are all small: they share rounds (BYTEPS_FUSION_THRESHOLD).
-    assert re.search(r"tensor '[^']+\.fused\d+' moved", output), output
-    reference = np.load(tmp_path / "ref" / "rank0.npz")
-    workers = [np.load(tmp_path / "dist" / f"rank{r}.npz") for r in range(2)]
+    assert re.search(fused, output), output
+    reference = np.load(ref / "rank0.npz")
+    workers = [np.load(dist / f"rank{r}.npz") for r in range(2)]
     for key in reference:
         np.testing.assert_array_equal(workers[0][key], workers[1][key], err_msg=key)
         np.testing.assert_allclose(workers[0][key], reference[key], rtol=tolerance,
@@ -60,7 +102,7 @@ def test_two_workers_match_one_process_on_the_global_batch(
             assert report["loss"] == pytest.approx(reference_loss, rel=1e-5)
     # Training moved the weights far more than the workers differ from the reference,
     # so a run that applied nothing (or only local gradients) cannot pass.
-    initial = np.load(tmp_path / "ref" / "init0.npz")
+    initial = np.load(ref / "init0.npz")
     moved = max(np.abs(reference[k] - initial[k]).max() for k in reference)
     error = max(np.abs(workers[0][k] - reference[k]).max() for k in reference)
     assert moved > 10 * error and moved > 1e-3, (moved, error)

@@ -29,6 +29,11 @@ def parse():
     parser.add_argument("--workers", type=int, default=2, help="with --reference")
     parser.add_argument("--reference", action="store_true")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--cases", default="",
+                        help="mode/optimizer/passes/compression,...: trains each case in "
+                             "turn, in one process (one job), into OUT/<its index>; "
+                             "every case's model is named case<index>, and so are its "
+                             "gradients. Not --mode strategy.")
     return parser.parse_args()
 
 
@@ -50,10 +55,10 @@ def shard(array, rank, workers, passes):
     return np.concatenate(rows)
 
 
-def build():
+def build(name=None):
     keras.utils.set_random_seed(1234)
     model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(8, activation="tanh"),
-                              keras.layers.Dense(1)])
+                              keras.layers.Dense(1)], name=name)
     return model
 
 
@@ -76,21 +81,52 @@ def main():
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration()] * args.local_replicas)
+    if args.cases:
+        return train_cases(args)
     if args.mode == "strategy" and not args.reference:
         return train_with_strategy(args)
-    if args.reference:
-        rank, workers, bps = 0, args.workers, None
-        x, y = data(workers, args.passes)
-        batch = workers * args.passes * BATCH
-    else:
+    bps = None
+    if not args.reference:
         import tf_bps as bps
 
         bps.init()
+    train(args, bps)
+    if bps:
+        bps.shutdown()
+
+
+def train_cases(args):
+    """Each case of --cases in turn, as one process trains it alone."""
+    bps = None
+    if not args.reference:
+        import tf_bps as bps
+
+        bps.init()
+    for index, case in enumerate(args.cases.split(",")):
+        mode, optimizer, passes, compression = case.split("/")
+        if mode == "strategy":
+            raise SystemExit("--cases cannot hold --mode strategy: it runs alone")
+        out = os.path.join(args.out, str(index))
+        os.makedirs(out, exist_ok=True)
+        train(argparse.Namespace(**{**vars(args), "mode": mode, "optimizer": optimizer,
+                                    "passes": int(passes), "compression": compression,
+                                    "out": out}), bps, name=f"case{index}")
+    if bps:
+        bps.shutdown()
+
+
+def train(args, bps, name=None):
+    """Trains one case; `bps` is the initialised tf_bps, or None for the reference."""
+    if bps is None:
+        rank, workers = 0, args.workers
+        x, y = data(workers, args.passes)
+        batch = workers * args.passes * BATCH
+    else:
         rank, workers = bps.rank(), bps.size()
         x, y = data(workers, args.passes)
         x, y = shard(x, rank, workers, args.passes), shard(y, rank, workers, args.passes)
         batch = BATCH
-    model = build()
+    model = build(name)
     optimizer = make_optimizer(args.optimizer)
     if bps and (args.mode.startswith("fit") or args.mode == "loop_optimizer"):
         compression = bps.Compression.fp16 if args.compression == "fp16" else bps.Compression.none
@@ -120,8 +156,6 @@ def main():
         for start in range(0, len(x), batch):
             step(tf.constant(x[start:start + batch]), tf.constant(y[start:start + batch]))
     save(args.out, rank, workers, model, **losses)
-    if bps:
-        bps.shutdown()
 
 
 def save(out, rank, workers, model, **extra):
