@@ -321,14 +321,17 @@ def test_losing_the_last_server_ends_the_job_naming_it(procs):
 
 
 def test_a_server_that_asks_to_join_takes_its_share_at_the_next_commit(procs):
-    job = procs.start_job_by_role(2, 1, "elastic_training.py", "100", "0.05", BYTEPS_ELASTIC=1)
+    # The server, a native program started right after the workers are READY, registers
+    # within a second: the 3 s of a 60-step job leave it three times that.
+    job = procs.start_job_by_role(2, 1, "elastic_training.py", STEPS_AROUND_A_LOSS, "0.05",
+                                  BYTEPS_ELASTIC=1)
     _wait_until_ready(job["worker0"], job["worker1"])
     extra = procs.start(LAUNCH, base_env(DMLC_ROLE="server", **procs.job_env))
     for name in ("worker0", "worker1"):
         status, output = finish(job[name], timeout=90)
         assert status == 0, output
         [report] = reports(output).values()
-        assert report["sizes"] == [2] and report["weight"] == 100.0, report
+        assert report["sizes"] == [2] and report["weight"] == 60.0, report
     status, output = finish(job["scheduler"], timeout=30)
     assert status == 0 and "re-formed as generation 1: 2 worker(s), 2 server(s)" in output, output
     status, output = finish(extra, timeout=30)
