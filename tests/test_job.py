@@ -15,9 +15,27 @@ from tf_bps.runtime.config import Config, ConfigError
 from tf_bps.runtime.core import server_executable
 
 
-def test_broadcast_and_gradients(procs):
-    status, output = procs.launch(2, "broadcast_gradient.py", num_servers=2)
-    assert status == 0, output
+@pytest.fixture(scope="module")
+def role_job():
+    """broadcast_gradient.py in a job of 2 workers and 2 servers started role by role,
+    shared by the two tests below: each process's (exit status, output), and the seconds
+    from the start to the last exit."""
+    from conftest import Processes
+
+    processes = Processes()
+    try:
+        job = processes.start_job_by_role(2, 2, "broadcast_gradient.py")
+        started = time.monotonic()
+        outputs = {label: finish(process, timeout=60) for label, process in job.items()}
+        return outputs, time.monotonic() - started
+    finally:
+        processes.end_all()
+
+
+def test_broadcast_and_gradients(role_job):
+    outputs, _ = role_job
+    output = outputs["worker0"][1] + outputs["worker1"][1]
+    assert outputs["worker0"][0] == outputs["worker1"][0] == 0, output
     got = reports(output)
     assert sorted(got) == [0, 1], output
     for report in got.values():
@@ -267,15 +285,13 @@ def test_push_pull_without_partner_times_out_naming_tensor(procs, merge, waits_f
     assert "timed out after 4 s" in output and "tensor 'loop0'" in output and waits_for in output
 
 
-def test_clean_shutdown_ends_every_process(procs):
-    job = procs.start_job_by_role(2, 2, "broadcast_gradient.py")
-    started = time.monotonic()
+def test_clean_shutdown_ends_every_process(role_job):
+    results, elapsed = role_job
     outputs = {}
-    for label, process in job.items():
-        status, outputs[label] = finish(process, timeout=60)
+    for label, (status, outputs[label]) in results.items():
         assert status == 0, f"{label}: {outputs[label]}"
     assert sorted(reports(outputs["worker0"] + outputs["worker1"])) == [0, 1]
-    assert time.monotonic() - started < 60
+    assert elapsed < 60
 
 
 def test_launcher_returns_first_failure_and_ends_the_rest(procs):
