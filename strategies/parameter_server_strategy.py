@@ -35,7 +35,7 @@ import tf_bps as bps
 from tf_bps.runtime import basics, ops
 from tf_bps.runtime.compression import Compression, CoreCompressor, core_spec, name_of
 from tf_bps.runtime.config import Config
-from tf_bps.strategies import saving
+from tf_bps.strategies import optimizer_hooks, saving
 from tf_bps.training import fusion
 from tf_bps.training.asynchronous import AsyncExchange
 from tf_bps.training.powersgd import PowerSGD
@@ -346,6 +346,11 @@ class ParameterServerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         distribute_lib.Strategy.__init__(self, extended)
         self._bps_cluster_resolver = None
         saving.install()
+        # Error feedback needs each step's learning rate; the optimizer has it.
+        self._bps_tells_learning_rate = (isinstance(compression, CoreCompressor)
+                                         and compression.error_feedback)
+        if self._bps_tells_learning_rate:
+            optimizer_hooks.install()
 
     def reduce(self, reduce_op, value, axis):
         # Keras reduces multi-worker metric results with axis=0 even when they are

@@ -2,6 +2,8 @@
 DistributedOptimizer and ParameterServerStrategy, and BytePS's compression_params: one
 real job of two workers and two servers, and the refusals that need no job."""
 
+import re
+
 import pytest
 from conftest import marked_json as reports
 
@@ -13,8 +15,15 @@ from tf_bps.strategies.parameter_server_strategy import _check_compression
 def test_training_api_compresses_like_the_core(procs):
     status, output = procs.launch(
         2, "core_compression_api.py", num_servers=2, BYTEPS_PARTITION_BYTES=65536,
-        BYTEPS_MIN_COMPRESS_BYTES=16384, timeout=90)
+        BYTEPS_MIN_COMPRESS_BYTES=16384, BYTEPS_LOG_LEVEL="DEBUG", timeout=90)
     assert status == 0, output
+    # The strategy's optimizer told the core its schedule's rates (0.1, then a quarter
+    # of it at the third step), traced and eager, on every worker: error feedback
+    # rescales by them. DistributedOptimizer's constant 0.1 was told before.
+    for rank in (0, 1):
+        told = re.findall(rf"\[{rank}\]: .*learning rate ([\d.e-]+) \(was ([\d.e-]+)\)",
+                          output)
+        assert told.count(("0.025", "0.1")) >= 2 and ("0.1", "0") in told, told
     got = reports(output)
     assert sorted(got) == [0, 1], output
     for report in got.values():

@@ -57,6 +57,13 @@ Worker::Worker(WorkerOptions options)
 
 Worker::~Worker() { Stop(); }
 
+void Worker::SetLearningRate(double rate) {
+  const double was = learning_rate_.exchange(rate, std::memory_order_relaxed);
+  if (was != rate)
+    BPS_LOG(kDebug) << "learning rate " << rate << " (was " << was
+                    << "): error feedback rescales by the change";
+}
+
 void Worker::OnAnswer() {
   if (!push_window_) return;
   for (auto& link : links_) link->Recheck();

@@ -109,7 +109,7 @@ class Worker : public ServerLink::Owner, public LocalMerge::Owner {
     timeline_->Start(path, first, last, TimelineWait());
   }
   // The learning rate of the steps whose tasks are enqueued from now on (task.h).
-  void SetLearningRate(double rate) { learning_rate_.store(rate, std::memory_order_relaxed); }
+  void SetLearningRate(double rate);
   // Horovod's stop_timeline: ends the recording in progress, if any, and returns once
   // its file is written.
   void StopTimeline() { timeline_->Stop(TimelineWait()); }

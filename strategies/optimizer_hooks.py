@@ -1,0 +1,38 @@
+"""What the strategy needs from Keras's optimizer and cannot see from its cross-device
+ops: the learning rate of each step. A core compressor's error feedback rescales what
+it carries when the rate changes (bps.set_compression_learning_rate), and under the
+strategy the gradients reach the core through the optimizer's all-reduce, which Keras
+calls with the step's rate in hand (TensorFlow backend, _backend_update_step)."""
+
+from __future__ import annotations
+
+import functools
+
+import tensorflow as tf
+
+from tf_bps.runtime.ops import set_compression_learning_rate
+
+_installed = False
+
+
+def install() -> None:
+    """Makes Keras's TensorFlow optimizers tell the core each step's learning rate before
+    their all-reduce, under a strategy that asks for it (`_bps_tells_learning_rate`)."""
+    global _installed
+    if _installed:
+        return
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+    update_step = TFOptimizer._backend_update_step
+
+    @functools.wraps(update_step)
+    def telling_the_rate(self, grads, trainable_variables, learning_rate):
+        if not getattr(tf.distribute.get_strategy(), "_bps_tells_learning_rate", False):
+            return update_step(self, grads, trainable_variables, learning_rate)
+        told = set_compression_learning_rate(learning_rate)
+        # In a graph the all-reduce's push_pulls must come after it (None: eager, done).
+        with tf.control_dependencies([] if told is None else [told]):
+            return update_step(self, grads, trainable_variables, learning_rate)
+
+    TFOptimizer._backend_update_step = telling_the_rate
+    _installed = True
