@@ -190,8 +190,10 @@ def test_mismatches_fail_at_once_naming_tensor_ranks_and_both_sides(procs, num_w
 
 def test_a_round_that_timed_out_never_mixes_with_the_next(procs):
     # (and a save under the strategy that one worker makes alone times out, saying why)
+    # The short BYTEPS_OP_TIMEOUT would bound the rendezvous too, and importing
+    # TensorFlow on two busy cores can take longer: HOROVOD_START_TIMEOUT bounds it apart.
     status, output = procs.launch(2, "collective_errors.py", "stale", num_servers=1,
-                                  BYTEPS_OP_TIMEOUT=4, timeout=60)
+                                  BYTEPS_OP_TIMEOUT=4, HOROVOD_START_TIMEOUT=60, timeout=60)
     assert status == 0, output
     reports = _reports(output)
     timed_out, late = reports[0, "timed_out"], reports[1, "late"]
