@@ -159,9 +159,12 @@ def test_a_frozen_worker_is_left_behind_after_the_heartbeat_timeout(procs):
 
 
 def test_a_worker_that_asks_to_join_is_taken_in_at_the_next_commit(procs):
-    job = procs.start_job_by_role(2, 1, "elastic_training.py", "100", "0.05", BYTEPS_ELASTIC=1)
+    # 160 steps of at least 0.05 s: the newcomer starts TensorFlow (5 s and more on a
+    # loaded 2-core machine) and asks in while the job is still well before its end
+    # (with 100 steps, CI once saw it come in only after the last commit).
+    job = procs.start_job_by_role(2, 1, "elastic_training.py", "160", "0.05", BYTEPS_ELASTIC=1)
     _wait_until_ready(job["worker0"], job["worker1"])
-    newcomer = procs.start_worker("elastic_training.py", "100", "0.05")
+    newcomer = procs.start_worker("elastic_training.py", "160", "0.05")
     outputs = []
     for worker in (job["worker0"], job["worker1"], newcomer):
         status, output = finish(worker, timeout=90)
@@ -174,7 +177,7 @@ def test_a_worker_that_asks_to_join_is_taken_in_at_the_next_commit(procs):
         assert report["sizes"] == [2, 3] and report["resets"] == [3], report
     assert (old0["rank"], old1["rank"], new["rank"]) == (0, 1, 2)
     assert new["sizes"] == [3] and new["resets"] == []
-    assert old0["weight"] == old1["weight"] == new["weight"] == 100.0
+    assert old0["weight"] == old1["weight"] == new["weight"] == 160.0
     interrupted = {line.split(" step ")[1] for output in outputs[:2] for line in _resets(output)}
     assert len(interrupted) == 1, outputs  # the same step on both
 
