@@ -115,7 +115,7 @@ def test_losing_rank_0_re_forms_the_job_with_the_survivors_renumbered(procs, mer
     # the survivors and the server register again under fresh keys.
     job = procs.start_job_by_role(3, 1, "elastic_training.py", STEPS_AROUND_A_LOSS, "0.05",
                                   BYTEPS_ELASTIC=1, BYTEPS_LOCAL_MERGE=merge,
-                                  BYTEPS_ENCRYPT=encrypt, BYTEPS_JOB_TOKEN="the job's token")
+                                  BYTEPS_ENCRYPT=encrypt, BYTEPS_JOB_TOKEN="the job's secret")
     _wait_until_ready(job["worker0"], job["worker1"], job["worker2"])
     time.sleep(1.0)
     procs.end(job["worker0"])

@@ -165,7 +165,7 @@ def _job_through_the_middle(procs, tmp_path, encrypt: bool, mischief: str | None
     """One server advertised as "localhost" (127.0.0.1 to it and to worker 1); worker 0
     resolves that name to the man in the middle. TCP only (BYTEPS_ENABLE_IPC=0)."""
     env = dict(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=free_port(), DMLC_NUM_WORKER=2,
-               DMLC_NUM_SERVER=1, BYTEPS_JOB_TOKEN="the job's token", BYTEPS_ENABLE_IPC=0,
+               DMLC_NUM_SERVER=1, BYTEPS_JOB_TOKEN="the job's secret", BYTEPS_ENABLE_IPC=0,
                BYTEPS_ENCRYPT=int(encrypt), TEST_ROUNDS=60, TEST_ELEMENTS=4096)
     job = {"scheduler": procs.start(LAUNCH, base_env(DMLC_ROLE="scheduler", **env)),
            "server": procs.start(LAUNCH, base_env(DMLC_ROLE="server", DMLC_NODE_HOST="localhost",
@@ -232,7 +232,7 @@ def test_a_forged_scheduler_message(procs, tmp_path, encrypt):
     # (0.5 s heartbeats) instead of the default 10 s.
     port = free_port()
     env = dict(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=port, DMLC_NUM_WORKER=2,
-               DMLC_NUM_SERVER=1, BYTEPS_JOB_TOKEN="the job's token", BYTEPS_ENABLE_IPC=0,
+               DMLC_NUM_SERVER=1, BYTEPS_JOB_TOKEN="the job's secret", BYTEPS_ENABLE_IPC=0,
                BYTEPS_ENCRYPT=int(encrypt), TEST_ROUNDS=250, TEST_ELEMENTS=4096,
                PS_HEARTBEAT_INTERVAL=0.5, PS_HEARTBEAT_TIMEOUT=3)
     middle = ControlManInTheMiddle(port)
@@ -267,7 +267,7 @@ def test_nodes_started_with_different_settings_are_told_why(procs, odd_one):
     # tests/cpp/sealed_frames_test.cc).
     node, setting = odd_one.split(" ", 1)
     env = dict(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=free_port(), DMLC_NUM_WORKER=1,
-               DMLC_NUM_SERVER=1, BYTEPS_JOB_TOKEN="the job's token", BYTEPS_FORCE_DISTRIBUTED=1,
+               DMLC_NUM_SERVER=1, BYTEPS_JOB_TOKEN="the job's secret", BYTEPS_FORCE_DISTRIBUTED=1,
                BYTEPS_ENCRYPT=int(setting == "in the clear"), TEST_ROUNDS=3)
     odd = {"BYTEPS_ENCRYPT": str(int(setting == "sealing"))}
     job = {"scheduler": procs.start(LAUNCH, base_env(DMLC_ROLE="scheduler", **env)),

@@ -214,17 +214,19 @@ def test_nodes_without_the_token_are_refused_and_the_job_goes_on(procs):
     common = {"BYTEPS_JOB_TOKEN": "the job's secret", "DMLC_PS_ROOT_PORT": free_port()}
     job = procs.start_job_by_role(2, 1, "steady_sums.py", TEST_ROUNDS=150, **common)
     # A server and a worker that take the job's variables but not its token.
-    stranger = {**common, "BYTEPS_JOB_TOKEN": "a guess", "DMLC_PS_ROOT_URI": "127.0.0.1",
+    stranger = {**common, "BYTEPS_JOB_TOKEN": "a guess, not this", "DMLC_PS_ROOT_URI": "127.0.0.1",
                 "DMLC_NUM_WORKER": 2, "DMLC_NUM_SERVER": 1, "BYTEPS_OP_TIMEOUT": 20}
     foreign_server = procs.start(LAUNCH, base_env(DMLC_ROLE="server", **stranger))
     foreign_worker = procs.start([*LAUNCH, *worker_command("steady_sums.py")],
                                  base_env(DMLC_ROLE="worker", DMLC_WORKER_ID=0, **stranger))
     for name, process in (("foreign server", foreign_server), ("foreign worker", foreign_worker)):
         status, output = finish(process, timeout=60)
-        assert status != 0 and "does not know this job's token" in output, (name, output)
-    _completes_with_right_sums(job)
-    # Each stranger saw that the scheduler cannot prove the token, and left; strangers
-    # that register anyway are refused (test_the_scheduler_survives_garbage...).
+        assert status != 0 and "refused this node before it proved the job's token: check " \
+            "that BYTEPS_JOB_TOKEN and BYTEPS_ENCRYPT are the job's" in output, (name, output)
+    log = _completes_with_right_sums(job)["scheduler"]
+    # Each stranger heard only "refused" (it proves itself first, and could not); the
+    # scheduler's log says why.
+    assert "does not prove this job's token (BYTEPS_JOB_TOKEN)" in log, log
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -236,7 +238,7 @@ def test_a_server_out_of_descriptors_keeps_serving_without_spinning(procs):
     # The server may hold 64 descriptors; a flood of connections takes the rest. Its
     # workers (over TCP: shared memory would need new descriptors) must go on.
     common = dict(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=free_port(), DMLC_NUM_WORKER=2,
-                  DMLC_NUM_SERVER=1, BYTEPS_JOB_TOKEN="token", BYTEPS_ENABLE_IPC=0,
+                  DMLC_NUM_SERVER=1, BYTEPS_JOB_TOKEN="the job's secret", BYTEPS_ENABLE_IPC=0,
                   TEST_ROUNDS=400)
     scheduler = procs.start(LAUNCH, base_env(DMLC_ROLE="scheduler", **common))
     server = procs.start(["prlimit", "--nofile=64:64", *LAUNCH],
@@ -269,7 +271,7 @@ def _server_first(procs, rounds: int) -> tuple[dict, int]:
     """A job of 2 TCP workers (BYTEPS_ENABLE_IPC=0) whose scheduler and server start
     first: the processes so far, and the port the server listens on."""
     procs.job_env = dict(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=free_port(),
-                         DMLC_NUM_WORKER=2, DMLC_NUM_SERVER=1, BYTEPS_JOB_TOKEN="token",
+                         DMLC_NUM_WORKER=2, DMLC_NUM_SERVER=1, BYTEPS_JOB_TOKEN="the job's secret",
                          BYTEPS_ENABLE_IPC=0, TEST_ROUNDS=rounds)
     job = {"scheduler": procs.start(LAUNCH, base_env(DMLC_ROLE="scheduler", **procs.job_env)),
            "server": procs.start(LAUNCH, base_env(DMLC_ROLE="server", BYTEPS_LOG_LEVEL="INFO",

@@ -96,7 +96,8 @@ def test_the_server_serves_a_job_from_an_empty_root(procs, tmp_path):
     root.mkdir()
     shutil.copy(server_executable(), root / "bps_server")
     job = procs.start_job_by_role(2, 0, "steady_sums.py", DMLC_NUM_SERVER=1,
-                                  BYTEPS_ENABLE_IPC=0, BYTEPS_JOB_TOKEN="copied", TEST_ROUNDS=20)
+                                  BYTEPS_ENABLE_IPC=0, BYTEPS_JOB_TOKEN="copied to them all",
+                                  TEST_ROUNDS=20)
     server = procs.start(["chroot", str(root), "/bps_server"],
                          base_env(DMLC_ROLE="server", **procs.job_env))
     outputs = {}
@@ -337,7 +338,7 @@ def test_an_abort_stops_workers_that_are_still_connecting(procs):
     # The workers would retry the vanished server for BYTEPS_OP_TIMEOUT (300 s); the
     # scheduler's abort, PS_HEARTBEAT_TIMEOUT after it went silent, must stop them.
     common = dict(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=free_port(), DMLC_NUM_WORKER=2,
-                  DMLC_NUM_SERVER=2, PS_HEARTBEAT_TIMEOUT=3, BYTEPS_JOB_TOKEN="token",
+                  DMLC_NUM_SERVER=2, PS_HEARTBEAT_TIMEOUT=3, BYTEPS_JOB_TOKEN="the job's secret",
                   TEST_DEAD_PORT=free_port())
     procs.start(LAUNCH, base_env(DMLC_ROLE="scheduler", **common))
     procs.start(LAUNCH, base_env(DMLC_ROLE="server", **common))

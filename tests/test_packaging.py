@@ -102,7 +102,7 @@ def test_without_tensorflow_the_launcher_and_server_serve_a_job(dist, tmp_path):
     # from one with it: a CPU-only server machine's installation.
     worker_side = _environment(tmp_path / "workers", f"{wheel}[tensorflow]")
     job = dict(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=free_port(),
-               DMLC_NUM_WORKER=2, DMLC_NUM_SERVER=1, BYTEPS_JOB_TOKEN="installed")
+               DMLC_NUM_WORKER=2, DMLC_NUM_SERVER=1, BYTEPS_JOB_TOKEN="installed from a wheel")
     started = [subprocess.Popen([server_side / "bpslaunch"], cwd=tmp_path,
                                 env=base_env(DMLC_ROLE=role, **job))
                for role in ("scheduler", "server")]

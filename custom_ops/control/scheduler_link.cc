@@ -120,10 +120,22 @@ Status SchedulerLink::NextReply(Clock::time_point deadline, double timeout_s,
     if (!Decode(text, reply)) continue;  // Not one of its messages.
     const std::string& kind = (*reply)["type"].str();
     if (kind == type) return Status::OK();
-    if (kind == "abort")
-      return Status::Error(ErrorKind::kAborted,
-                           "the scheduler refused this node: " + (*reply)["reason"].str());
+    if (kind == "abort" && (stage_ == Stage::kRegistered || stage_ == Stage::kBook))
+      return Refusal(*reply);
   }
+}
+
+Status SchedulerLink::Refusal(const Json& abort) const {
+  const std::string& reason = abort["reason"].str();
+  // After the scheduler's proof, or with a proof of its own, a refusal says why.
+  const std::string proof = ControlProof(options_.token, "scheduler", said_ + "|" + reason);
+  if (stage_ == Stage::kBook || SameText(abort["proof"].str(), proof))
+    return Status::Error(ErrorKind::kAborted, "the scheduler refused this node: " + reason);
+  return Status::Error(ErrorKind::kAborted,
+                       "the scheduler at " + endpoint_ +
+                           " refused this node before it proved the job's token: check that "
+                           "BYTEPS_JOB_TOKEN and BYTEPS_ENCRYPT are the job's (the scheduler's "
+                           "log says why)");
 }
 
 Status SchedulerLink::Register(const std::string& role, const std::string& host, JsonWriter fields,
@@ -134,46 +146,63 @@ Status SchedulerLink::Register(const std::string& role, const std::string& host,
   const Clock::time_point deadline = (registered_ ? Clock::now() : started_) + Seconds(timeout_s);
   std::string mine;
   Status status = NewNonce(&mine);
-  sealed_ = false;  // A new registration: its hello goes in the clear.
-  if (status.ok()) status = Send(JsonWriter().Add("type", "hello").Add("nonce", mine).Finish());
+  stage_ = Stage::kChallenge;
+  // In the clear: the scheduler has no keys for this registration yet. The last
+  // registration's keys stay until this one's replace them.
+  if (status.ok()) status = dealer_->Send(JsonWriter().Add("type", "hello").Finish());
   Json challenge;
   if (status.ok()) status = NextReply(deadline, timeout_s, "challenge", &challenge);
-  if (!status.ok()) return status;
-  if (!SameText(challenge["proof"].str(), ControlProof(options_.token, "scheduler", mine)))
-    return Status::Error(ErrorKind::kPeerGone,
-                         "the scheduler at " + endpoint_ +
-                             " does not know this job's token (BYTEPS_JOB_TOKEN): it is not "
-                             "this job's scheduler");
-  const std::string& nonce = challenge["nonce"].str();  // The scheduler keeps no challenge.
+  if (status.ok()) status = SendRegistration(role, host, std::move(fields), challenge, mine);
+  Json registered;
+  if (status.ok()) status = NextReply(deadline, timeout_s, "registered", &registered);
+  if (status.ok() &&
+      !SameText(registered["proof"].str(), ControlProof(options_.token, "scheduler", said_)))
+    status = Status::Error(ErrorKind::kPeerGone,
+                           "the scheduler at " + endpoint_ +
+                               " does not know this job's token (BYTEPS_JOB_TOKEN): it is not "
+                               "this job's scheduler");
+  stage_ = Stage::kBook;
+  if (status.ok()) status = NextReply(deadline, timeout_s, "book", book);
+  stage_ = Stage::kNone;
+  last_heard_ = Clock::now();
+  if (status.ok()) registered_ = true;
+  return status;
+}
+
+Status SchedulerLink::SendRegistration(const std::string& role, const std::string& host,
+                                       JsonWriter fields, const Json& challenge,
+                                       const std::string& mine) {
+  // The challenge goes back with the proof: the scheduler keeps none.
+  const std::string nonce = challenge["nonce"].str().substr(0, 128);
+  said_ = nonce + "|" + mine;
   fields.Add("type", "register")
       .Add("role", role)
       .Add("pid", static_cast<int64_t>(getpid()))
       .Add("host", host);
   JsonWriter registration;
   if (options_.encrypt) {
-    // The fields go sealed as message 1; the scheduler derives the keys from the nonces.
-    status = DeriveControlKeys(options_.token, nonce, mine, &keys_);
+    // The fields go sealed as message 1 under this registration's own keys: the
+    // scheduler derives them from the clear nonces once the proof checks.
+    ControlKeys keys;
+    Status status = DeriveControlKeys(options_.token, nonce, mine, &keys);
     std::string box;
-    if (status.ok()) status = SealMessage(keys_.node_to_scheduler, 1, fields.Finish(), &box);
+    if (status.ok()) status = SealMessage(keys.node_to_scheduler, 1, fields.Finish(), &box);
     if (!status.ok()) return status;
+    keys_ = keys;
     sent_ = 1;
     opened_ = 0;
+    sealed_ = true;
     registration.Add("type", "register")
-        .Add("node_nonce", mine)
         .Add("seq", int64_t{1})
         .Add("box", Hex(reinterpret_cast<const uint8_t*>(box.data()), box.size()));
   } else {
     registration = fields;
   }
-  registration.Add("nonce", nonce).Add("proof", ControlProof(options_.token, "node", nonce));
-  status = dealer_->Send(registration.Finish());
-  sealed_ = options_.encrypt;
-  registering_ = true;
-  if (status.ok()) status = NextReply(deadline, timeout_s, "book", book);
-  registering_ = false;
-  last_heard_ = Clock::now();
-  if (status.ok()) registered_ = true;
-  return status;
+  registration.Add("nonce", nonce)
+      .Add("node_nonce", mine)
+      .Add("proof", ControlProof(options_.token, "node", said_));
+  stage_ = Stage::kRegistered;
+  return dealer_->Send(registration.Finish());
 }
 
 Status SchedulerLink::Send(const std::string& message) {
@@ -190,21 +219,27 @@ Status SchedulerLink::Send(const std::string& message) {
 }
 
 bool SchedulerLink::Decode(const std::string& text, Json* message) {
-  if (!Json::Parse(text, message).ok()) return false;
+  if (!Json::Parse(text, message).ok() || (*message)["type"].str().empty()) return false;
   const std::string& type = (*message)["type"].str();
   if (!options_.encrypt) return true;
-  if (!sealed_) return type != "sealed";
-  if (type != "sealed") return registering_ && type == "abort";
+  // In the clear come only the challenge and a refusal of the registration (Refusal()
+  // believes it only with the scheduler's proof).
+  if ((type == "challenge" && stage_ == Stage::kChallenge) ||
+      (type == "abort" && stage_ == Stage::kRegistered))
+    return true;
+  if (type != "sealed" || !sealed_) return false;
   int64_t sequence = 0;
   std::string box, clear;
   const bool opened =
       (*message)["seq"].AsInt(static_cast<int64_t>(opened_) + 1, INT64_MAX, &sequence) &&
       FromHex((*message)["box"].str(), &box) &&
       OpenMessage(keys_.scheduler_to_node, static_cast<uint64_t>(sequence), box, &clear) &&
-      Json::Parse(clear, message).ok();
+      Json::Parse(clear, message).ok() && !(*message)["type"].str().empty();
   if (!opened) {
-    BPS_LOG(kWarning) << "dropped a message from the scheduler at " << endpoint_
-                      << " that does not authenticate (BYTEPS_ENCRYPT)";
+    // While registering, messages under the last registration's keys are due.
+    if (stage_ == Stage::kNone)
+      BPS_LOG(kWarning) << "dropped a message from the scheduler at " << endpoint_
+                        << " that does not authenticate (BYTEPS_ENCRYPT)";
     return false;
   }
   opened_ = static_cast<uint64_t>(sequence);
@@ -218,9 +253,9 @@ Status SchedulerLink::Drain(std::vector<Json>* orders) {
     bool received = false;
     Status status = dealer_->Receive(0, &text, &received);
     if (!status.ok() || !received) return status;
-    last_heard_ = Clock::now();
     Json message;
-    if (!Decode(text, &message)) continue;
+    if (!Decode(text, &message)) continue;  // Garbage is not the scheduler speaking.
+    last_heard_ = Clock::now();
     const std::string& type = message["type"].str();
     if (type == "exit" || type == "abort" || type == "reform")
       orders->push_back(std::move(message));

@@ -1,7 +1,8 @@
 // A node's side of the control plane, in C++ for the native server: the same
-// exchange as tf_bps/rendezvous.py's SchedulerLink (hello with a nonce, the
-// scheduler's proof and nonce, the registration with ours, the address book; then
-// heartbeats until the scheduler says exit or abort). No tensor data travels here.
+// exchange as tf_bps/runtime/rendezvous.py's SchedulerLink (hello; the scheduler's
+// challenge; the registration with our nonce and proof over both; the scheduler's
+// proof, "registered"; the address book; then heartbeats until the scheduler says
+// exit or abort). No tensor data travels here.
 #ifndef TF_BPS_CONTROL_SCHEDULER_LINK_H_
 #define TF_BPS_CONTROL_SCHEDULER_LINK_H_
 
@@ -38,8 +39,8 @@ class SchedulerLink {
  public:
   static Status Connect(const SchedulerLinkOptions& options, std::unique_ptr<SchedulerLink>* out);
 
-  // Proves the job token both ways, registers this node (`fields` add to role, pid,
-  // host and proof) and returns the scheduler's address book. Called again when the
+  // Proves the job token both ways (this node first), registers this node (`fields`
+  // add to role, pid, host and proof) and returns the scheduler's address book. Called again when the
   // job re-forms (a "reform" order), for the next generation's book.
   Status Register(const std::string& role, const std::string& host, JsonWriter fields, Json* book);
   // Sends a heartbeat when one is due, then waits until the next is due for the
@@ -58,11 +59,17 @@ class SchedulerLink {
   // The scheduler's next message of `type`; an abort or the deadline fails.
   Status NextReply(Clock::time_point deadline, double timeout_s, const std::string& type,
                    Json* reply);
+  // Sends the registration answering `challenge`, with `mine` (this node's nonce)
+  // and the proof over both; with BYTEPS_ENCRYPT under new keys of its own.
+  Status SendRegistration(const std::string& role, const std::string& host, JsonWriter fields,
+                          const Json& challenge, const std::string& mine);
+  // The error an abort that answers this node's registration makes.
+  Status Refusal(const Json& abort) const;
   // Takes the scheduler's orders that have arrived, a bounded number at a time.
   Status Drain(std::vector<Json>* orders);
   // The message `text` holds (opened, when sealed); false for one to drop: not JSON,
-  // or with BYTEPS_ENCRYPT one that does not open (only a refusal comes in the clear,
-  // while registering).
+  // or with BYTEPS_ENCRYPT one that does not open (only the challenge and a refusal
+  // come in the clear, while registering).
   bool Decode(const std::string& text, Json* message);
 
   static constexpr int kMaxMessagesPerPoll = 64;
@@ -77,14 +84,19 @@ class SchedulerLink {
   // BYTEPS_ENCRYPT (tf_bps/runtime/sealing.py tells the envelope): the keys of the
   // last registration, and the sequence numbers sent and opened under them.
   bool sealed_ = false;
-  bool registering_ = false;
+  // While registering, what it waits for: what may come in the clear, and whether an
+  // abort is believed.
+  enum class Stage { kNone, kChallenge, kRegistered, kBook };
+  Stage stage_ = Stage::kNone;
+  std::string said_;  // the registration's nonces, "challenge|node nonce"
   ControlKeys keys_{};
   uint64_t sent_ = 0;
   uint64_t opened_ = 0;
 };
 
-// What `side` ("node" or "scheduler") shows for the other side's nonce: the hex
-// HMAC-SHA256 of "side|nonce" under the job token (rendezvous.py's proof()).
+// What `side` ("node" or "scheduler") shows for `nonce` ("challenge|node nonce", and
+// what a refusal says): the hex HMAC-SHA256 of "side|nonce" under the job token
+// (rendezvous.py's proof()).
 std::string ControlProof(const std::string& token, const std::string& side,
                          const std::string& nonce);
 

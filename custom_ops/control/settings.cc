@@ -261,6 +261,16 @@ Status Settings::Read(const Lookup& lookup, Settings* out) {
                          "BYTEPS_ENCRYPT=1 needs BYTEPS_JOB_TOKEN: the keys are derived from "
                          "the job's token (bpslaunch makes one; set it yourself when you start "
                          "the roles one by one)");
+  // The same rule as tf_bps/runtime/config.py's: a short token can be guessed offline
+  // against one recorded registration.
+  const size_t token_chars = out->Text("BYTEPS_JOB_TOKEN").size();
+  if (token_chars > 0 && token_chars < 16 && !out->Flag("BYTEPS_ALLOW_SHORT_TOKEN"))
+    return Status::Error(ErrorKind::kInvalidArgument,
+                         "BYTEPS_JOB_TOKEN has " + std::to_string(token_chars) +
+                             " character(s): it needs at least 16, because anyone who sees one "
+                             "registration on the network can try guesses of a short token "
+                             "against it offline; use a longer one (bpslaunch makes 32), or set "
+                             "BYTEPS_ALLOW_SHORT_TOKEN=1 to accept it anyway");
   double interval = out->Number("PS_HEARTBEAT_INTERVAL");
   double timeout = out->Number("PS_HEARTBEAT_TIMEOUT");
   if (interval >= timeout)

@@ -14,22 +14,23 @@ reaches the rounds of a newer one. Without BYTEPS_ELASTIC, any loss ends the job
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
 
 import zmq
 
-from tf_bps.control.challenges import Challenges
-from tf_bps.control.inbox import Inbox
+from tf_bps.control.inbox import Inbox, quoted
 from tf_bps.control.membership import Gathering, Node, address_books
 from tf_bps.runtime.config import Config, ConfigError, configure_logging
-from tf_bps.runtime.rendezvous import proof, proof_matches
 
 log = logging.getLogger("tf_bps.scheduler")
 
 # Workers the elastic launcher starts together join at one commit: those registered
 # wait for the others this long at most (one that fails to start is reported sooner).
 LAUNCH_WAIT_S = 30.0
+# What a node may advertise as its host: a name or an address, nothing to escape.
+HOST = re.compile(r"[A-Za-z0-9_.:%\[\]-]{1,255}")
 # While a job forms, who is still missing is said this often (after the first wait).
 WAITING_REPORT_S = 5.0
 
@@ -42,7 +43,6 @@ class Scheduler:
     def __init__(self, config: Config):
         self._config = config
         self._nodes: dict[bytes, Node] = {}  # this generation's, by connection
-        self._challenges = Challenges()  # stateless: a flood of hellos evicts nothing
         self._generation = 0
         # Workers that asked to join an elastic job, waiting for the next generation.
         self._joining: list[Node] = []
@@ -84,12 +84,13 @@ class Scheduler:
 
     def _turn_away(self, reason: str) -> None:
         """An elastic job's workers may be between two registrations when it fails:
-        for a heartbeat timeout, whoever says anything hears why, instead of waiting
-        for an address book that will never come."""
+        for a heartbeat timeout, every connection that proved the job's token and says
+        anything hears why, instead of waiting for an address book that will never come
+        (a stranger hears nothing of it)."""
         deadline = time.monotonic() + self._config.heartbeat_timeout
         while (remaining := deadline - time.monotonic()) > 0:
             received = self._inbox.receive(remaining)
-            if received is not None:
+            if received is not None and self._inbox.proven(received[0]):
                 self._inbox.send(received[0], {"type": "abort", "reason": reason})
 
     def _everyone(self) -> list[Node]:
@@ -115,18 +116,12 @@ class Scheduler:
 
     def _registration(self, identity: bytes, message: dict,
                       gathering: Gathering | None) -> tuple[Node | None, str]:
-        """The node a registration describes, or why it is refused: a malformed message;
-        in the first generation a server beyond DMLC_NUM_SERVER, a worker rank outside
-        the job or taken. Later generations (`gathering` not the first, or None between
-        two) number their nodes when their books go out."""
+        """The node a registration that proved the token (inbox.py) describes, or why it
+        is refused: a malformed message; in the first generation a server beyond
+        DMLC_NUM_SERVER, a worker rank outside the job or taken. Later generations
+        (`gathering` not the first, or None between two) number their nodes when their
+        books go out."""
         config = self._config
-        who = f"a node on {str(message.get('host'))[:64]} (pid {str(message.get('pid'))[:16]})"
-        nonce = message.get("nonce")
-        stale = self._challenges.check(identity, nonce)
-        if stale:
-            return None, f"the registration of {who} {stale}"
-        if not proof_matches(config.job_token, "node", nonce, message.get("proof")):
-            return None, f"{who} does not know this job's token (BYTEPS_JOB_TOKEN)"
 
         def number(key: str, low: int, high: int) -> int | None:
             value = message.get(key)
@@ -137,8 +132,8 @@ class Scheduler:
         pid = number("pid", 1, 2**31)
         port = number("port", 1, 65535) if role == "server" else 0  # Workers listen on none.
         if role not in ("server", "worker", "launcher") or not isinstance(host, str) or \
-                not host or len(host) > 255 or pid is None or port is None:
-            return None, f"a malformed registration: {str(message)[:200]}"
+                not HOST.fullmatch(host) or pid is None or port is None:
+            return None, f"a malformed registration: {quoted(message)}"
         node = Node(identity, role, host, pid, port=port, last_seen=time.monotonic())
         local_size = number("local_size", 1, 4096)
         local_rank = number("local_rank", 0, (local_size or 1) - 1)
@@ -170,8 +165,8 @@ class Scheduler:
             return None, (f"the worker on {host} (pid {pid}) has BYTEPS_LOCAL_SIZE={local_size}"
                           f", the others {workers[0].local_size}")
         if worker_id is None:
-            return None, (f"DMLC_WORKER_ID={message.get('worker_id')!r} of the worker on {host} "
-                          f"(pid {pid}) is outside this job of DMLC_NUM_WORKER="
+            return None, (f"DMLC_WORKER_ID={quoted(message.get('worker_id'), 32)} of the "
+                          f"worker on {host} (pid {pid}) is outside this job of DMLC_NUM_WORKER="
                           f"{config.num_worker}")
         node.rank = worker_id * local_size + local_rank
         clash = [w for w in workers if w.rank == node.rank]
@@ -198,17 +193,6 @@ class Scheduler:
         self._launching.discard(node.name)
         return node
 
-    def _challenge(self, identity: bytes, message: dict) -> None:
-        """Answers a hello: the scheduler's proof for the node's nonce, and a nonce of its
-        own for the node to sign in its registration."""
-        theirs = message.get("nonce")
-        if not isinstance(theirs, str) or len(theirs) > 64:
-            log.warning("dropped a malformed hello")
-            return
-        mine = self._challenges.issue(identity)
-        self._inbox.send(identity, {"type": "challenge", "nonce": mine,
-                              "proof": proof(self._config.job_token, "scheduler", theirs)})
-
     def _rendezvous(self, gathering: Gathering) -> None:
         """Gathers one generation's registrations and sends its address books."""
         config = self._config
@@ -232,9 +216,6 @@ class Scheduler:
             if received is None:
                 continue
             identity, message = received
-            if message["type"] == "hello":
-                self._challenge(identity, message)
-                continue
             if identity in self._launchers:
                 self._from_launcher(message)
                 continue
@@ -350,7 +331,7 @@ class Scheduler:
                     del gathering.survivors[key]
         elif kind in ("failure", "done") and node.role == "worker":
             log.warning("%s left while the job re-formed: %s", node.describe(),
-                        str(message.get("reason", "it finished"))[:200])
+                        quoted(message.get("reason", "it finished")))
             del gathering.survivors[node.process]
 
     def _drop_silent_survivors(self, gathering: Gathering) -> None:
@@ -446,14 +427,11 @@ class Scheduler:
         self._rendezvous(Gathering(self._generation + 1, deadline, survivors, reason))
 
     def _from_outsider(self, identity: bytes, message: dict) -> None:
-        """A message from a connection of no node of this generation: a hello, or a
-        registration. A job that is not elastic takes no one after it started; an
-        elastic one re-forms at once when a survivor of this generation registers
-        again (it left it), and at the workers' next commit for a newcomer."""
+        """A message from a connection of no node of this generation: a registration
+        that proved the token, say. A job that is not elastic takes no one after it
+        started; an elastic one re-forms at once when a survivor of this generation
+        registers again (it left it), and at the workers' next commit for a newcomer."""
         kind = message["type"]
-        if kind == "hello":
-            self._challenge(identity, message)
-            return
         if identity in self._launchers:
             self._from_launcher(message)
             return
@@ -491,7 +469,8 @@ class Scheduler:
     def _from_launcher(self, message: dict) -> None:
         """The elastic launcher's word about the workers it starts and ends."""
         names = message.get("names")
-        names = {n for n in names if isinstance(n, str)} if isinstance(names, list) else set()
+        names = {n[:300] for n in names if isinstance(n, str)} if isinstance(names, list) \
+            else set()
         kind = message["type"]
         if kind == "let_go":
             self._let_workers_go(names)
@@ -567,7 +546,7 @@ class Scheduler:
                     log.info("%s finished", node.describe())
                 elif kind == "failure":
                     self._lose(self._lost_by(node, message),
-                               f"{node.describe()} reported: {str(message.get('reason'))}")
+                               f"{node.describe()} reported: {quoted(message.get('reason'))}")
                     continue
                 elif kind == "server_lost" and node.role == "worker":
                     self._server_lost_by(node, message.get("server"))

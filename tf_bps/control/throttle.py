@@ -47,3 +47,30 @@ class OutsiderThrottle:
             return False
         self._warned_at = now
         return True
+
+
+# Warnings about one source's refused or malformed messages: one this often at most,
+# and the sources remembered at once (a flood from many addresses forgets the oldest).
+SOURCE_WARN_EVERY_S = 10.0
+MAX_SOURCES = 1024
+
+
+class SourceWarnings:
+    """Rate-limits the scheduler's warnings per source address, so that no peer can fill
+    its log; what is held back is counted and told with the source's next warning."""
+
+    def __init__(self, every_s: float = SOURCE_WARN_EVERY_S, sources: int = MAX_SOURCES):
+        self._every_s, self._sources = every_s, sources
+        self._last: dict[str, tuple[float, int]] = {}  # source -> (warned at, held back)
+
+    def allow(self, source: str) -> int | None:
+        """None: hold this warning back; else how many were held back since the last."""
+        now = time.monotonic()
+        warned_at, held = self._last.pop(source, (-self._every_s, 0))
+        if now - warned_at < self._every_s:
+            self._last[source] = (warned_at, held + 1)
+            return None
+        if len(self._last) >= self._sources:
+            del self._last[next(iter(self._last))]
+        self._last[source] = (now, 0)
+        return held

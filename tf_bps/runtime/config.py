@@ -216,6 +216,18 @@ WITHOUT_EFFECT = {
 ENCRYPT_WITHOUT_TOKEN = (
     "BYTEPS_ENCRYPT=1 needs BYTEPS_JOB_TOKEN: the keys are derived from the job's token "
     "(bpslaunch makes one; set it yourself when you start the roles one by one)")
+# A token shorter than this can be found by trying guesses against one recorded
+# registration (its proof is an HMAC under the token), away from the job.
+MIN_TOKEN_CHARS = 16
+
+
+def short_token_error(length: int) -> str:
+    return (f"BYTEPS_JOB_TOKEN has {length} character(s): it needs at least {MIN_TOKEN_CHARS}, "
+            "because anyone who sees one registration on the network can try guesses of a "
+            "short token against it offline; use a longer one (bpslaunch makes 32), or set "
+            "BYTEPS_ALLOW_SHORT_TOKEN=1 to accept it anyway")
+
+
 WIRE_DTYPES = {"0": "float16", "1": "float32", "2": "mixed"}
 
 
@@ -324,6 +336,9 @@ class Config:
         if cluster is not None:
             env = {**cluster.variables, **env}
         _check_table(env)
+        token = _text(env, "BYTEPS_JOB_TOKEN")
+        if 0 < len(token) < MIN_TOKEN_CHARS and not _flag(env, "BYTEPS_ALLOW_SHORT_TOKEN"):
+            raise ConfigError(short_token_error(len(token)))
         local_size = _int(env, "BYTEPS_LOCAL_SIZE", None)
         # AIACC's stream count bounds what is in flight, as the credit does.
         credit = _int(env, "BYTEPS_SCHEDULING_CREDIT", _int(env, "PERSEUS_ALLREDUCE_STREAMS"))
@@ -386,7 +401,7 @@ class Config:
             elastic_timeout=_number(env, "BYTEPS_ELASTIC_TIMEOUT"),
             elastic_reset_limit=_int(env, "BYTEPS_ELASTIC_RESET_LIMIT", None),
             elastic_worker_name=_text(env, "BYTEPS_ELASTIC_WORKER_NAME"),
-            job_token=_text(env, "BYTEPS_JOB_TOKEN"),
+            job_token=token,
             encrypt=_flag(env, "BYTEPS_ENCRYPT"),
             max_tensor_bytes=_int(env, "BYTEPS_MAX_TENSOR_BYTES"),
             listen_any=_flag(env, "BYTEPS_LISTEN_ANY"),

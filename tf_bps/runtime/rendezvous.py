@@ -7,12 +7,15 @@ exit (the job is over); in an elastic job also reform (this generation ends: reg
 again) and hosts_updated (a worker asks to join: re-form at the next commit). No
 tensor data ever travels here.
 
-Registration proves the job token both ways (BYTEPS_JOB_TOKEN, a keyed hash over the
-other side's fresh nonce, never the token itself): the node says hello with a nonce,
-the scheduler answers with its proof and a nonce of its own, and the registration
-carries the node's proof. A node that cannot prove it is refused; a scheduler that
-cannot is not trusted. With BYTEPS_ENCRYPT, everything after the proofs is sealed
-(sealing.py).
+Registration proves the job token both ways (BYTEPS_JOB_TOKEN, a keyed hash over fresh
+nonces of both sides, never the token itself), the node first: it says hello, the
+scheduler answers with a challenge (a nonce of its own, no proof: it proves nothing to
+a stranger), the registration carries the node's nonce and its proof over both, and
+only then does the scheduler prove itself ("registered", over the same two nonces),
+which the node checks before it believes anything else the scheduler says. A node that
+cannot prove the token hears only "refused"; a scheduler that cannot prove it is not
+trusted. With BYTEPS_ENCRYPT, the registration's fields and everything after it are
+sealed with keys of that registration (sealing.py).
 """
 
 from __future__ import annotations
@@ -42,12 +45,17 @@ class RendezvousError(RuntimeError):
     """The scheduler could not be reached, refused this node, or the job failed."""
 
 
+# All a node that has not proven the token hears when the scheduler refuses it.
+REFUSED = "refused"
+
+
 def new_nonce() -> str:
     return secrets.token_hex(16)
 
 
 def proof(token: str, side: str, nonce: str) -> str:
-    """What `side` ("node" or "scheduler") shows for the other side's `nonce`."""
+    """What `side` ("node" or "scheduler") shows for `nonce` (the registration's two
+    nonces, "challenge|node nonce", and what a refusal says)."""
     return hmac.new(token.encode(), f"{side}|{nonce}".encode(), hashlib.sha256).hexdigest()
 
 
@@ -77,38 +85,59 @@ class SchedulerLink:
         # BYTEPS_ENCRYPT: seals every message after the registration (sealing.py).
         self._seal: ControlSeal | None = None
         self._seal_lock = threading.Lock()  # the monitor and the caller both send
-        self._registering = False  # a refusal may come in the clear until the book
+        # While registering: "challenge", "registered" or "book", what it waits for
+        # (what may come in the clear, and whether an abort is believed).
+        self._stage: str | None = None
+        self._said = ""  # the registration's nonces, "challenge|node nonce"
 
     def register(self, role: str, **fields) -> dict:
         """Proves the job token, registers this node and waits for the address book."""
         host = self._config.advertised_host()  # Settings fail here, before any wait.
         deadline = time.monotonic() + self._config.start_timeout
-        mine = new_nonce()
-        self._socket.send_json({"type": "hello", "nonce": mine})
-        challenge = self._next_reply(deadline, "challenge")
-        if not proof_matches(self._config.job_token, "scheduler", mine, challenge.get("proof")):
-            raise RendezvousError(
-                f"the scheduler at {self._endpoint} does not know this job's token "
-                "(BYTEPS_JOB_TOKEN): it is not this job's scheduler")
-        # The challenge goes back with its proof: the scheduler keeps none (challenges.py).
-        nonce = str(challenge.get("nonce"))
+        token, mine = self._config.job_token, new_nonce()
+        with self._seal_lock:  # In the clear: the scheduler has no keys for it yet.
+            self._stage = "challenge"
+            self._socket.send_json({"type": "hello"})
+        # The challenge goes back with the proof: the scheduler keeps none (challenges.py).
+        challenge = str(self._next_reply(deadline, "challenge").get("nonce"))[:128]
+        said = f"{challenge}|{mine}"
         message = {"type": "register", "role": role, "pid": os.getpid(), "host": host,
                    **fields}
-        shown = {"nonce": nonce, "proof": proof(self._config.job_token, "node", nonce)}
-        if self._config.encrypt:
-            # The fields go sealed; the scheduler derives the keys from the clear nonces.
-            self._seal = ControlSeal(self._config.job_token, nonce, mine, "node")
-            sealed = self._seal.seal(message)
-            message = {"type": "register", "node_nonce": mine, "seq": sealed["seq"],
-                       "box": sealed["box"]}
-        self._socket.send_json({**message, **shown})
-        self._registering = True
+        shown = {"nonce": challenge, "node_nonce": mine, "proof": proof(token, "node", said)}
+        with self._seal_lock:
+            if self._config.encrypt:
+                # Fields sealed as message 1 under this registration's own keys; the
+                # scheduler derives them from the clear nonces once the proof checks.
+                self._seal = ControlSeal(token, challenge, mine, "node")
+                sealed = self._seal.seal(message)
+                message = {"type": "register", "seq": sealed["seq"], "box": sealed["box"]}
+            self._said = said
+            self._stage = "registered"
+            self._socket.send_json({**message, **shown})
         try:
+            registered = self._next_reply(deadline, "registered")
+            if not proof_matches(token, "scheduler", said, registered.get("proof")):
+                raise RendezvousError(
+                    f"the scheduler at {self._endpoint} does not know this job's token "
+                    "(BYTEPS_JOB_TOKEN): it is not this job's scheduler")
+            self._stage = "book"
             book = self._next_reply(deadline, "book")
         finally:
-            self._registering = False
+            self._stage = None
         self._last_ack = time.monotonic()
         return book
+
+    def _refusal(self, abort: dict) -> RendezvousError:
+        """What an abort that answers this node's registration means for it."""
+        reason = str(abort.get("reason"))
+        if self._stage == "book" or proof_matches(
+                self._config.job_token, "scheduler", f"{self._said}|{reason}",
+                abort.get("proof")):
+            return RendezvousError(f"the scheduler refused this node: {reason}")
+        return RendezvousError(
+            f"the scheduler at {self._endpoint} refused this node before it proved the "
+            "job's token: check that BYTEPS_JOB_TOKEN and BYTEPS_ENCRYPT are the job's "
+            "(the scheduler's log says why)")
 
     def _next_reply(self, deadline: float, kind: str) -> dict:
         """The scheduler's next message of `kind`; an abort or the deadline raises."""
@@ -130,12 +159,11 @@ class SchedulerLink:
             reply = self._decode(self._socket.recv())
             if reply is None:
                 continue
-            if reply.get("type") == kind:
+            if reply["type"] == kind:
                 return reply
-            if reply.get("type") == "abort":
-                raise RendezvousError(
-                    f"the scheduler refused this node: {reply.get('reason')}")
-            if reply.get("type") == "waiting":
+            if reply["type"] == "abort" and self._stage in ("registered", "book"):
+                raise self._refusal(reply)
+            if reply["type"] == "waiting" and self._stage == "book":
                 log.warning("%s", reply.get("reason"))
 
     def poll_once(self, extra: list | None = None) -> tuple[list, list]:
@@ -178,19 +206,22 @@ class SchedulerLink:
 
     def _decode(self, raw: bytes) -> dict | None:
         """A message from the scheduler, or None for one to drop: not a JSON object with
-        a "type", or, with BYTEPS_ENCRYPT, one that does not open (a refusal before
-        the registration is the only clear message taken then)."""
+        a "type", or, with BYTEPS_ENCRYPT, one that does not open under this
+        registration's keys (in the clear come only the challenge and a refusal of the
+        registration, which _refusal() believes only with the scheduler's proof)."""
         try:
             message = json.loads(raw)
         except ValueError:
             return None
-        if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+        if not isinstance(message, dict) or not isinstance(message.get("type"), str) or \
+                not message["type"]:
             return None
-        clear_allowed = self._seal is None or (self._registering and message["type"] == "abort")
-        if not self._config.encrypt or (clear_allowed and message["type"] != "sealed"):
+        kind, stage = message["type"], self._stage
+        if not self._config.encrypt or (kind, stage) in (("challenge", "challenge"),
+                                                        ("abort", "registered")):
             return message
         opened = self._seal.open(message) if self._seal is not None else None
-        if opened is None:
+        if opened is None and stage is None:  # Registering, old keys' messages are due.
             log.warning("dropped a control message from %s that does not authenticate "
                         "(BYTEPS_ENCRYPT)", self._endpoint)
         return opened

@@ -65,51 +65,48 @@ class ControlSeal:
 
 
 class SchedulerSeals:
-    """The scheduler's side: a seal for each connection that registered with a box that
-    opens under the token (so never one for a stranger)."""
+    """The scheduler's side: the connections whose registration proved the token, each
+    with its seal (None in the clear). The scheduler (control/inbox.py) adds one only
+    after the registration's challenge and proof check, from keys of that registration
+    alone; a connection that registers again gets a new seal, never an old one's counters
+    restarted. A hello or any other message changes nothing here."""
+
+    # More connections than any job has; past it the oldest is forgotten.
+    MAX_CONNECTIONS = 65536
 
     def __init__(self, token: str, encrypt: bool):
         self._token, self._encrypt = token, encrypt
-        self._seals: dict[bytes, ControlSeal] = {}
+        self._seals: dict[bytes, ControlSeal | None] = {}
+
+    def proven(self, identity: bytes) -> bool:
+        return identity in self._seals
 
     def seal(self, identity: bytes, message: dict) -> dict:
         seal = self._seals.get(identity)
         return seal.seal(message) if seal is not None else message
 
-    def open(self, identity: bytes, message: dict) -> tuple[dict | None, str]:
-        """(the message `identity` sent, opened if sealed, or None to drop it; why the
-        node is refused, or ""). A registration's fields are opened and its connection
-        gets a new seal; a hello starts a registration, in the clear."""
-        kind, sealing = message["type"], "box" in message
-        if kind == "register" and sealing != self._encrypt:
-            return None, ((
-                "this node seals its control messages and the scheduler does not" if sealing
-                else "this node sends its control messages in the clear and the scheduler "
-                     "seals them") + " (BYTEPS_ENCRYPT): start every node of the job with the "
-                "same setting")
-        if kind == "hello":
-            self._seals.pop(identity, None)
-            return message, ""
+    def open(self, identity: bytes, message: dict) -> dict | None:
+        """The message `identity` sent, opened when sealing, or None to drop it: with
+        BYTEPS_ENCRYPT, anything that does not open under its connection's seal."""
         if not self._encrypt:
-            return message, ""
-        if kind == "register":
-            return self._register(identity, message)
+            return message
         seal = self._seals.get(identity)
-        opened = seal.open(message) if seal is not None else None
-        if opened is None and seal is not None:
-            log.warning("dropped a control message that does not authenticate (BYTEPS_ENCRYPT)")
-        return opened, ""
+        return seal.open(message) if seal is not None else None
 
-    def _register(self, identity: bytes, message: dict) -> tuple[dict | None, str]:
-        nonce, node_nonce = message.get("nonce"), message.get("node_nonce")
-        if not all(isinstance(text, str) and len(text) <= 64 for text in (nonce, node_nonce)):
-            return None, ""
-        seal = ControlSeal(self._token, nonce, node_nonce, "scheduler")
-        fields = seal.open(message)
-        if fields is None or fields["type"] != "register":
-            return None, "its registration does not open with this job's token (BYTEPS_JOB_TOKEN)"
+    def new_seal(self, challenge: str, node_nonce: str) -> ControlSeal | None:
+        """The scheduler's side of a registration's keys; None in the clear."""
+        return ControlSeal(self._token, challenge, node_nonce, "scheduler") if self._encrypt \
+            else None
+
+    def keep(self, identity: bytes, seal: ControlSeal | None) -> None:
+        """`identity` proved the token; `seal` is its registration's."""
+        self._seals.pop(identity, None)
+        if len(self._seals) >= self.MAX_CONNECTIONS:
+            del self._seals[next(iter(self._seals))]
         self._seals[identity] = seal
-        return {**fields, "nonce": nonce, "proof": message.get("proof")}, ""
+
+    def forget(self, identity: bytes) -> None:
+        self._seals.pop(identity, None)
 
     def keep_only(self, identities: set[bytes]) -> None:
         """Forgets the seals of connections no longer in the job."""

@@ -1,0 +1,342 @@
+"""Attacks on the scheduler's control plane, through real jobs: a man in the middle that
+records a node's registration and replays it, or slips a hello into a member's
+connection; strangers who say hello to learn a proof; a fake scheduler that registers a
+server and then sends only garbage; tokens too short to keep a job's secret."""
+
+import hashlib
+import hmac
+import json
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+import zmq
+from conftest import LAUNCH, base_env, finish, free_port, worker_command
+
+TOKEN = "the job's secret, long enough"
+
+
+def _recv_exact(sock: socket.socket, count: int) -> bytes:
+    data = bytearray()
+    while len(data) < count:
+        chunk = sock.recv(count - len(data))
+        if not chunk:
+            raise ConnectionError("closed")
+        data += chunk
+    return bytes(data)
+
+
+def _frame(body: bytes) -> bytes:
+    """One ZMTP 3 message frame (the last of its message)."""
+    if len(body) < 256:
+        return bytes([0x00, len(body)]) + body
+    return bytes([0x02]) + len(body).to_bytes(8, "big") + body
+
+
+class ZmtpProxy:
+    """Listens on 127.0.0.1:`port`, relays one node's connection to the scheduler at
+    127.0.0.1:`scheduler_port` and reads both ways as ZMTP 3 (a 64-byte greeting, then
+    frames: flags, a 1- or 8-byte size, the body). It keeps the node's registration and
+    every message the scheduler sends, and once the scheduler has sent `after`
+    messages, sends `mischief(proxy)`'s bytes to the scheduler as the node's."""
+
+    def __init__(self, port: int, scheduler_port: int, after: int, mischief):
+        self.registration: bytes | None = None
+        self.downstream: list[bytes] = []
+        self.done_mischief = threading.Event()
+        self._after, self._mischief = after, mischief
+        self._to_scheduler = threading.Lock()  # whole frames only, never interleaved
+        self.scheduler_port = scheduler_port
+        self._listener = socket.create_server(("127.0.0.1", port))
+        self._listener.settimeout(0.5)
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
+
+    def close(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                node, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            scheduler = self._connect()
+            if scheduler is None:
+                node.close()
+                continue
+            for target, args in ((self._upstream, (node, scheduler)),
+                                 (self._downstream, (scheduler, node))):
+                thread = threading.Thread(target=self._guarded, args=(target, *args),
+                                          daemon=True)
+                thread.start()
+                self._threads.append(thread)
+
+    def _connect(self) -> socket.socket | None:
+        """The scheduler, once it listens (the node may come first)."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not self._stop.is_set():
+            try:
+                return socket.create_connection(("127.0.0.1", self.scheduler_port))
+            except OSError:
+                time.sleep(0.1)
+        return None
+
+    @staticmethod
+    def _guarded(relay, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            relay(src, dst)
+        except OSError:
+            pass
+        dst.close()
+
+    def _frames(self, src: socket.socket, dst: socket.socket, lock=None):
+        """Relays `src` to `dst`, yielding each message frame's body once it is relayed."""
+        greeting = 64  # passed on as it comes: each side waits for parts of the other's
+        while greeting:
+            chunk = src.recv(greeting)
+            if not chunk:
+                return
+            dst.sendall(chunk)
+            greeting -= len(chunk)
+        while True:
+            flags = _recv_exact(src, 1)
+            size_bytes = _recv_exact(src, 8 if flags[0] & 0x02 else 1)
+            body = _recv_exact(src, int.from_bytes(size_bytes, "big"))
+            with lock or threading.Lock():
+                dst.sendall(flags + size_bytes + body)
+            if not flags[0] & 0x04:  # not a command (READY, PING)
+                yield body
+
+    def _upstream(self, node: socket.socket, scheduler: socket.socket) -> None:
+        for body in self._frames(node, scheduler, self._to_scheduler):
+            if self.registration is None and b'"register"' in body:
+                self.registration = body
+
+    def _downstream(self, scheduler: socket.socket, node: socket.socket) -> None:
+        for body in self._frames(scheduler, node):
+            self.downstream.append(body)
+            if len(self.downstream) == self._after and self.registration is not None:
+                with self._to_scheduler:
+                    scheduler.sendall(self._mischief(self))
+                self.done_mischief.set()
+
+    def sealed_sequences(self) -> list[int]:
+        messages = [json.loads(body) for body in self.downstream]
+        return [m["seq"] for m in messages if m.get("type") == "sealed"]
+
+
+def _replay_registration(proxy: ZmtpProxy) -> bytes:
+    return _frame(proxy.registration)
+
+
+def _clear_hello(proxy: ZmtpProxy) -> bytes:
+    return _frame(json.dumps({"type": "hello", "nonce": "0" * 32}).encode())
+
+
+def _encrypted_job(procs, victim: str, mischief):
+    """Two workers and a server, sealed; `victim` (server or worker0) reaches the
+    scheduler through a ZmtpProxy doing `mischief` after the scheduler's sixth message
+    to it (its book has come, the job runs). 0.2 s heartbeats, a 3 s timeout: a node
+    whose scheduler's messages stop opening fails within the job's time."""
+    port, proxy_port = free_port(), free_port()
+    env = dict(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=port, DMLC_NUM_WORKER=2,
+               DMLC_NUM_SERVER=1, BYTEPS_JOB_TOKEN=TOKEN, BYTEPS_ENCRYPT=1,
+               TEST_ROUNDS=300, TEST_ELEMENTS=4096, PS_HEARTBEAT_INTERVAL=0.2,
+               PS_HEARTBEAT_TIMEOUT=3)
+    proxy = ZmtpProxy(proxy_port, port, 6, mischief)
+    through = {"DMLC_PS_ROOT_PORT": proxy_port}
+    job = {"scheduler": procs.start(LAUNCH, base_env(DMLC_ROLE="scheduler", **env)),
+           "server": procs.start(LAUNCH, base_env(**{**env, "DMLC_ROLE": "server", **(
+               through if victim == "server" else {})}))}
+    for rank in range(2):
+        job[f"worker{rank}"] = procs.start(
+            [*LAUNCH, *worker_command("steady_sums.py")],
+            base_env(**{**env, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": rank,
+                        **(through if victim == f"worker{rank}" else {})}))
+    return job, proxy
+
+
+def _completes(job: dict) -> dict[str, str]:
+    outputs = {}
+    for name, process in job.items():
+        status, outputs[name] = finish(process, timeout=120)
+        assert status == 0, (name, outputs[name])
+    for rank in range(2):
+        assert f"SUMS OK {rank}" in outputs[f"worker{rank}"], outputs[f"worker{rank}"]
+    return outputs
+
+
+def _answers_to(port: int, payload: bytes, wait_s: float = 2.0) -> list[dict]:
+    """What the scheduler at `port` says to a new connection that sends `payload`."""
+    context = zmq.Context()
+    dealer = context.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    try:
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+        dealer.send(payload)
+        answers, deadline = [], time.monotonic() + wait_s
+        while dealer.poll(max(1, int((deadline - time.monotonic()) * 1000))):
+            answers.append(json.loads(dealer.recv()))
+        return answers
+    finally:
+        dealer.close()
+        context.term()
+
+
+@pytest.mark.parametrize("victim", ["server", "worker0"])
+def test_a_replayed_registration_gets_no_keys_and_resets_no_seal(procs, victim):
+    # The victim's registration, recorded on its way, is replayed inside its own
+    # connection while the job runs: the scheduler must not start its seal over (a
+    # sealed message numbered again is a key and nonce used twice). Replayed from a new
+    # connection, it must get no sealed answer either (that answer would be sealed with
+    # the victim's keys, numbered 1 again).
+    job, proxy = _encrypted_job(procs, victim, _replay_registration)
+    try:
+        assert proxy.done_mischief.wait(timeout=90), proxy.downstream
+        strangers = _answers_to(proxy.scheduler_port, proxy.registration)
+        outputs = _completes(job)
+    finally:
+        proxy.close()
+    assert all(answer.get("type") != "sealed" for answer in strangers), strangers
+    seqs = proxy.sealed_sequences()
+    assert len(seqs) > 10 and len(set(seqs)) == len(seqs), seqs
+    assert "already answered" in outputs["scheduler"], outputs["scheduler"]
+
+
+def test_a_clear_hello_slipped_into_a_members_connection_keeps_its_seal(procs):
+    # A hello starts no registration of a member that has one: the scheduler keeps
+    # sealing what it says to the worker, which drops the clear challenge and goes on.
+    job, proxy = _encrypted_job(procs, "worker0", _clear_hello)
+    try:
+        assert proxy.done_mischief.wait(timeout=90), proxy.downstream
+        outputs = _completes(job)
+    finally:
+        proxy.close()
+    seqs = proxy.sealed_sequences()
+    assert len(seqs) > 10 and len(set(seqs)) == len(seqs), seqs
+    assert "does not authenticate" in outputs["worker0"], outputs["worker0"]
+
+
+def _proof(side: str, text: str, token: str = TOKEN) -> str:
+    return hmac.new(token.encode(), f"{side}|{text}".encode(), hashlib.sha256).hexdigest()
+
+
+def test_a_stranger_learns_nothing_before_it_proves_the_token(procs):
+    # A hello gets a challenge and no proof (once, the scheduler signed the stranger's
+    # nonce: an oracle for anyone guessing the token); a registration without the
+    # token's proof, whatever it claims, hears "refused" and nothing else, in the clear.
+    port = free_port()
+    scheduler = procs.start(LAUNCH, base_env(
+        DMLC_ROLE="scheduler", DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=port,
+        DMLC_NUM_WORKER=1, DMLC_NUM_SERVER=1, BYTEPS_JOB_TOKEN=TOKEN, BYTEPS_ENCRYPT=1,
+        BYTEPS_OP_TIMEOUT=8))
+    context = zmq.Context()
+    dealer = context.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    try:
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+        dealer.send_json({"type": "hello", "nonce": "0" * 32})
+        assert dealer.poll(30000), "no challenge"
+        challenge = dealer.recv_json()
+        assert challenge["type"] == "challenge" and set(challenge) == {"type", "nonce"}, \
+            challenge
+        nonce = challenge["nonce"]
+        wrong = {"type": "register", "role": "worker", "host": "127.0.0.1", "pid": 7,
+                 "worker_id": 0, "local_rank": 0, "local_size": 1, "nonce": nonce,
+                 "node_nonce": "1" * 32, "proof": _proof("node", f"{nonce}|{'1' * 32}",
+                                                         "a guess, not the token")}
+        for registration in (wrong, {**wrong, "box": "00", "seq": 1}, {"type": "register"}):
+            dealer.send_json(registration)
+            assert dealer.poll(5000), registration
+            assert dealer.recv_json() == {"type": "abort", "reason": "refused"}, registration
+    finally:
+        dealer.close()
+        context.term()
+    status, log = finish(scheduler, timeout=60)
+    assert "does not prove this job's token" in log, log
+    assert "in the clear and the scheduler seals" not in log, log  # Told after a proof only.
+
+
+@pytest.mark.parametrize("role", ["scheduler", "server", "worker"])
+def test_a_short_token_is_refused_unless_allowed(procs, role):
+    env = base_env(DMLC_ROLE=role, DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=free_port(),
+                   DMLC_NUM_WORKER=1, DMLC_NUM_SERVER=1, BYTEPS_JOB_TOKEN="fifteen chars!!")
+    command = [*LAUNCH, *worker_command("steady_sums.py")] if role == "worker" else LAUNCH
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    said = run.stdout + run.stderr
+    assert run.returncode != 0, said
+    assert "BYTEPS_JOB_TOKEN has 15 character(s): it needs at least 16" in said, said
+    assert "BYTEPS_ALLOW_SHORT_TOKEN=1" in said and "fifteen" not in said, said
+
+
+def test_a_short_token_works_when_allowed(procs):
+    job = procs.start_job_by_role(1, 1, "steady_sums.py", TEST_ROUNDS=3,
+                                  BYTEPS_JOB_TOKEN="short", BYTEPS_ALLOW_SHORT_TOKEN=1,
+                                  BYTEPS_FORCE_DISTRIBUTED=1)
+    for name, process in job.items():
+        status, output = finish(process, timeout=120)
+        assert status == 0, (name, output)
+
+
+def _fake_scheduler(port: int, stop: threading.Event) -> None:
+    """Registers one server as the scheduler would (either protocol: with the proof in
+    its challenge for a hello that carries a nonce, with "registered" for a
+    registration that carries the node's), then sends only garbage."""
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(f"tcp://127.0.0.1:{port}")
+    book = {"type": "book", "server_id": 0, "num_workers": 1, "servers": ["127.0.0.1:1"],
+            "merge_groups": [0], "workers": ["127.0.0.1"], "generation": 0}
+    node = None
+    try:
+        while not stop.is_set():
+            if router.poll(100):
+                node, raw = router.recv_multipart()
+                message = json.loads(raw)
+                if message["type"] == "hello":
+                    challenge = {"type": "challenge", "nonce": "c" * 32}
+                    if "nonce" in message:
+                        challenge["proof"] = _proof("scheduler", message["nonce"])
+                    router.send_multipart([node, json.dumps(challenge).encode()])
+                elif message["type"] == "register":
+                    if "node_nonce" in message:
+                        said = f"{message['nonce']}|{message['node_nonce']}"
+                        router.send_multipart([node, json.dumps({
+                            "type": "registered", "proof": _proof("scheduler", said)}).encode()])
+                    router.send_multipart([node, json.dumps(book).encode()])
+            elif node is not None:
+                for garbage in (b"not json", b"{}", b'{"type": ""}', b"[1, 2]"):
+                    router.send_multipart([node, garbage])
+    finally:
+        router.close()
+        context.term()
+
+
+def test_garbage_from_the_scheduler_is_not_hearing_from_it(procs):
+    # After its registration the server hears only garbage where the scheduler's
+    # answers should be: that is silence, so it fails at PS_HEARTBEAT_TIMEOUT.
+    port = free_port()
+    stop = threading.Event()
+    fake = threading.Thread(target=_fake_scheduler, args=(port, stop), daemon=True)
+    fake.start()
+    try:
+        started = time.monotonic()
+        server = procs.start(LAUNCH, base_env(
+            DMLC_ROLE="server", DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=port,
+            DMLC_NUM_WORKER=1, DMLC_NUM_SERVER=1, BYTEPS_JOB_TOKEN=TOKEN,
+            PS_HEARTBEAT_INTERVAL=0.5, PS_HEARTBEAT_TIMEOUT=3))
+        status, output = finish(server, timeout=15)
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        fake.join(timeout=5)
+    assert status != 0 and "PS_HEARTBEAT_TIMEOUT" in output, output
+    assert "has not answered for" in output and took < 12, (took, output)
