@@ -7,15 +7,14 @@ message, sealed as number n of its direction. A receiver opens only numbers abov
 last it opened, so a message ZeroMQ dropped is lost but none is replayed or reordered.
 The registration itself carries its fields sealed the same way (as message 1), next to
 the clear nonces and proof the scheduler needs to derive the keys without keeping any
-state for a node that has not registered.
+state for a node that has not registered. Its keys come from the scheduler's challenge,
+fresh and answered once (control/challenges.py), and the node's nonce: no two
+registrations share them.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-
-log = logging.getLogger("tf_bps.scheduler")
 
 # Bounds a box before it is decoded (the scheduler's messages are far smaller), and a
 # sequence number before it reaches the core (an unsigned 64-bit count there).
