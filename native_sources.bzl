@@ -27,6 +27,7 @@ WIRE_SOURCES = [
     "custom_ops/wire/shared_memory.cc",
     "custom_ops/wire/shared_memory_channel.cc",
     "custom_ops/wire/transport.cc",
+    "custom_ops/wire/waiting_room.cc",
 ]
 ROUNDS_SOURCES = [
     "custom_ops/rounds/round.cc",
@@ -56,7 +57,7 @@ WORKER_SOURCES = [
 SERVER_ENGINE_SOURCES = [
     "custom_ops/server/round_engine.cc",
     "custom_ops/server/server.cc",
-    "custom_ops/server/waiting_room.cc",
+    "custom_ops/server/acceptor.cc",
 ]
 COMPRESSION_SOURCES = [
     "custom_ops/compression/compressor.cc",

@@ -190,16 +190,18 @@ def test_a_server_drops_strangers_and_keeps_serving(procs):
         wait_for_line(job[f"worker{rank}"], "READY")
     # It listens on the address it advertises (127.0.0.1 here), not on every interface.
     assert _listening_addresses(port) == ["127.0.0.1"]
-    address = ("127.0.0.1", port)
-    for frame in (b"\x00" * HEADER.size,  # not a frame
-                  _frame(HELLO, rank=0, length=48) + os.urandom(48),  # a guessed proof
-                  _frame(HELLO, rank=99),  # a rank outside the job
-                  _frame(7, rank=1, length=1 << 40)):  # not a Hello first
-        with socket.create_connection(address) as stranger:
+    # Each case from an address of its own: warnings are rate-limited per address.
+    for source, frame in (("127.0.0.2", b"\x00" * HEADER.size),  # not a frame
+                          ("127.0.0.3", _frame(HELLO, rank=0, length=48) + os.urandom(48)),
+                          ("127.0.0.4", _frame(HELLO, rank=99)),  # a rank outside the job
+                          ("127.0.0.5", _frame(7, rank=1, length=1 << 40))):  # no Hello first
+        with socket.create_connection(("127.0.0.1", port), source_address=(source, 0)) as stranger:
             stranger.sendall(frame)
             assert _closed_by_peer(stranger), frame
-    # A connection flood: the server keeps a bounded number waiting and refuses the rest.
-    flood = [socket.create_connection(address) for _ in range(100)]
+    # A connection flood: the server keeps a bounded number waiting and refuses the rest,
+    # saying so a few times, not once per connection.
+    flood = [socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.6", 0))
+             for _ in range(100)]
     refused = sum(_closed_by_peer(sock) for sock in flood[-20:])
     for sock in flood:
         sock.close()
@@ -208,6 +210,7 @@ def test_a_server_drops_strangers_and_keeps_serving(procs):
     assert "others have not said who they are yet" in log, log
     assert "does not know this job's token" in log, log
     assert log.count("did not introduce itself as a worker of this job") >= 2, log
+    assert 1 <= sum("127.0.0.6" in line for line in log.splitlines()) <= 3, log
 
 
 def test_nodes_without_the_token_are_refused_and_the_job_goes_on(procs):

@@ -46,6 +46,21 @@ void SetLogLevel(LogLevel level) { g_level.store(static_cast<int>(level)); }
 
 bool LogEnabled(LogLevel level) { return static_cast<int>(level) >= g_level.load(); }
 
+std::string Printable(const std::string& text, size_t max_bytes) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < text.size() && i < max_bytes; ++i) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    if (byte >= 0x20 && byte < 0x7f && byte != '\\') {
+      out += static_cast<char>(byte);
+    } else {
+      out += {'\\', 'x', kDigits[byte >> 4], kDigits[byte & 15]};
+    }
+  }
+  if (text.size() > max_bytes) out += "... (" + std::to_string(text.size()) + " bytes)";
+  return out;
+}
+
 void SetLogPrefix(const std::string& prefix) {
   std::lock_guard<std::mutex> lock(g_prefix_mutex);
   g_prefix = prefix;

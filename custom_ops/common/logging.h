@@ -4,6 +4,7 @@
 #define TF_BPS_COMMON_LOGGING_H_
 
 #include <sstream>
+#include <string>
 
 namespace bps {
 
@@ -12,6 +13,10 @@ enum class LogLevel : int { kTrace = 0, kDebug = 1, kInfo = 2, kWarning = 3, kEr
 void SetLogLevel(LogLevel level);
 bool LogEnabled(LogLevel level);
 void SetLogPrefix(const std::string& prefix);
+
+// A peer's text made safe for one log line: control and non-ASCII bytes become \xNN,
+// and it is cut after `max_bytes` (a stranger's text may be anything, of any length).
+std::string Printable(const std::string& text, size_t max_bytes = 300);
 
 class LogLine {
  public:

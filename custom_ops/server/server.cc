@@ -27,19 +27,22 @@ Server::~Server() { Stop(); }
 Status Server::Listen(int* bound_port) {
   if (::pipe2(failure_pipe_, O_CLOEXEC) != 0)
     return Status::Error(std::string("pipe() failed: ") + std::strerror(errno));
-  return listener_.Listen(options_.host, options_.port, options_.timeout_ms, bound_port);
+  return listener_.Listen(options_.host, options_.port, options_.timeout_ms, options_.token,
+                          bound_port);
 }
 
 Status Server::Serve(const std::vector<int32_t>& host_of_rank, uint32_t generation,
                      std::vector<std::string> named_sources) {
   if (host_of_rank.empty() || !engines_.empty())
     return Status::Error("the server is already serving");
-  {
-    std::lock_guard<std::mutex> lock(conns_mutex_);
-    named_sources_ = std::move(named_sources);
-  }
   listener_.set_generation(generation);
   num_workers_ = static_cast<int>(host_of_rank.size());
+  WaitingRoom::Options room;
+  room.secret = JobSecret(options_.token, options_.encrypt);
+  room.num_workers = num_workers_;
+  room.deadline_ms = options_.hello_deadline_ms;
+  room.named_sources = std::move(named_sources);
+  room_ = std::make_unique<WaitingRoom>(std::move(room));
   host_ranks_.assign(num_workers_, {});
   for (int r = 0; r < num_workers_; ++r)
     for (int q = 0; q < num_workers_; ++q)

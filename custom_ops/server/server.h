@@ -28,6 +28,7 @@
 #include "../wire/auth.h"
 #include "../wire/protocol.h"
 #include "../wire/transport.h"
+#include "../wire/waiting_room.h"
 #include "round_engine.h"
 
 namespace bps {
@@ -87,39 +88,16 @@ class Server : private RoundEngine::Host, private Roster {
     // After its Bye: the engines that have yet to let go of what it pushed (Forget).
     std::atomic<int> forgetting{0};
   };
-  // A connection that has not yet said which worker it is: no thread of its own, a
-  // place in the acceptor's poll until its whole hello arrived or its deadline passed
-  // (waiting_room.cc).
-  struct Waiting {
-    std::unique_ptr<Channel> channel;
-    std::string source;  // the peer's address; "local" for the Unix socket
-    std::chrono::steady_clock::time_point accepted_at;
-    Nonce challenge;
-    // Part of its hello came: it stays readable, so it is looked at again only then
-    // (polling it meanwhile would spin).
-    std::chrono::steady_clock::time_point quiet_until{};
-  };
-
-  // The acceptor thread (waiting_room.cc): one poll over the listeners and the room. A worker
-  // that introduced itself gets a reader thread; a connection that has not costs no
-  // thread, only its place in the room.
+  // The acceptor thread (acceptor.cc): one poll over the listeners and the waiting
+  // room. A worker that proved the token gets a reader thread; a connection that has
+  // not costs no thread, only its place in the room.
   void AcceptLoop();
-  int MsUntilNextDeadline() const;
-  // Takes the connections that came, challenging each; false once the listener closed.
+  // Takes the connections that came into the room; false once the listener closed.
   bool AcceptNewcomers();
-  // Waiting connection `index` turned readable: once its whole hello is there (or it
-  // closed), it becomes a worker's connection or is dropped.
-  void Introduce(size_t index);
-  // Drops the waiting connections past their introduction's deadline.
-  void DropOverdue();
+  // A worker that proved the token: its channel and reader, unless its rank is taken.
+  void Welcome(WaitingRoom::Proven proven);
   // Joins the readers that ended. Needs conns_mutex_.
   void ReapReaders();
-  // Whether a connection from `source` may wait for its introduction: the waiting
-  // room is bounded in all and per source address, so that strangers at one address
-  // cannot keep the job's workers out; when it is full, one from a named source
-  // displaces the longest-waiting stranger. Acceptor thread only.
-  bool Admits(const std::string& source);
-  bool Named(const std::string& source) const;
   void ReadLoop(std::shared_ptr<WorkerConn> conn);
   // Reads one frame of worker `rank` that is not a Bye: a declaration, a join, a
   // process set, a push or an abandon.
@@ -168,7 +146,6 @@ class Server : private RoundEngine::Host, private Roster {
   int num_workers_ = 0;
   std::vector<uint32_t> all_ranks_;                // 0 .. num_workers_ - 1: the global process set
   std::vector<std::vector<uint32_t>> host_ranks_;  // by rank: the workers of its host
-  std::vector<std::string> named_sources_;         // Serve()
   Listener listener_;
   int failure_pipe_[2] = {-1, -1};
   std::atomic<bool> stopping_{false};
@@ -185,7 +162,7 @@ class Server : private RoundEngine::Host, private Roster {
     std::thread thread;
   };
   std::vector<Reader> readers_;
-  std::vector<Waiting> waiting_;  // the acceptor thread's
+  std::unique_ptr<WaitingRoom> room_;  // the acceptor thread's, from Serve() on
   std::vector<bool> finished_;    // rank said Bye
   // Lets the per-push path skip the locked checks while every worker is alive and busy.
   std::atomic<int> finished_count_{0};

@@ -24,32 +24,58 @@ size_t RoundDown(size_t value, size_t unit) { return value / unit * unit; }
 
 }  // namespace
 
+// Seals every arena carries before a peer maps it: its size is fixed, so that no peer
+// can shrink it under our reads (they would fault). The seals themselves are final.
+constexpr int kArenaSeals = F_SEAL_SHRINK | F_SEAL_GROW;
+
 Status SharedArena::Create(size_t bytes, std::shared_ptr<SharedArena>* out) {
   // Named after the process that made it, so that its memory is told apart from the
   // peers' arenas it maps (tests/workers/memory.py).
   const std::string name = "tf_bps." + std::to_string(::getpid());
-  int fd = ::memfd_create(name.c_str(), MFD_CLOEXEC);
+  int fd = ::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return Status::Error(std::string("memfd_create failed: ") + std::strerror(errno));
+  std::string error;
+  void* data = MAP_FAILED;
+  int readable = -1;
+  // Peers get a descriptor opened for reading only: they cannot map it writable, and
+  // so cannot write into what this process hands to others. (A seal against writing
+  // would also stop freed pages from being given back.)
+  const std::string path = "/proc/self/fd/" + std::to_string(fd);
   if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    std::string error = std::strerror(errno);
-    ::close(fd);
-    return Status::Error("cannot size shared memory to " + std::to_string(bytes) +
-                         " bytes: " + error);
+    error = "cannot size shared memory to " + std::to_string(bytes) + " bytes: ";
+  } else if (::fcntl(fd, F_ADD_SEALS, kArenaSeals | F_SEAL_SEAL) != 0) {
+    error = "cannot seal shared memory: ";
+  } else if ((readable = ::open(path.c_str(), O_RDONLY | O_CLOEXEC)) < 0) {
+    error = "cannot open shared memory for reading only: ";
+  } else if ((data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) ==
+             MAP_FAILED) {
+    error = "cannot map shared memory: ";
   }
-  return Map(fd, bytes, out);
+  if (!error.empty()) {
+    error += std::strerror(errno);
+    if (readable >= 0) ::close(readable);
+    ::close(fd);
+    return Status::Error(error);
+  }
+  ::close(fd);  // The read-only one keeps the memory, and our mapping writes it.
+  out->reset(new SharedArena(readable, static_cast<char*>(data), bytes));
+  return Status::OK();
 }
 
 Status SharedArena::Map(int fd, size_t bytes, std::shared_ptr<SharedArena>* out) {
   struct stat info;
   std::string error;
-  if (::fstat(fd, &info) != 0) {
+  const int seals = ::fcntl(fd, F_GET_SEALS);  // Fails on anything but a memfd.
+  if (seals < 0 || (seals & kArenaSeals) != kArenaSeals) {
+    error = "it is not shared memory sealed against resizing and writing";
+  } else if (::fstat(fd, &info) != 0) {
     error = std::strerror(errno);
   } else if (bytes == 0 || static_cast<uint64_t>(info.st_size) < bytes) {
     error = "it holds " + std::to_string(info.st_size) + " bytes, not the " +
             std::to_string(bytes) + " announced";
   }
-  void* data = error.empty() ? ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
-                             : MAP_FAILED;
+  // Read-only: what a peer made is read here, never written.
+  void* data = error.empty() ? ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
   if (data == MAP_FAILED) {
     if (error.empty()) error = std::strerror(errno);
     ::close(fd);
@@ -228,9 +254,8 @@ void SharedSlots::FreeLocked(uint32_t arena, uint64_t offset) {
   // maps them; the range stays mapped, and reads as zeros until it is written again.
   const uint64_t first = RoundUp(std::max(begin, RoundDown(offset, kPageBytes)), kPageBytes);
   const uint64_t last = RoundDown(end, kPageBytes);
-  if (last > first)
-    ::fallocate(a.memory->fd(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                static_cast<off_t>(first), static_cast<off_t>(last - first));
+  // (Through our writable mapping: the descriptor we hold is the read-only one.)
+  if (last > first) ::madvise(a.memory->data() + first, last - first, MADV_REMOVE);
 }
 
 void SharedSlots::CollectIdleLocked(std::chrono::steady_clock::time_point now) {
@@ -264,9 +289,13 @@ size_t SharedSlots::arena_bytes() const {
   return total;
 }
 
-void PeerArenas::Add(uint32_t index, std::shared_ptr<SharedArena> arena) {
+Status PeerArenas::Add(uint32_t index, std::shared_ptr<SharedArena> arena) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (index >= kMaxPeerArenas)
+    return Status::Error("announced shared memory number " + std::to_string(index) +
+                         ", past the " + std::to_string(kMaxPeerArenas) + " a peer may map");
   arenas_[index] = std::move(arena);
+  return Status::OK();
 }
 
 void PeerArenas::Clear() {

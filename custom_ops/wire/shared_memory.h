@@ -23,9 +23,11 @@ namespace bps {
 
 class SharedArena {
  public:
+  // Makes an arena of `bytes`, sealed against resizing, mapped writable here; its
+  // descriptor (what peers are handed) is opened for reading only.
   static Status Create(size_t bytes, std::shared_ptr<SharedArena>* out);
-  // Maps an arena whose descriptor came from a peer, which claims it holds `bytes`
-  // (checked against the descriptor, so a lie cannot fault us later); takes `fd`.
+  // Maps an arena whose descriptor came from a peer, which claims it holds `bytes`,
+  // read-only: it must be a memfd sealed against resizing, and hold what it claims (so a lie cannot fault us later); takes `fd`.
   static Status Map(int fd, size_t bytes, std::shared_ptr<SharedArena>* out);
   ~SharedArena();
 
@@ -158,7 +160,12 @@ class SlotHold {
 // A peer's arenas by the peer's index, mapped as their descriptors arrive.
 class PeerArenas {
  public:
-  void Add(uint32_t index, std::shared_ptr<SharedArena> arena);
+  // A peer's arenas are numbered from 0 and at most this many (64 MiB each at least:
+  // far more than any tensor needs), so that no peer makes us hold any number of
+  // descriptors and mappings.
+  static constexpr uint32_t kMaxPeerArenas = 4096;
+  // An index already held is replaced; one past the cap is refused.
+  Status Add(uint32_t index, std::shared_ptr<SharedArena> arena);
   // Null when the location is not inside an arena the peer announced.
   const char* Resolve(const ShmLocation& location);
   // Unmaps them all: what the peer made is no longer read here.

@@ -142,8 +142,8 @@ Status SharedMemoryChannel::AddPeerArena(const FrameHeader& header, DataReader* 
   std::shared_ptr<SharedArena> arena;
   status = SharedArena::Map(fd, announcement.size, &arena);  // Owns fd.
   if (!status.ok()) return Status::Error(status.message() + " (announced by " + peer() + ")");
-  peer_arenas_.Add(announcement.index, std::move(arena));
-  return Status::OK();
+  status = peer_arenas_.Add(announcement.index, std::move(arena));
+  return status.ok() ? status : Status::Error(status.message() + " (" + peer() + ")");
 }
 
 Status SharedMemoryChannel::Receive(FrameHeader* header, DataReader* payload, bool* eof) {

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -361,7 +362,40 @@ socklen_t LocalAddress(const std::string& name, sockaddr_un* addr) {
 
 }  // namespace
 
-std::string ServerSocketName(int tcp_port) { return "tf_bps-server-" + std::to_string(tcp_port); }
+std::string ServerSocketName(const std::string& token, int tcp_port) {
+  static const char kDigits[] = "0123456789abcdef";
+  const std::string purpose = "server socket|" + std::to_string(tcp_port);
+  const Digest digest = HmacSha256(token, purpose.data(), purpose.size());
+  std::string name = "tf_bps-";
+  for (size_t i = 0; i < 16; ++i) name += {kDigits[digest[i] >> 4], kDigits[digest[i] & 15]};
+  return name;
+}
+
+namespace {
+
+std::mutex trusted_uids_mutex;
+std::vector<uint32_t> trusted_uids;
+
+}  // namespace
+
+void SetTrustedLocalUids(std::vector<uint32_t> uids) {
+  std::lock_guard<std::mutex> lock(trusted_uids_mutex);
+  trusted_uids = std::move(uids);
+}
+
+Status CheckLocalPeer(int fd) {
+  ucred peer{};
+  socklen_t length = sizeof(peer);
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &length) != 0)
+    return Status::Error("cannot tell who is at the other end of a local socket: " + ErrnoText());
+  if (peer.uid == ::geteuid()) return Status::OK();
+  std::lock_guard<std::mutex> lock(trusted_uids_mutex);
+  if (std::find(trusted_uids.begin(), trusted_uids.end(), peer.uid) != trusted_uids.end())
+    return Status::OK();
+  return Status::Error("pid " + std::to_string(peer.pid) + " at the other end of a local socket "
+                       "runs as uid " + std::to_string(peer.uid) + ", not as this process's uid " +
+                       std::to_string(::geteuid()) + " or one of BYTEPS_LOCAL_UIDS");
+}
 
 Status ListenLocal(const std::string& name, int* fd_out) {
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -385,7 +419,12 @@ Status ConnectLocal(const std::string& name, int send_timeout_ms, int* fd_out) {
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), length) != 0) {
     std::string error = ErrnoText();
     ::close(fd);
-    return Status::Error("no local socket '" + name + "': " + error);
+    return Status::Error(ErrorKind::kPeerGone, "no local socket '" + name + "': " + error);
+  }
+  Status trusted = CheckLocalPeer(fd);
+  if (!trusted.ok()) {
+    ::close(fd);
+    return trusted;
   }
   ConfigureSocket(fd, send_timeout_ms);
   *fd_out = fd;

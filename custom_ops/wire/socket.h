@@ -42,6 +42,7 @@ class Connection {
   // frame sent; a frame received with another fails ReceiveHeader. Set it before
   // the first frame either way.
   void set_generation(uint32_t generation) { generation_ = generation; }
+  uint32_t generation() const { return generation_; }
 
   // From now on frames are sealed on their way out and opened on their way in. Set
   // right after the handshake, before either side sends again.
@@ -110,11 +111,21 @@ Status ConnectTcp(const std::string& host, int port, int timeout_ms, int send_ti
 Status ListenTcp(const std::string& host, int port, int* fd_out, int* bound_port);
 
 // Peers on the same host skip TCP/IP: Unix sockets in the abstract namespace (names
-// are unique per network namespace, and nothing is left on disk). A server's is
-// named after its TCP port.
-std::string ServerSocketName(int tcp_port);
+// are unique per network namespace, and nothing is left on disk). Any process of the
+// host may bind an abstract name or connect to one, so names are derived from the job
+// token (nobody without it can take one first), and both ends check who runs the
+// other (CheckLocalPeer). A server's is named after the token and its TCP port.
+std::string ServerSocketName(const std::string& token, int tcp_port);
 Status ListenLocal(const std::string& name, int* fd_out);
+// Connects and checks that the listener runs as a trusted uid (CheckLocalPeer).
 Status ConnectLocal(const std::string& name, int send_timeout_ms, int* fd_out);
+
+// Who may talk to this process over a local socket: its own uid, and the uids set
+// here (BYTEPS_LOCAL_UIDS), once at start-up.
+void SetTrustedLocalUids(std::vector<uint32_t> uids);
+// OK when the process at the other end of Unix socket `fd` runs as a trusted uid
+// (SO_PEERCRED); otherwise why not.
+Status CheckLocalPeer(int fd);
 
 // Tunes an accepted or connected socket for small-message latency.
 void ConfigureSocket(int fd, int send_timeout_ms);

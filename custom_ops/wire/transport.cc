@@ -103,19 +103,53 @@ Status SocketChannel::Receive(FrameHeader* header, DataReader* payload, bool* eo
 namespace {
 
 // The handshake, with the socket shut down if `cancel` fires meanwhile.
-Status AuthenticateCancellably(Channel& channel, int fd, const JobSecret& secret, uint32_t rank,
+Status AuthenticateCancellably(Connection& connection, const JobSecret& secret, uint32_t rank,
                                int timeout_ms, Cancellation* cancel) {
   std::string why;
-  if (cancel && !cancel->Watch(fd)) {
+  if (cancel && !cancel->Watch(connection.fd())) {
     cancel->cancelled(&why);
     return Status::Error(ErrorKind::kAborted, why);
   }
-  Status status = AuthenticateServer(channel, secret, rank, timeout_ms);
+  Status status = AuthenticateServer(connection, secret, rank, timeout_ms);
   if (cancel) {
-    cancel->Unwatch(fd);
+    cancel->Unwatch(connection.fd());
     if (cancel->cancelled(&why)) return Status::Error(ErrorKind::kAborted, why);
   }
   return status;
+}
+
+// The server's Unix socket and shared memory, if a process of a trusted uid listens on
+// it and proves the token within the handshake's one deadline. Anything else (no such
+// socket, another uid, a refusal, garbage, silence) is not taken as our server's word:
+// the caller goes the TCP way, where the real server answers. Null then.
+std::unique_ptr<Channel> ConnectLocally(const ServerAddress& address, const std::string& peer,
+                                        const JobSecret& secret, uint32_t rank, int timeout_ms,
+                                        Cancellation* cancel, std::shared_ptr<SharedSlots> slots,
+                                        uint32_t generation, Status* aborted) {
+  int fd = -1;
+  Status status = ConnectLocal(ServerSocketName(secret.token, address.port), timeout_ms, &fd);
+  if (!status.ok()) {  // None there (the server's host has no Unix socket for us) is no news.
+    if (status.kind() != ErrorKind::kPeerGone)
+      BPS_LOG(kWarning) << "the local socket of " << peer << " is not the server's ("
+                        << status.message() << "); using TCP";
+    return nullptr;
+  }
+  auto connection = std::make_unique<Connection>(fd, peer);
+  connection->set_generation(generation);
+  status = AuthenticateCancellably(*connection, secret, rank, timeout_ms, cancel);
+  if (status.kind() == ErrorKind::kAborted) {
+    *aborted = status;
+    return nullptr;
+  }
+  if (!status.ok()) {
+    BPS_LOG(kWarning) << "the local socket of " << peer << " did not prove to be the server's ("
+                      << status.message() << "); using TCP";
+    return nullptr;
+  }
+  BPS_LOG(kDebug) << peer << " is on this host: using its Unix socket and shared memory";
+  if (!slots) slots = std::make_shared<SharedSlots>(std::make_shared<ArenaTable>());
+  return std::make_unique<SharedMemoryChannel>(std::move(connection), std::move(slots),
+                                               SharedMemoryChannel::Side::kWorker);
 }
 
 // One try at ConnectToServer. kPeerGone: the server closed the connection before its
@@ -123,38 +157,20 @@ Status AuthenticateCancellably(Channel& channel, int fd, const JobSecret& secret
 Status ConnectOnce(const ServerAddress& address, const std::string& peer, const JobSecret& secret,
                    uint32_t rank, int timeout_ms, std::unique_ptr<Channel>* out,
                    Cancellation* cancel, std::shared_ptr<SharedSlots> slots, uint32_t generation) {
-  int fd = -1;
-  if (address.same_host && ConnectLocal(ServerSocketName(address.port), timeout_ms, &fd).ok()) {
-    if (!slots) slots = std::make_shared<SharedSlots>(std::make_shared<ArenaTable>());
-    auto channel = std::make_unique<SharedMemoryChannel>(std::make_unique<Connection>(fd, peer),
-                                                         slots, SharedMemoryChannel::Side::kWorker);
-    channel->set_generation(generation);
-    // Anyone on this host may have bound the socket's name first: trust it only once
-    // it has proven the token, and otherwise take the TCP way in.
-    Status status = AuthenticateCancellably(*channel, fd, secret, rank, timeout_ms, cancel);
-    // Aborted, or refused for a setting the server does not share: TCP fares no better.
-    if (status.kind() == ErrorKind::kAborted || status.kind() == ErrorKind::kInvalidArgument)
-      return status;
-    if (status.ok()) {
-      BPS_LOG(kDebug) << peer << " is on this host: using its Unix socket and shared memory";
-      *out = std::move(channel);
-      return Status::OK();
-    }
-    if (status.kind() == ErrorKind::kPeerGone) {
-      BPS_LOG(kDebug) << peer << " turned this worker away on its local socket ("
-                      << status.message() << "); trying TCP";
-    } else {
-      BPS_LOG(kWarning) << "the local socket of " << peer << " is not the server's ("
-                        << status.message() << "); using TCP";
-    }
+  if (address.same_host) {
+    Status aborted = Status::OK();
+    *out = ConnectLocally(address, peer, secret, rank, timeout_ms, cancel, slots, generation,
+                          &aborted);
+    if (*out || !aborted.ok()) return aborted;
   }
+  int fd = -1;
   Status status = ConnectTcp(address.host, address.port, timeout_ms, timeout_ms, &fd, cancel);
   if (!status.ok()) return status;
-  auto channel = std::make_unique<SocketChannel>(std::make_unique<Connection>(fd, peer));
-  channel->set_generation(generation);
-  status = AuthenticateCancellably(*channel, fd, secret, rank, timeout_ms, cancel);
+  auto connection = std::make_unique<Connection>(fd, peer);
+  connection->set_generation(generation);
+  status = AuthenticateCancellably(*connection, secret, rank, timeout_ms, cancel);
   if (!status.ok()) return status;
-  *out = std::move(channel);
+  *out = std::make_unique<SocketChannel>(std::move(connection));
   return Status::OK();
 }
 
@@ -195,16 +211,24 @@ Listener::~Listener() {
     if (fd >= 0) ::close(fd);
 }
 
-Status Listener::Listen(const std::string& host, int port, int send_timeout_ms, int* bound_port) {
+Status Listener::Listen(const std::string& host, int port, int send_timeout_ms,
+                        const std::string& token, int* bound_port) {
   send_timeout_ms_ = send_timeout_ms;
   Status status = ListenTcp(host, port, &tcp_fd_, bound_port);
   if (!status.ok()) return status;
-  status = ListenLocal(ServerSocketName(*bound_port), &local_fd_);
+  status = ListenLocal(ServerSocketName(token, *bound_port), &local_fd_);
   if (!status.ok()) BPS_LOG(kWarning) << status.message() << "; local workers will use TCP";
   return Status::OK();
 }
 
-Status Listener::Accept(std::unique_ptr<Channel>* out, int timeout_ms) {
+void Listener::WarnAtMostEvery10s(const std::string& text) {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_refusal_log_ < std::chrono::seconds(10)) return;
+  BPS_LOG(kWarning) << text;
+  last_refusal_log_ = now;
+}
+
+Status Listener::Accept(std::unique_ptr<Connection>* out, bool* local, int timeout_ms) {
   pollfd listeners[2] = {{tcp_fd_, POLLIN, 0}, {local_fd_, POLLIN, 0}};
   const nfds_t count = local_fd_ >= 0 ? 2 : 1;
   while (true) {
@@ -226,35 +250,40 @@ Status Listener::Accept(std::unique_ptr<Channel>* out, int timeout_ms) {
         if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
           // Out of descriptors: the waiting peer stays queued, and polling again at
           // once would spin. Serve the connections we have and retry shortly.
-          const auto now = std::chrono::steady_clock::now();
-          if (now - last_refusal_log_ > std::chrono::seconds(10)) {
-            BPS_LOG(kWarning) << "cannot accept a connection: " << std::strerror(errno);
-            last_refusal_log_ = now;
-          }
+          WarnAtMostEvery10s(std::string("cannot accept a connection: ") + std::strerror(errno));
           std::this_thread::sleep_for(std::chrono::milliseconds(100));
         }
         continue;
       }
-      ConfigureSocket(fd, send_timeout_ms_);
-      if (addr.ss_family == AF_UNIX) {
-        *out = std::make_unique<SharedMemoryChannel>(
-            std::make_unique<Connection>(fd, "a worker on this host"), shared_results_,
-            SharedMemoryChannel::Side::kServer);
-        (*out)->set_generation(generation_);
-        return Status::OK();
+      *local = addr.ss_family == AF_UNIX;
+      if (*local) {
+        Status trusted = CheckLocalPeer(fd);
+        if (!trusted.ok()) {
+          WarnAtMostEvery10s("refused a connection to the local socket: " + trusted.message());
+          ::close(fd);
+          continue;
+        }
       }
-      std::string peer = "a worker";
+      ConfigureSocket(fd, send_timeout_ms_);
+      std::string peer = *local ? "a worker on this host" : "a worker";
       if (addr.ss_family == AF_INET) {
         const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
         char host[INET_ADDRSTRLEN] = {0};
         ::inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
         peer = std::string(host) + ":" + std::to_string(ntohs(in->sin_port));
       }
-      *out = std::make_unique<SocketChannel>(std::make_unique<Connection>(fd, peer));
+      *out = std::make_unique<Connection>(fd, peer);
       (*out)->set_generation(generation_);
       return Status::OK();
     }
   }
+}
+
+std::unique_ptr<Channel> Listener::ChannelOf(std::unique_ptr<Connection> connection, bool local) {
+  if (local)
+    return std::make_unique<SharedMemoryChannel>(std::move(connection), shared_results_,
+                                                 SharedMemoryChannel::Side::kServer);
+  return std::make_unique<SocketChannel>(std::move(connection));
 }
 
 std::vector<int> Listener::fds() const {

@@ -191,30 +191,38 @@ Status ConnectToServer(const ServerAddress& address, const std::string& peer,
                        std::unique_ptr<Channel>* out, Cancellation* cancel = nullptr,
                        std::shared_ptr<SharedSlots> slots = nullptr, uint32_t generation = 0);
 
-// A server's listening side: TCP, and a Unix socket (named after the TCP port) for
-// workers on this host, which get shared-memory channels.
+// A server's listening side: TCP, and a Unix socket (named after the job token and the
+// TCP port) for workers on this host, which get shared-memory channels once they have
+// proven the token (a stranger never gets as far as shared memory).
 class Listener {
  public:
   Listener();
   ~Listener();
   // On `host` (empty: every interface); port 0 picks a free one. `send_timeout_ms`
-  // bounds every send on accepted channels.
-  Status Listen(const std::string& host, int port, int send_timeout_ms, int* bound_port);
-  // Waits up to `timeout_ms` (-1: for ever) for the next worker: kTimeout when none
-  // came; an error once Close() ran.
-  Status Accept(std::unique_ptr<Channel>* out, int timeout_ms = -1);
+  // bounds every send on accepted connections; `token` names the local socket.
+  Status Listen(const std::string& host, int port, int send_timeout_ms, const std::string& token,
+                int* bound_port);
+  // Waits up to `timeout_ms` (-1: for ever) for the next connection, still bare:
+  // kTimeout when none came; an error once Close() ran. `local`: it came through the
+  // Unix socket, from a process of a trusted uid (others are closed at once).
+  Status Accept(std::unique_ptr<Connection>* out, bool* local, int timeout_ms = -1);
+  // The channel of an accepted connection once it has proven the token.
+  std::unique_ptr<Channel> ChannelOf(std::unique_ptr<Connection> connection, bool local);
   // The listening descriptors, for a poll that waits on other sockets too (then
-  // Accept(out, 0) takes what came).
+  // Accept(out, local, 0) takes what came).
   std::vector<int> fds() const;
   // Wakes Accept() for good.
   void Close();
-  // The job generation of the channels accepted from now on (socket.h).
+  // The job generation of the connections accepted from now on (socket.h).
   void set_generation(uint32_t generation) { generation_ = generation; }
   // Where a server computes results that same-host workers read without a copy
   // over a socket; shared by every channel this listener accepts.
   SharedSlots& shared_results() { return *shared_results_; }
 
  private:
+  // Says why a connection was closed at once, a few times per window.
+  void WarnAtMostEvery10s(const std::string& text);
+
   int tcp_fd_ = -1;
   int local_fd_ = -1;
   int send_timeout_ms_ = 0;

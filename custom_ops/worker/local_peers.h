@@ -6,7 +6,9 @@
 #ifndef TF_BPS_WORKER_LOCAL_PEERS_H_
 #define TF_BPS_WORKER_LOCAL_PEERS_H_
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -65,6 +67,16 @@ class LocalPeers {
   void Close();
 
  private:
+  using Clock = std::chrono::steady_clock;
+  // Connects to the lower-ranked peer listening on `name`, which must prove the token
+  // before `deadline`; `give_up` says when to stop waiting for it to listen.
+  Status ConnectToPeer(const std::string& name, const std::string& peer, Clock::time_point deadline,
+                       const std::function<Status(const std::string&)>& give_up,
+                       std::unique_ptr<Channel>* out);
+  // Takes the host's higher-ranked peers on `listen_fd` through a waiting room: a
+  // silent or slow connection costs them nothing but its place until its deadline.
+  Status AdmitHigherPeers(int index, int listen_fd,
+                          const std::function<Status(const std::string&)>& give_up);
   void ReceiveLoop(int index, Receiver* receiver);
 
   const LocalMergeOptions options_;

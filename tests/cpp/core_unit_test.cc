@@ -2,6 +2,7 @@
 // format, the transports, and the server's round policies driven through real
 // sockets.
 // Built and run by tests/test_core_units.py.
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -425,6 +426,23 @@ void TestTransports() {
   Status refused = victim.Receive(&header, &payload, &eof);
   EXPECT(!refused.ok() && refused.message().find("announced") != std::string::npos);
 
+  // A descriptor that is not sealed against resizing (it could shrink under our reads)
+  // is refused, and so is an arena numbered past the cap.
+  const int unsealed = ::memfd_create("unsealed", MFD_CLOEXEC);
+  EXPECT(unsealed >= 0 && ::ftruncate(unsealed, 4096) == 0);
+  const ArenaAnnouncement honest_size{0, 0, 4096};
+  EXPECT(liar.Send(lie, &honest_size, unsealed).ok());
+  refused = victim.Receive(&header, &payload, &eof);
+  EXPECT(!refused.ok() && refused.message().find("sealed") != std::string::npos);
+  ::close(unsealed);
+  std::shared_ptr<SharedArena> arena;
+  EXPECT(SharedArena::Create(4096, &arena).ok());
+  PeerArenas peer_arenas;
+  EXPECT(!peer_arenas.Add(PeerArenas::kMaxPeerArenas, arena).ok());
+  // Peers get a descriptor they cannot map writable.
+  EXPECT(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, arena->fd(), 0) == MAP_FAILED);
+  EXPECT(::ftruncate(arena->fd(), 0) != 0);
+
   // Sockets: the bytes themselves, read in pieces.
   EXPECT(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
   SocketChannel a(std::make_unique<Connection>(fds[0], "b")),
@@ -464,8 +482,8 @@ void TestTokenProofs() {
   for (const char* worker_token : {kToken, "wrong"}) {
     int fds[2];
     EXPECT(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
-    SocketChannel server(std::make_unique<Connection>(fds[0], "worker"));
-    SocketChannel worker(std::make_unique<Connection>(fds[1], "server"));
+    Connection server(fds[0], "worker");
+    Connection worker(fds[1], "server");
     Status worker_side = Status::OK();
     std::thread client([&] { worker_side = AuthenticateServer(worker, worker_token, 1, 2000); });
     uint32_t rank = 99;
@@ -680,11 +698,11 @@ void TestSquattedLocalSocketIsNotTrusted() {
   EXPECT(ListenTcp("127.0.0.1", 0, &probe, &port).ok());
   ::close(probe);
   int squatter_fd = -1;
-  EXPECT(ListenLocal(ServerSocketName(port), &squatter_fd).ok());
+  EXPECT(ListenLocal(ServerSocketName(kToken, port), &squatter_fd).ok());
   std::thread squatter([&] {
     int fd = ::accept(squatter_fd, nullptr, nullptr);
     if (fd < 0) return;
-    SocketChannel fake(std::make_unique<Connection>(fd, "worker"));
+    Connection fake(fd, "worker");
     uint32_t rank = 0;
     AuthenticateWorker(fake, "a guess", 1, 2000, &rank);  // Sees a proof it cannot check.
   });

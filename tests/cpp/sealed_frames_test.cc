@@ -202,16 +202,19 @@ void TestHandshakeAgreesOnSealing() {
   for (bool worker_seals : {true, false}) {
     for (bool server_seals : {true, false}) {
       auto [server_end, worker_end] = SocketPair();
-      SocketChannel server(std::make_unique<Connection>(server_end, "worker 1"));
-      SocketChannel worker(std::make_unique<Connection>(worker_end, "server"));
+      auto server_connection = std::make_unique<Connection>(server_end, "worker 1");
+      auto worker_connection = std::make_unique<Connection>(worker_end, "server");
       Status worker_side = Status::OK();
       std::thread client([&] {
-        worker_side = AuthenticateServer(worker, JobSecret(kToken, worker_seals), 1, 2000);
+        worker_side =
+            AuthenticateServer(*worker_connection, JobSecret(kToken, worker_seals), 1, 2000);
       });
       uint32_t rank = 99;
       Status server_side =
-          AuthenticateWorker(server, JobSecret(kToken, server_seals), 2, 2000, &rank);
+          AuthenticateWorker(*server_connection, JobSecret(kToken, server_seals), 2, 2000, &rank);
       client.join();
+      SocketChannel server(std::move(server_connection));
+      SocketChannel worker(std::move(worker_connection));
       if (worker_seals != server_seals) {
         EXPECT(!server_side.ok() && !worker_side.ok());
         EXPECT(worker_side.kind() == ErrorKind::kInvalidArgument);

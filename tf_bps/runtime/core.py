@@ -9,7 +9,7 @@ its own, `bps_server` (server_executable).
 from __future__ import annotations
 
 import functools
-import hashlib
+import hmac
 import importlib
 from pathlib import Path
 
@@ -84,10 +84,11 @@ def worker_init(rank: int, size: int, servers: list[str], merge_with: list[int],
         addresses.append((host, int(port), config.enable_ipc and is_local_address(host)))
     server_hosts = [host for host, _, _ in addresses]
     shares = placement.server_shares(server_hosts, list(worker_hosts))
-    # Abstract socket names are per network namespace; the scheduler's address makes
-    # them per job as well (hashed: names are short, whatever the address).
-    job = hashlib.sha256(f"{config.root_uri}:{config.root_port}".encode()).hexdigest()[:16]
-    prefix = f"tf_bps-{job}-{generation}-"
+    # Abstract socket names are per network namespace, and any process of the host may
+    # bind one: keyed by the job token, nobody without it can take ours first. The
+    # scheduler's address and the generation make them per job and per membership.
+    where = f"local merge|{config.root_uri}:{config.root_port}|{generation}".encode()
+    prefix = f"tf_bps-{hmac.new(config.job_token.encode(), where, 'sha256').hexdigest()[:32]}-"
     worker_engine().init(rank, size, addresses, config.partition_bytes, config.credit_bytes,
                          int(config.op_timeout * 1000), config.job_token, sorted(merge_with),
                          prefix, config.debug_sample_tensor, config.nan_check,
