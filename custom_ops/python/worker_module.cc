@@ -172,6 +172,12 @@ PYBIND11_MODULE(_bps_worker, m) {
   m.doc() = "The tf_bps worker engine (C++ core) for Python.";
   bps::RegisterCoreError(m);
   m.def(
+      "set_local_uids",
+      [](const std::vector<unsigned int>& uids) {
+        bps_set_local_uids(uids.data(), static_cast<int>(uids.size()));
+      },
+      py::arg("uids"));
+  m.def(
       "set_logging",
       [](int level, const std::string& prefix) { bps_set_logging(level, prefix.c_str()); },
       py::arg("level"), py::arg("prefix"),

@@ -87,6 +87,28 @@ Status InterfaceAddress(const std::string& name, std::string* address) {
 }
 
 // The address workers reach this server at (config.py's advertised_host).
+// BYTEPS_LOCAL_UIDS: user ids separated by commas (tf_bps/runtime/config.py reads it alike).
+Status LocalUids(const Settings& settings, std::vector<uint32_t>* uids) {
+  const std::string& text = settings.Text("BYTEPS_LOCAL_UIDS");
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    std::string part = text.substr(start, end - start);
+    part.erase(0, part.find_first_not_of(' '));
+    part.erase(part.find_last_not_of(' ') + 1);
+    start = end + 1;
+    if (part.empty()) continue;
+    const bool digits = part.size() <= 10 && part.find_first_not_of("0123456789") == std::string::npos;
+    if (!digits || std::stoull(part) >= 0xffffffffull)
+      return Status::Error(ErrorKind::kInvalidArgument,
+                           "BYTEPS_LOCAL_UIDS='" + text + "' is not valid: expected user ids "
+                           "(numbers 0 to 4294967294) separated by commas");
+    uids->push_back(static_cast<uint32_t>(std::stoull(part)));
+  }
+  return Status::OK();
+}
+
 Status AdvertisedHost(const Settings& settings, std::string* host) {
   if (settings.IsSet("DMLC_NODE_HOST")) {
     *host = settings.Text("DMLC_NODE_HOST");
@@ -234,6 +256,8 @@ int Serve(const Settings& settings) {
   Status status = RequireRendezvous(settings);
   std::string host;
   if (status.ok()) status = AdvertisedHost(settings, &host);
+  std::vector<uint32_t> local_uids;
+  if (status.ok()) status = LocalUids(settings, &local_uids);
   if (!status.ok()) {
     fprintf(stderr, "%s: %s\n", kPrefix, status.message().c_str());
     return status.kind() == ErrorKind::kInvalidArgument ? 2 : 1;
@@ -241,6 +265,7 @@ int Serve(const Settings& settings) {
   double timeout_s = settings.Number("BYTEPS_OP_TIMEOUT");
   if (!settings.IsSet("BYTEPS_OP_TIMEOUT")) timeout_s = settings.Number("GLOO_TIMEOUT_SECONDS");
 
+  SetTrustedLocalUids(std::move(local_uids));
   ServerOptions options;
   options.host = settings.Flag("BYTEPS_LISTEN_ANY") ? "" : ListenAddress(host);
   options.engine_threads = static_cast<int>(settings.Int("BYTEPS_SERVER_ENGINE_THREAD"));

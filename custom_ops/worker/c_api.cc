@@ -190,6 +190,10 @@ void bps_set_logging(int level, const char* prefix) {
   if (prefix) bps::SetLogPrefix(prefix);
 }
 
+void bps_set_local_uids(const unsigned int* uids, int count) {
+  bps::SetTrustedLocalUids(std::vector<uint32_t>(uids, uids + std::max(count, 0)));
+}
+
 int bps_worker_init_local(void) {
   auto& state = bps::State();
   std::lock_guard<std::mutex> lock(state.mutex);

@@ -14,6 +14,9 @@ const char* bps_last_error(void);
 int bps_last_error_kind(void);
 /* 0 trace, 1 debug, 2 info, 3 warning, 4 error. */
 void bps_set_logging(int level, const char* prefix);
+/* Who besides this process's own uid may reach it over a local (Unix) socket: a worker
+ * or server of the job on this host (BYTEPS_LOCAL_UIDS). Set before bps_worker_init. */
+void bps_set_local_uids(const unsigned int* uids, int count);
 
 /* Worker. Exactly one of the two init calls, then bps_worker_shutdown. */
 int bps_worker_init_local(void);

@@ -168,6 +168,17 @@ def _text(env: Mapping[str, str], name: str) -> str:
     return env.get(name, "").strip() or SETTINGS[name].default
 
 
+def _uids(env: Mapping[str, str], name: str) -> tuple[int, ...]:
+    """A comma-separated list of user ids (custom_ops/control/settings.cc reads it alike)."""
+    uids = []
+    for part in filter(None, (p.strip() for p in _text(env, name).split(","))):
+        if not part.isdigit() or int(part) >= 2**32 - 1:
+            raise ConfigError(f"{name}={env[name]!r} is not valid: expected user ids (numbers "
+                              "0 to 4294967294) separated by commas")
+        uids.append(int(part))
+    return tuple(uids)
+
+
 def visible_gpus(env: Mapping[str, str]) -> tuple[str, ...]:
     """The GPUs NVIDIA_VISIBLE_DEVICES (or else CUDA_VISIBLE_DEVICES) lists; none when
     unset or "none"/"void". "all" cannot be counted here and is refused."""
@@ -320,6 +331,8 @@ class Config:
     # BYTEPS_ENCRYPT: every frame between workers and servers is encrypted and
     # authenticated with keys derived from the token (custom_ops/wire/crypto.h).
     encrypt: bool
+    # Uids besides our own that may reach this process over a local socket.
+    local_uids: tuple[int, ...]
     max_tensor_bytes: int  # the largest tensor a server accepts a declaration of
     listen_any: bool  # servers and the scheduler listen on every interface
     # Set when a cluster manager (mpirun, Slurm, TF_CONFIG) placed this process and
@@ -403,6 +416,7 @@ class Config:
             elastic_worker_name=_text(env, "BYTEPS_ELASTIC_WORKER_NAME"),
             job_token=token,
             encrypt=_flag(env, "BYTEPS_ENCRYPT"),
+            local_uids=_uids(env, "BYTEPS_LOCAL_UIDS"),
             max_tensor_bytes=_int(env, "BYTEPS_MAX_TENSOR_BYTES"),
             listen_any=_flag(env, "BYTEPS_LISTEN_ANY"),
             cluster=cluster,

@@ -89,6 +89,7 @@ def worker_init(rank: int, size: int, servers: list[str], merge_with: list[int],
     # scheduler's address and the generation make them per job and per membership.
     where = f"local merge|{config.root_uri}:{config.root_port}|{generation}".encode()
     prefix = f"tf_bps-{hmac.new(config.job_token.encode(), where, 'sha256').hexdigest()[:32]}-"
+    worker_engine().set_local_uids(list(config.local_uids))
     worker_engine().init(rank, size, addresses, config.partition_bytes, config.credit_bytes,
                          int(config.op_timeout * 1000), config.job_token, sorted(merge_with),
                          prefix, config.debug_sample_tensor, config.nan_check,
