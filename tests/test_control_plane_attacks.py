@@ -163,14 +163,15 @@ def _encrypted_job(procs, victim: str, mischief):
     return job, proxy
 
 
-def _completes(job: dict) -> dict[str, str]:
-    outputs = {}
-    for name, process in job.items():
-        status, outputs[name] = finish(process, timeout=120)
-        assert status == 0, (name, outputs[name])
+def _outputs(job: dict) -> dict[str, tuple[int, str]]:
+    return {name: finish(process, timeout=120) for name, process in job.items()}
+
+
+def _completed(outputs: dict[str, tuple[int, str]]) -> None:
+    for name, (status, output) in outputs.items():
+        assert status == 0, (name, output)
     for rank in range(2):
-        assert f"SUMS OK {rank}" in outputs[f"worker{rank}"], outputs[f"worker{rank}"]
-    return outputs
+        assert f"SUMS OK {rank}" in outputs[f"worker{rank}"][1], outputs[f"worker{rank}"]
 
 
 def _answers_to(port: int, payload: bytes, wait_s: float = 2.0) -> list[dict]:
@@ -201,13 +202,14 @@ def test_a_replayed_registration_gets_no_keys_and_resets_no_seal(procs, victim):
     try:
         assert proxy.done_mischief.wait(timeout=90), proxy.downstream
         strangers = _answers_to(proxy.scheduler_port, proxy.registration)
-        outputs = _completes(job)
+        outputs = _outputs(job)
     finally:
         proxy.close()
-    assert all(answer.get("type") != "sealed" for answer in strangers), strangers
     seqs = proxy.sealed_sequences()
     assert len(seqs) > 10 and len(set(seqs)) == len(seqs), seqs
-    assert "already answered" in outputs["scheduler"], outputs["scheduler"]
+    assert all(answer.get("type") != "sealed" for answer in strangers), strangers
+    _completed(outputs)
+    assert "already answered" in outputs["scheduler"][1], outputs["scheduler"]
 
 
 def test_a_clear_hello_slipped_into_a_members_connection_keeps_its_seal(procs):
@@ -216,12 +218,13 @@ def test_a_clear_hello_slipped_into_a_members_connection_keeps_its_seal(procs):
     job, proxy = _encrypted_job(procs, "worker0", _clear_hello)
     try:
         assert proxy.done_mischief.wait(timeout=90), proxy.downstream
-        outputs = _completes(job)
+        outputs = _outputs(job)
     finally:
         proxy.close()
     seqs = proxy.sealed_sequences()
     assert len(seqs) > 10 and len(set(seqs)) == len(seqs), seqs
-    assert "does not authenticate" in outputs["worker0"], outputs["worker0"]
+    _completed(outputs)
+    assert "does not authenticate" in outputs["worker0"][1], outputs["worker0"]
 
 
 def _proof(side: str, text: str, token: str = TOKEN) -> str:
