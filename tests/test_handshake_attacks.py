@@ -15,8 +15,18 @@ import time
 
 import pytest
 from conftest import LAUNCH, WORKERS, base_env, finish, free_port, wait_for_line, worker_command
-from wire_stranger import (CHALLENGE, CHALLENGE_BYTES, ERROR, HEADER, frame, hello,
-                           local_tf_bps_sockets, read_exactly, read_for, server_socket_name)
+from wire_stranger import (
+    CHALLENGE,
+    CHALLENGE_BYTES,
+    ERROR,
+    HEADER,
+    frame,
+    hello,
+    local_tf_bps_sockets,
+    read_exactly,
+    read_for,
+    server_socket_name,
+)
 
 TOKEN = "a token long enough to be a secret"
 STRANGER = WORKERS / "wire_stranger.py"
@@ -110,14 +120,14 @@ def test_a_trickled_refusal_holds_no_door_and_a_stranger_learns_nothing(procs):
                                    for rank in (0, 99) for sealed in (False, True)]
     sockets = [socket.create_connection(("127.0.0.1", port)) for _ in strangers]
     threads = [threading.Thread(target=attack, args=(sock, *args), daemon=True)
-               for (attack, args), sock in zip(strangers, sockets)]
+               for (attack, args), sock in zip(strangers, sockets, strict=True)]
     for thread in threads:
         thread.start()
     for rank in range(2):
         job[f"worker{rank}"] = procs.start([*LAUNCH, *worker_command("steady_sums.py")],
                                            base_env(DMLC_ROLE="worker", DMLC_WORKER_ID=rank, **env))
     outputs = _sums_right(job)
-    for thread, sock in zip(threads, sockets):
+    for thread, sock in zip(threads, sockets, strict=True):
         thread.join(timeout=35)
         sock.close()
     assert cut_after and cut_after[0] < 3, cut_after
