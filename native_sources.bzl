@@ -124,6 +124,7 @@ UNIT_TEST_PIECES = (COMMON_SOURCES + WIRE_SOURCES + COMPRESSION_SOURCES + ROUNDS
     "custom_ops/worker/credits.cc",
     "custom_ops/worker/timeline.cc",
     "custom_ops/worker/server_routes.cc",
+    "custom_ops/worker/local_peers.cc",
     "custom_ops/control/settings.cc",
     "custom_ops/control/json.cc",
 ])

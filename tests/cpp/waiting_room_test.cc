@@ -1,6 +1,7 @@
-// Unit tests of a server's waiting room: connections that have not yet said which
-// worker they are. Strangers at one address cannot keep the job's workers out, a
-// slow trickle is cut at the deadline, and a worker turned away tries again.
+// Unit tests of the waiting rooms: connections that have not yet said which worker
+// they are, at a server or at a worker's local-merge socket. Strangers at one address
+// cannot keep the job's workers out, a slow trickle is cut at the deadline, and a
+// worker turned away tries again.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "../../custom_ops/server/server.h"
+#include "../../custom_ops/worker/local_peers.h"
 #include "../../custom_ops/wire/socket.h"
 #include "../../custom_ops/wire/transport.h"
 #include "expect.h"
@@ -168,10 +170,44 @@ void TestTrickleIsCutAtTheDeadline() {
 
 }  // namespace
 
+// The workers of one host meet through the lower one's local socket: silent connections
+// that reach it first wait in its room and cost the higher worker nothing.
+void TestLocalMergeTakesItsPeerPastSilentConnections() {
+  LocalMergeOptions options;
+  options.ranks = {0, 1};
+  options.size = 2;
+  options.socket_prefix = "tf_bps-room-test-" + std::to_string(::getpid()) + "-";
+  options.token = kSecret;
+  options.timeout_ms = 20000;
+  LocalMergeOptions lower = options, higher = options;
+  higher.rank = 1;
+  LocalPeers first(lower, std::make_shared<SharedSlots>(std::make_shared<ArenaTable>()));
+  LocalPeers second(higher, std::make_shared<SharedSlots>(std::make_shared<ArenaTable>()));
+  Status accepted = Status::OK();
+  std::thread accepting([&] { accepted = first.Connect(0, nullptr); });
+  std::vector<int> silent;
+  while (silent.size() < 3) {
+    int fd = -1;
+    if (ConnectLocal(options.socket_prefix + "0", 1000, &fd).ok()) {
+      silent.push_back(fd);
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  const auto start = Clock::now();
+  const Status connected = second.Connect(1, nullptr);
+  accepting.join();
+  EXPECT(connected.ok() && accepted.ok());
+  EXPECT(SecondsSince(start) < 2.0);
+  EXPECT(first.peer(1) != nullptr && second.peer(0) != nullptr);
+  for (int fd : silent) ::close(fd);
+}
+
 void TestWaitingRoom() {
   TestStrangersAtOneAddressCannotKeepWorkersOut();
   TestAFullRoomTakesANamedWorkerBeforeStrangers();
   TestTrickleIsCutAtTheDeadline();
+  TestLocalMergeTakesItsPeerPastSilentConnections();
 }
 
 }  // namespace bps

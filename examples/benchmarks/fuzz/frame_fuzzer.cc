@@ -1,7 +1,12 @@
 // A libFuzzer target for everything that reads bytes a peer sent: the declaration
-// decoder, a channel's frame reader (both transports, in the clear and sealed), and a
+// decoder, a channel's frame reader (both transports, in the clear and sealed), a
 // server's whole read path behind an authenticated worker connection (in the clear and
-// sealed). Built and run by run_fuzzer.sh.
+// sealed), and the handshake before any proof on both sides (a server's waiting room
+// and a worker meeting whatever answers at a server's address), over a socket and
+// over a Unix socket with a descriptor riding on the bytes. Built and run by
+// run_fuzzer.sh.
+#include <poll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -19,6 +24,8 @@
 #include "../../../custom_ops/wire/crypto.h"
 #include "../../../custom_ops/wire/protocol.h"
 #include "../../../custom_ops/wire/transport.h"
+#include "../../../custom_ops/wire/waiting_room.h"
+#include "../../../custom_ops/wire/auth.h"
 
 namespace {
 
@@ -140,6 +147,62 @@ void FeedServer(const uint8_t* data, size_t size, bool sealed) {
   server.Stop();
 }
 
+// A connected pair whose far end has sent `data` (a memfd riding on the first byte when
+// `with_fd`) and closed: the near end is what a handshake reads.
+std::unique_ptr<bps::Connection> Peer(const uint8_t* data, size_t size, bool with_fd) {
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) return nullptr;
+  size_t sent = 0;
+  if (with_fd && size > 0) {
+    const int memory = ::memfd_create("fuzz", MFD_CLOEXEC);
+    iovec part{const_cast<uint8_t*>(data), 1};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr message{};
+    message.msg_iov = &part;
+    message.msg_iovlen = 1;
+    message.msg_control = control;
+    message.msg_controllen = sizeof(control);
+    cmsghdr* cmsg = CMSG_FIRSTHDR(&message);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(cmsg), &memory, sizeof(int));
+    if (memory >= 0 && ::sendmsg(fds[1], &message, 0) == 1) sent = 1;
+    if (memory >= 0) ::close(memory);
+  }
+  if (::write(fds[1], data + sent, size - sent) < 0) {
+  }  // At most the socket buffer: enough for an input.
+  ::close(fds[1]);
+  return std::make_unique<bps::Connection>(fds[0], "fuzzed peer");
+}
+
+// A server's waiting room meets the input as a connection that has not proven the
+// token: it must drop it (or, were the proof right, welcome it) without waiting.
+void FeedWaitingRoom(const uint8_t* data, size_t size, bool local, bool sealed) {
+  bps::WaitingRoom::Options options;
+  options.secret = bps::JobSecret(kToken, sealed);
+  options.num_workers = 2;
+  options.deadline_ms = 20;
+  bps::WaitingRoom room(std::move(options));
+  std::unique_ptr<bps::Connection> connection = Peer(data, size, local);
+  if (!connection) return;
+  room.Enter(std::move(connection), local ? "local" : "10.0.0.1", local);
+  std::vector<pollfd> fds;
+  std::vector<bps::WaitingRoom::Proven> proven;
+  for (int turn = 0; turn < 64 && room.size() > 0; ++turn) {
+    fds.clear();
+    room.Watch(&fds);
+    ::poll(fds.data(), fds.size(), room.MsUntilNextDeadline());
+    room.Serve(fds, &proven);
+  }
+}
+
+// A worker's handshake meets the input as whatever answers at a server's address.
+void FeedWorkerHandshake(const uint8_t* data, size_t size, bool with_fd, bool sealed) {
+  std::unique_ptr<bps::Connection> connection = Peer(data, size, with_fd);
+  if (connection) bps::AuthenticateServer(*connection, bps::JobSecret(kToken, sealed), 1, 20);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -149,7 +212,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }();
   (void)quiet;
   if (size == 0) return 0;
-  const uint8_t target = data[0] % 7;
+  const uint8_t target = data[0] % 9;
+  // For the handshakes: a descriptor rides along (or the Unix socket is the way in),
+  // and whether the job seals.
+  const bool twist = data[0] & 0x80, sealing = data[0] & 0x40;
   ++data;
   --size;
   switch (target) {
@@ -175,6 +241,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case 6:
       FeedServer(data, size, true);
+      break;
+    case 7:
+      FeedWaitingRoom(data, size, twist, sealing);
+      break;
+    case 8:
+      FeedWorkerHandshake(data, size, twist, sealing);
       break;
   }
   return 0;

@@ -17,7 +17,8 @@ g++ -std=c++17 -O2 -c "$ops/common/reduce.cc" -o "$work/reduce.o"
   -pthread "$root/examples/benchmarks/fuzz/frame_fuzzer.cc" "$work/reduce.o" \
   "$ops"/common/{common,logging}.cc \
   "$ops"/wire/{protocol,socket,shared_memory,transport,shared_memory_channel,auth,crypto}.cc \
-  "$ops"/rounds/*.cc "$ops"/server/{server,waiting_room,round_engine}.cc -l:libcrypto.a \
+  "$ops"/wire/waiting_room.cc "$ops"/rounds/*.cc "$ops"/server/{server,acceptor,round_engine}.cc \
+  -l:libcrypto.a \
   -o "$work/frame_fuzzer"
 "$clang" -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -pthread "$root/examples/benchmarks/fuzz/control_fuzzer.cc" "$ops"/common/{common,logging}.cc \
