@@ -98,23 +98,23 @@ class SchedulerLink:
         with self._seal_lock:  # In the clear: the scheduler has no keys for it yet.
             self._stage = "challenge"
             self._socket.send_json({"type": "hello"})
-        # The challenge goes back with the proof: the scheduler keeps none (challenges.py).
-        challenge = str(self._next_reply(deadline, "challenge").get("nonce"))[:128]
-        said = f"{challenge}|{mine}"
-        message = {"type": "register", "role": role, "pid": os.getpid(), "host": host,
-                   **fields}
-        shown = {"nonce": challenge, "node_nonce": mine, "proof": proof(token, "node", said)}
-        with self._seal_lock:
-            if self._config.encrypt:
-                # Fields sealed as message 1 under this registration's own keys; the
-                # scheduler derives them from the clear nonces once the proof checks.
-                self._seal = ControlSeal(token, challenge, mine, "node")
-                sealed = self._seal.seal(message)
-                message = {"type": "register", "seq": sealed["seq"], "box": sealed["box"]}
-            self._said = said
-            self._stage = "registered"
-            self._socket.send_json({**message, **shown})
         try:
+            # The challenge goes back with the proof: the scheduler keeps none (challenges.py).
+            challenge = str(self._next_reply(deadline, "challenge").get("nonce"))[:128]
+            said = f"{challenge}|{mine}"
+            message = {"type": "register", "role": role, "pid": os.getpid(), "host": host,
+                       **fields}
+            shown = {"nonce": challenge, "node_nonce": mine, "proof": proof(token, "node", said)}
+            with self._seal_lock:
+                if self._config.encrypt:
+                    # Fields sealed as message 1 under this registration's own keys; the
+                    # scheduler derives them from the clear nonces once the proof checks.
+                    self._seal = ControlSeal(token, challenge, mine, "node")
+                    sealed = self._seal.seal(message)
+                    message = {"type": "register", "seq": sealed["seq"], "box": sealed["box"]}
+                self._said = said
+                self._stage = "registered"
+                self._socket.send_json({**message, **shown})
             registered = self._next_reply(deadline, "registered")
             if not proof_matches(token, "scheduler", said, registered.get("proof")):
                 raise RendezvousError(
