@@ -4,6 +4,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -138,6 +139,23 @@ Status SchedulerLink::Refusal(const Json& abort) const {
                            "log says why)");
 }
 
+Status SchedulerLink::AwaitChallenge(Clock::time_point deadline, double timeout_s,
+                                     Json* challenge) {
+  while (true) {
+    Status status = dealer_->Send(JsonWriter().Add("type", "hello").Finish());
+    if (status.ok())
+      status = NextReply(std::min(deadline, Clock::now() + kHelloAgain), timeout_s, "challenge",
+                         challenge);
+    if (status.ok() || Clock::now() >= deadline) return status;
+    if (status.kind() == ErrorKind::kTimeout) continue;
+    if (status.kind() == ErrorKind::kAborted) return status;  // A refusal.
+    std::unique_ptr<ZmqDealer> again;  // Cut: a new connection, and hello again.
+    status = ZmqDealer::Connect(options_.host, options_.port, MillisecondsUntil(deadline), &again);
+    if (!status.ok()) return status;
+    dealer_ = std::move(again);
+  }
+}
+
 Status SchedulerLink::Register(const std::string& role, const std::string& host, JsonWriter fields,
                                Json* book) {
   // The first: one start timeout from the first connection attempt, as on the
@@ -149,9 +167,8 @@ Status SchedulerLink::Register(const std::string& role, const std::string& host,
   stage_ = Stage::kChallenge;
   // In the clear: the scheduler has no keys for this registration yet. The last
   // registration's keys stay until this one's replace them.
-  if (status.ok()) status = dealer_->Send(JsonWriter().Add("type", "hello").Finish());
   Json challenge;
-  if (status.ok()) status = NextReply(deadline, timeout_s, "challenge", &challenge);
+  if (status.ok()) status = AwaitChallenge(deadline, timeout_s, &challenge);
   if (status.ok()) status = SendRegistration(role, host, std::move(fields), challenge, mine);
   Json registered;
   if (status.ok()) status = NextReply(deadline, timeout_s, "registered", &registered);

@@ -61,6 +61,10 @@ class SchedulerLink {
                    Json* reply);
   // Sends the registration answering `challenge`, with `mine` (this node's nonce)
   // and the proof over both; with BYTEPS_ENCRYPT under new keys of its own.
+  // The scheduler's challenge, saying hello (again every kHelloAgain, and on a new
+  // connection if the scheduler cut ours: one full of strangers' connections cuts new
+  // ones before it reads them) until `deadline`.
+  Status AwaitChallenge(Clock::time_point deadline, double timeout_s, Json* challenge);
   Status SendRegistration(const std::string& role, const std::string& host, JsonWriter fields,
                           const Json& challenge, const std::string& mine);
   // The error an abort that answers this node's registration makes.
@@ -73,6 +77,7 @@ class SchedulerLink {
   bool Decode(const std::string& text, Json* message);
 
   static constexpr int kMaxMessagesPerPoll = 64;
+  static constexpr std::chrono::seconds kHelloAgain{3};
 
   SchedulerLinkOptions options_;
   std::unique_ptr<ZmqDealer> dealer_;

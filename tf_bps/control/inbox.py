@@ -3,8 +3,9 @@ who finds the port. It checks what arrives before the scheduler sees it (raw byt
 extra frames, not JSON, not an object with a string "type": logged and dropped), answers
 hellos with challenges, checks registrations (challenges.py: the node proves the token
 first, then the scheduler proves it back), opens and seals messages (BYTEPS_ENCRYPT,
-sealing.py), and reads connections of no member of the job at a bounded rate
-(throttle.py), so that no stranger can starve the job.
+sealing.py), and reads connections of no member of the job at a bounded rate, in all and
+per connection (throttle.py), among a bounded number of connections (doorman.py), so that
+no stranger can starve the job.
 
 A connection that has not proven the token learns nothing but a challenge and, when it
 registers without a proof, "refused": the scheduler's log keeps the details, escaped and
@@ -22,7 +23,13 @@ from collections.abc import Callable
 import zmq
 
 from tf_bps.control.challenges import Challenges
-from tf_bps.control.throttle import OUTSIDER_MESSAGES_PER_S, OutsiderThrottle, SourceWarnings
+from tf_bps.control.doorman import Doorman
+from tf_bps.control.throttle import (
+    OUTSIDER_MESSAGES_PER_S,
+    ConnectionBudgets,
+    OutsiderThrottle,
+    SourceWarnings,
+)
 from tf_bps.runtime.config import Config, is_local_address
 from tf_bps.runtime.rendezvous import REFUSED, proof, proof_matches
 from tf_bps.runtime.sealing import SchedulerSeals
@@ -33,8 +40,11 @@ log = logging.getLogger("tf_bps.scheduler")
 # ZeroMQ drops the connection that sends it before allocating it.
 MAX_MESSAGE_BYTES = 64 * 1024
 # A node has a few messages in flight at most; a flood of strangers' connections then
-# holds this many each, not ZeroMQ's default of 1000.
+# holds this many each, not ZeroMQ's default of 1000: with the doorman's bound on
+# connections, at most 1024 x 4 x 64 KiB (256 MiB) however the strangers try, and a few
+# MiB for the hellos they can send.
 MESSAGES_QUEUED_PER_PEER = 16
+MESSAGES_RECEIVED_PER_PEER = 4
 ZMQ_ZERO_COPY_RECV = 96  # zmq.h's number; pyzmq names no constant for it
 # A node's nonce: what rendezvous.new_nonce() makes, give or take its length.
 NODE_NONCE = re.compile(r"[0-9a-f]{16,64}")
@@ -59,15 +69,20 @@ class Inbox:
         self._socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
         self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         self._socket.setsockopt(zmq.SNDHWM, MESSAGES_QUEUED_PER_PEER)
-        self._socket.setsockopt(zmq.RCVHWM, MESSAGES_QUEUED_PER_PEER)
+        self._socket.setsockopt(zmq.RCVHWM, MESSAGES_RECEIVED_PER_PEER)
         # And each of those messages its own few bytes: received in place (ZeroMQ's
         # default), every queued message would pin the 8 KB read buffer it came in.
         self._socket.setsockopt(ZMQ_ZERO_COPY_RECV, 0)
         # Only the address the job knows the scheduler by, when it is this machine's.
         address = socket.gethostbyname(root_uri)
         local = is_local_address(address) and not config.listen_any
+        self._doorman = Doorman(self._socket)  # before the bind: it sees every accept
         self._socket.bind(f"tcp://{address if local else '*'}:{port}")
+        self._poller = zmq.Poller()
+        self._poller.register(self._socket, zmq.POLLIN)
+        self._poller.register(self._doorman.monitor, zmq.POLLIN)
         self._outsiders = OutsiderThrottle()
+        self._budgets = ConnectionBudgets()
         self._warnings = SourceWarnings()
         self._token = config.job_token
         self._challenges = Challenges()  # stateless: a flood of hellos evicts nothing
@@ -114,19 +129,35 @@ class Inbox:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
+            self._doorman.drain()
             try:  # Polling only when nothing is queued: a flood queues plenty.
                 frames = self._socket.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                self._socket.poll(int(remaining * 1000) + 1)
+                self._poller.poll(int(remaining * 1000) + 1)
                 continue
             parts = [frame.bytes for frame in frames]
-            if not self._is_member(parts[0]) and self._outsiders.pay():
-                log.warning("connections of no node of this job send more than %g messages "
-                            "a second (a flood?): the scheduler reads them no faster",
-                            OUTSIDER_MESSAGES_PER_S)
+            if not self._is_member(parts[0]):
+                pause, news = self._outsiders.pay()
+                if news:
+                    log.warning("connections of no node of this job send more than %g "
+                                "messages a second (a flood?): the scheduler reads them no "
+                                "faster", OUTSIDER_MESSAGES_PER_S)
+                self._keep_the_door(pause)
+                if not self._budgets.allow(parts[0]):
+                    continue  # Past its connection's budget: dropped unread.
             received = self._take(parts, _source(frames[-1]))
+            if received is not None and received[1]["type"] == "register":
+                self._doorman.vouch(frames[-1].get(zmq.SRCFD))  # It proved the token.
             if received is not None:
                 return received
+
+    def _keep_the_door(self, seconds: float) -> None:
+        """Pauses reading messages for `seconds`, cutting connections meanwhile: a flood
+        of new ones must not outrun the doorman while the strangers' messages wait."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if self._doorman.monitor.poll(int(left * 1000) + 1):
+                self._doorman.drain()
 
     def _take(self, parts: list[bytes], source: str) -> tuple[bytes, dict] | None:
         """What the scheduler should see of one received message, or None."""
@@ -200,6 +231,7 @@ class Inbox:
         return fields
 
     def close(self) -> None:
+        self._doorman.close()
         self._socket.close()
         self._context.term()
 

@@ -39,6 +39,8 @@ log = logging.getLogger("tf_bps")
 # A node waiting for the scheduler says so when it has heard nothing for this long (a
 # scheduler that is up says who the job waits for more often: WAITING_REPORT_S).
 QUIET_S = 8.0
+# A node that has had no challenge says hello again this often.
+HELLO_AGAIN_S = 3.0
 
 
 class RendezvousError(RuntimeError):
@@ -95,12 +97,18 @@ class SchedulerLink:
         host = self._config.advertised_host()  # Settings fail here, before any wait.
         deadline = time.monotonic() + self._config.start_timeout
         token, mine = self._config.job_token, new_nonce()
-        with self._seal_lock:  # In the clear: the scheduler has no keys for it yet.
-            self._stage = "challenge"
-            self._socket.send_json({"type": "hello"})
+        def hello():
+            with self._seal_lock:  # In the clear: the scheduler has no keys for it yet.
+                self._stage = "challenge"
+                self._socket.send_json({"type": "hello"})
+
+        hello()
         try:
             # The challenge goes back with the proof: the scheduler keeps none (challenges.py).
-            challenge = str(self._next_reply(deadline, "challenge").get("nonce"))[:128]
+            # Said again now and then: a scheduler full of strangers' connections may cut
+            # ours (ZeroMQ connects again) before it read the hello.
+            reply = self._next_reply(deadline, "challenge", again=hello)
+            challenge = str(reply.get("nonce"))[:128]
             said = f"{challenge}|{mine}"
             message = {"type": "register", "role": role, "pid": os.getpid(), "host": host,
                        **fields}
@@ -139,15 +147,23 @@ class SchedulerLink:
             "job's token: check that BYTEPS_JOB_TOKEN and BYTEPS_ENCRYPT are the job's "
             "(the scheduler's log says why)")
 
-    def _next_reply(self, deadline: float, kind: str) -> dict:
-        """The scheduler's next message of `kind`; an abort or the deadline raises."""
+    def _next_reply(self, deadline: float, kind: str, again: Callable[[], None] | None = None
+                    ) -> dict:
+        """The scheduler's next message of `kind`; an abort or the deadline raises.
+        `again`, if given, runs whenever HELLO_AGAIN_S pass without one."""
+        heard_at = time.monotonic()
         while True:
             remaining = deadline - time.monotonic()
-            if remaining > 0 and not self._socket.poll(int(min(remaining, QUIET_S) * 1000)):
-                if remaining > QUIET_S:  # Never silent for long: say what it waits for.
+            wait = min(remaining, HELLO_AGAIN_S if again else QUIET_S)
+            if remaining > 0 and not self._socket.poll(int(wait * 1000)):
+                if again is not None:
+                    again()
+                quiet = time.monotonic() - heard_at
+                if quiet >= QUIET_S and remaining > wait:  # Never silent for long.
                     log.warning("no %s from the scheduler at %s yet (%.0f s left of %s)",
-                                kind, self._endpoint, remaining - QUIET_S,
+                                kind, self._endpoint, remaining - wait,
                                 self._config.start_timeout_variable)
+                    heard_at = time.monotonic()
                 continue
             if remaining <= 0:
                 what = "address book" if kind == "book" else "answer"

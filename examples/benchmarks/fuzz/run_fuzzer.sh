@@ -10,14 +10,19 @@ seconds="${1:-180}"
 clang="$(command -v clang++ || command -v clang++-14)"
 work="$(mktemp -d)"
 ops="$root/custom_ops"
-# The reduction kernels use _Float16, which this clang lacks on x86: g++ builds them
-# (they read no peer input), clang the rest, instrumented.
+# The reduction kernels use _Float16, which this clang lacks on x86, and the compressors
+# vectorised templates (target_clones), which it cannot build: g++ builds those, clang
+# the rest, instrumented.
 g++ -std=c++17 -O2 -c "$ops/common/reduce.cc" -o "$work/reduce.o"
+for source in "$ops"/compression/*.cc; do
+  g++ -std=c++17 -O2 -c "$source" -o "$work/compression_$(basename "$source" .cc).o"
+done
 "$clang" -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  -pthread "$root/examples/benchmarks/fuzz/frame_fuzzer.cc" "$work/reduce.o" \
+  -pthread "$root/examples/benchmarks/fuzz/frame_fuzzer.cc" "$work/reduce.o" "$work"/compression_*.o \
   "$ops"/common/{common,logging}.cc \
   "$ops"/wire/{protocol,socket,shared_memory,transport,shared_memory_channel,auth,crypto}.cc \
-  "$ops"/wire/waiting_room.cc "$ops"/rounds/*.cc "$ops"/server/{server,acceptor,round_engine}.cc \
+  "$ops"/wire/waiting_room.cc "$ops"/rounds/*.cc \
+  "$ops"/server/{server,acceptor,round_engine}.cc \
   -l:libcrypto.a \
   -o "$work/frame_fuzzer"
 "$clang" -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \

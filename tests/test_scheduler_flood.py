@@ -1,0 +1,107 @@
+"""Thousands of stranger connections at the scheduler while a job trains: the
+scheduler keeps at most 64 unproven ones per address and 1024 in all, reads each at a
+bounded rate, and so still hears every member's heartbeat in time, with its memory
+bounded."""
+
+import contextlib
+import resource
+import selectors
+import socket
+import threading
+import time
+
+from conftest import finish, wait_for_line
+
+ZMTP_GREETING = b"\xff" + b"\x00" * 8 + b"\x7f\x03\x00NULL" + b"\x00" * 16 + b"\x00" + b"\x00" * 31
+_READY_BODY = b"\x05READY\x0bSocket-Type\x00\x00\x00\x06DEALER"
+ZMTP_READY = b"\x04" + bytes([len(_READY_BODY)]) + _READY_BODY
+HELLO = b'{"type": "hello"}'
+HELLOS = (b"\x00" + bytes([len(HELLO)]) + HELLO) * 8
+SOURCES = 120  # loopback addresses 127.0.1.x, the flood's
+
+
+def _connect_many(port: int, count: int, connections: list, stop: threading.Event) -> None:
+    """`count` ZeroMQ-speaking connections (a DEALER's greeting), from SOURCES addresses,
+    each sending hellos whenever it can, reconnecting when cut."""
+    selector = selectors.DefaultSelector()
+
+    def connect(index: int) -> None:
+        sock = socket.socket()
+        sock.setblocking(False)
+        sock.bind((f"127.0.1.{1 + index % SOURCES}", 0))
+        with contextlib.suppress(BlockingIOError):
+            sock.connect(("127.0.0.1", port))
+        selector.register(sock, selectors.EVENT_WRITE, [index, ZMTP_GREETING + ZMTP_READY])
+        connections.append(sock)
+
+    for index in range(count):
+        connect(index)
+    while not stop.is_set():
+        for key, _ in selector.select(timeout=0.1):
+            index, pending = key.data
+            try:
+                sent = key.fileobj.send(pending or HELLOS)
+                key.data[1] = pending[sent:] if pending else b""
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:  # Cut by the scheduler: come back.
+                selector.unregister(key.fileobj)
+                key.fileobj.close()
+                connections.remove(key.fileobj)
+                if not stop.is_set():
+                    connect(index)
+
+
+def _established(port: int) -> int:
+    """Connections to the scheduler's port that the scheduler's side holds."""
+    count = 0
+    for line in open("/proc/net/tcp").read().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        if int(local.split(":")[1], 16) == port and state == "01":
+            count += 1
+    return count
+
+
+def _rss_mb(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def test_thousands_of_strangers_do_not_stop_a_running_job(procs):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 16384)), hard))
+    job = procs.start_job_by_role(2, 1, "steady_sums.py", TEST_ROUNDS=300, TEST_ELEMENTS=1000,
+                                  BYTEPS_JOB_TOKEN="a token long enough to be a secret",
+                                  PS_HEARTBEAT_TIMEOUT=3)
+    for rank in range(2):
+        wait_for_line(job[f"worker{rank}"], "READY")
+    port = int(procs.job_env["DMLC_PS_ROOT_PORT"])
+    scheduler = job["scheduler"].pid
+    rss_before = _rss_mb(scheduler)
+    connections, stop = [], threading.Event()
+    flood = threading.Thread(target=_connect_many, args=(port, 6000, connections, stop))
+    flood.start()
+    try:
+        held, rss = [], 0.0
+        for _ in range(6):
+            time.sleep(1)
+            held.append(_established(port))
+            rss = max(rss, _rss_mb(scheduler))
+        outputs = {}
+        for name, process in job.items():
+            status, outputs[name] = finish(process, timeout=120)
+            assert status == 0, (name, outputs[name])
+    finally:
+        stop.set()
+        flood.join(timeout=30)
+        for sock in connections:
+            sock.close()
+    log = outputs["scheduler"]
+    assert "heartbeat" not in log, log
+    assert "cut a connection from 127.0.1." in log, log
+    # Of the 6000, the members' 3 connections and at most 1024 others, plus those that
+    # ZeroMQ accepted since the doorman last looked and those in the listen queue.
+    assert sorted(held)[len(held) // 2] <= 1024 + 512, held
+    assert rss - rss_before < 200, (rss_before, rss)
