@@ -14,130 +14,49 @@ import time
 import pytest
 import zmq
 from conftest import LAUNCH, base_env, finish, free_port, worker_command
+from relays import Relay, zmtp_frame, zmtp_messages
 
 TOKEN = "the job's secret, long enough"
 
 
-def _recv_exact(sock: socket.socket, count: int) -> bytes:
-    data = bytearray()
-    while len(data) < count:
-        chunk = sock.recv(count - len(data))
-        if not chunk:
-            raise ConnectionError("closed")
-        data += chunk
-    return bytes(data)
-
-
-def _frame(body: bytes) -> bytes:
-    """One ZMTP 3 message frame (the last of its message)."""
-    if len(body) < 256:
-        return bytes([0x00, len(body)]) + body
-    return bytes([0x02]) + len(body).to_bytes(8, "big") + body
-
-
-class ZmtpProxy:
+class ZmtpProxy(Relay):
     """Listens on 127.0.0.1:`port`, relays one node's connection to the scheduler at
-    127.0.0.1:`scheduler_port` and reads both ways as ZMTP 3 (a 64-byte greeting, then
-    frames: flags, a 1- or 8-byte size, the body). It keeps the node's registration and
-    every message the scheduler sends, and once the scheduler has sent `after`
-    messages, sends `mischief(proxy)`'s bytes to the scheduler as the node's."""
+    127.0.0.1:`scheduler_port` and reads both ways as ZMTP 3 (relays.zmtp_messages). It
+    keeps the node's registration and every message the scheduler sends, and once the
+    scheduler has sent `after` messages, sends `mischief(proxy)`'s bytes to the
+    scheduler as the node's."""
 
     def __init__(self, port: int, scheduler_port: int, after: int, mischief):
         self.registration: bytes | None = None
-        self.downstream: list[bytes] = []
-        self.done_mischief = threading.Event()
+        self.sent_down: list[bytes] = []
         self._after, self._mischief = after, mischief
         self._to_scheduler = threading.Lock()  # whole frames only, never interleaved
-        self.scheduler_port = scheduler_port
-        self._listener = socket.create_server(("127.0.0.1", port))
-        self._listener.settimeout(0.5)
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._accept, daemon=True)]
-        self._threads[0].start()
+        super().__init__(("127.0.0.1", port), ("127.0.0.1", scheduler_port))
 
-    def close(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=5)
-        self._listener.close()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                node, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            scheduler = self._connect()
-            if scheduler is None:
-                node.close()
-                continue
-            for target, args in ((self._upstream, (node, scheduler)),
-                                 (self._downstream, (scheduler, node))):
-                thread = threading.Thread(target=self._guarded, args=(target, *args),
-                                          daemon=True)
-                thread.start()
-                self._threads.append(thread)
-
-    def _connect(self) -> socket.socket | None:
-        """The scheduler, once it listens (the node may come first)."""
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not self._stop.is_set():
-            try:
-                return socket.create_connection(("127.0.0.1", self.scheduler_port))
-            except OSError:
-                time.sleep(0.1)
-        return None
-
-    @staticmethod
-    def _guarded(relay, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            relay(src, dst)
-        except OSError:
-            pass
-        dst.close()
-
-    def _frames(self, src: socket.socket, dst: socket.socket, lock=None):
-        """Relays `src` to `dst`, yielding each message frame's body once it is relayed."""
-        greeting = 64  # passed on as it comes: each side waits for parts of the other's
-        while greeting:
-            chunk = src.recv(greeting)
-            if not chunk:
-                return
-            dst.sendall(chunk)
-            greeting -= len(chunk)
-        while True:
-            flags = _recv_exact(src, 1)
-            size_bytes = _recv_exact(src, 8 if flags[0] & 0x02 else 1)
-            body = _recv_exact(src, int.from_bytes(size_bytes, "big"))
-            with lock or threading.Lock():
-                dst.sendall(flags + size_bytes + body)
-            if not flags[0] & 0x04:  # not a command (READY, PING)
-                yield body
-
-    def _upstream(self, node: socket.socket, scheduler: socket.socket) -> None:
-        for body in self._frames(node, scheduler, self._to_scheduler):
+    def upstream(self, node: socket.socket, scheduler: socket.socket) -> None:
+        for body in zmtp_messages(node, scheduler, self._to_scheduler):
             if self.registration is None and b'"register"' in body:
                 self.registration = body
 
-    def _downstream(self, scheduler: socket.socket, node: socket.socket) -> None:
-        for body in self._frames(scheduler, node):
-            self.downstream.append(body)
-            if len(self.downstream) == self._after and self.registration is not None:
+    def downstream(self, scheduler: socket.socket, node: socket.socket) -> None:
+        for body in zmtp_messages(scheduler, node):
+            self.sent_down.append(body)
+            if len(self.sent_down) == self._after and self.registration is not None:
                 with self._to_scheduler:
                     scheduler.sendall(self._mischief(self))
                 self.done_mischief.set()
 
     def sealed_sequences(self) -> list[int]:
-        messages = [json.loads(body) for body in self.downstream]
+        messages = [json.loads(body) for body in self.sent_down]
         return [m["seq"] for m in messages if m.get("type") == "sealed"]
 
 
 def _replay_registration(proxy: ZmtpProxy) -> bytes:
-    return _frame(proxy.registration)
+    return zmtp_frame(proxy.registration)
 
 
 def _clear_hello(proxy: ZmtpProxy) -> bytes:
-    return _frame(json.dumps({"type": "hello", "nonce": "0" * 32}).encode())
+    return zmtp_frame(json.dumps({"type": "hello", "nonce": "0" * 32}).encode())
 
 
 def _encrypted_job(procs, victim: str, mischief):
@@ -200,8 +119,8 @@ def test_a_replayed_registration_gets_no_keys_and_resets_no_seal(procs, victim):
     # the victim's keys, numbered 1 again).
     job, proxy = _encrypted_job(procs, victim, _replay_registration)
     try:
-        assert proxy.done_mischief.wait(timeout=90), proxy.downstream
-        strangers = _answers_to(proxy.scheduler_port, proxy.registration)
+        assert proxy.done_mischief.wait(timeout=90), proxy.sent_down
+        strangers = _answers_to(proxy.target[1], proxy.registration)
         outputs = _outputs(job)
     finally:
         proxy.close()
@@ -217,7 +136,7 @@ def test_a_clear_hello_slipped_into_a_members_connection_keeps_its_seal(procs):
     # sealing what it says to the worker, which drops the clear challenge and goes on.
     job, proxy = _encrypted_job(procs, "worker0", _clear_hello)
     try:
-        assert proxy.done_mischief.wait(timeout=90), proxy.downstream
+        assert proxy.done_mischief.wait(timeout=90), proxy.sent_down
         outputs = _outputs(job)
     finally:
         proxy.close()

@@ -8,10 +8,10 @@ import os
 import socket
 import struct
 import subprocess
-import threading
 
 import pytest
 from conftest import LAUNCH, base_env, finish, free_port, wait_for_line, worker_command
+from relays import Relay, recv_exact, zmtp_frame, zmtp_messages
 from test_collectives import check_collectives
 
 # The wire's layout (custom_ops/wire/protocol.h, auth.h, crypto.h).
@@ -25,67 +25,6 @@ TAG_BYTES = 16
 ONES = struct.pack("<16f", *[1.0] * 16)
 
 
-def _recv_exact(sock: socket.socket, count: int) -> bytes:
-    data = bytearray()
-    while len(data) < count:
-        chunk = sock.recv(count - len(data))
-        if not chunk:
-            raise ConnectionError("closed")
-        data += chunk
-    return bytes(data)
-
-
-class Relay:
-    """Listens on 127.0.0.2:`port` and relays each connection to 127.0.0.1:`port`: what
-    the connecting side sends through `upstream(src, dst)`, the answers as they are."""
-
-    def __init__(self, port: int):
-        self.port = port
-        self.done_mischief = threading.Event()
-        self.listener = socket.create_server(("127.0.0.2", port))
-        self.listener.settimeout(0.5)
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._accept, daemon=True)]
-        self.threads[0].start()
-
-    def close(self) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=5)
-        self.listener.close()
-
-    def _accept(self) -> None:
-        while not self.stop.is_set():
-            try:
-                near, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            far = socket.create_connection(("127.0.0.1", self.port), timeout=5)
-            for sock in (near, far):
-                sock.settimeout(None)
-            for target, args in ((self._guarded(self.upstream), (near, far)),
-                                 (self._guarded(self.downstream), (far, near))):
-                thread = threading.Thread(target=target, args=args, daemon=True)
-                thread.start()
-                self.threads.append(thread)
-
-    @staticmethod
-    def _guarded(relay):
-        def run(src: socket.socket, dst: socket.socket) -> None:
-            try:
-                relay(src, dst)
-            except OSError:
-                pass
-            dst.close()
-        return run
-
-    def upstream(self, src: socket.socket, dst: socket.socket) -> None:
-        while chunk := src.recv(1 << 16):
-            dst.sendall(chunk)
-
-    downstream = upstream
-
-
 class DataManInTheMiddle(Relay):
     """Between a worker and its server: reads the worker's side frame by frame (headers
     are in the clear) and keeps what it saw; `mischief` "tamper" flips a bit in the
@@ -94,16 +33,16 @@ class DataManInTheMiddle(Relay):
     def __init__(self, port: int, sealed: bool, mischief: str | None = None):
         self.sealed, self.mischief = sealed, mischief
         self.seen = bytearray()
-        super().__init__(port)
+        super().__init__(("127.0.0.2", port), ("127.0.0.1", port))
 
     def upstream(self, worker: socket.socket, server: socket.socket) -> None:
         tag = TAG_BYTES if self.sealed else 0
         pushes = 0
-        server.sendall(_recv_exact(worker, HELLO_BYTES))
+        server.sendall(recv_exact(worker, HELLO_BYTES))
         while True:
-            start = _recv_exact(worker, HEADER_BYTES + tag)
+            start = recv_exact(worker, HEADER_BYTES + tag)
             length = struct.unpack_from("<Q", start, LENGTH_OFFSET)[0]
-            frame = bytearray(start + _recv_exact(worker, length + (tag if length else 0)))
+            frame = bytearray(start + recv_exact(worker, length + (tag if length else 0)))
             if len(self.seen) < (4 << 20):
                 self.seen += frame
             pushes += frame[TYPE_OFFSET] == PUSH
@@ -125,26 +64,13 @@ class ControlManInTheMiddle(Relay):
 
     def __init__(self, port: int):
         self.messages = 0
-        super().__init__(port)
+        super().__init__(("127.0.0.2", port), ("127.0.0.1", port))
 
     def downstream(self, scheduler: socket.socket, node: socket.socket) -> None:
-        greeting = 64  # passed on as it comes: each side waits for parts of the other's
-        while greeting:
-            chunk = scheduler.recv(greeting)
-            if not chunk:
-                return
-            node.sendall(chunk)
-            greeting -= len(chunk)
-        while True:
-            flags = _recv_exact(scheduler, 1)
-            size_bytes = _recv_exact(scheduler, 8 if flags[0] & 0x02 else 1)
-            size = int.from_bytes(size_bytes, "big")
-            node.sendall(flags + size_bytes + _recv_exact(scheduler, size))
-            if flags[0] & 0x04:  # a command (READY, PING)
-                continue
+        for _ in zmtp_messages(scheduler, node):
             self.messages += 1
             if self.messages == 5:
-                node.sendall(bytes([0, len(self.FORGED)]) + self.FORGED)
+                node.sendall(zmtp_frame(self.FORGED))
                 self.done_mischief.set()
 
 

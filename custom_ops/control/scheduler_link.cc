@@ -148,10 +148,12 @@ Status SchedulerLink::AwaitChallenge(Clock::time_point deadline, double timeout_
                          challenge);
     if (status.ok() || Clock::now() >= deadline) return status;
     if (status.kind() == ErrorKind::kTimeout) continue;
-    if (status.kind() == ErrorKind::kAborted) return status;  // A refusal.
-    std::unique_ptr<ZmqDealer> again;  // Cut: a new connection, and hello again.
-    status = ZmqDealer::Connect(options_.host, options_.port, MillisecondsUntil(deadline), &again);
-    if (!status.ok()) return status;
+    // Only a connection the scheduler closed is worth another: anything else it said
+    // is no scheduler's word.
+    if (status.kind() != ErrorKind::kPeerGone) return status;
+    std::unique_ptr<ZmqDealer> again;
+    if (!ZmqDealer::Connect(options_.host, options_.port, MillisecondsUntil(deadline), &again).ok())
+      return status;
     dealer_ = std::move(again);
   }
 }
