@@ -141,6 +141,11 @@ std::unique_ptr<Channel> ConnectLocally(const ServerAddress& address, const std:
     *aborted = status;
     return nullptr;
   }
+  if (status.kind() == ErrorKind::kPeerGone) {  // Closed before its challenge: a full room.
+    BPS_LOG(kDebug) << peer << " turned this worker away on its local socket ("
+                    << status.message() << "); trying TCP";
+    return nullptr;
+  }
   if (!status.ok()) {
     BPS_LOG(kWarning) << "the local socket of " << peer << " did not prove to be the server's ("
                       << status.message() << "); using TCP";
