@@ -8,6 +8,7 @@ import hmac
 import json
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -262,3 +263,32 @@ def test_garbage_from_the_scheduler_is_not_hearing_from_it(procs):
         fake.join(timeout=5)
     assert status != 0 and "PS_HEARTBEAT_TIMEOUT" in output, output
     assert "has not answered for" in output and took < 12, (took, output)
+
+
+def test_a_members_text_reaches_the_log_escaped(procs):
+    # A worker of the job (it knows the token) reports a failure whose reason would forge
+    # log lines and drive the terminal: the scheduler's log quotes it on one line.
+    env = dict(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=free_port(), DMLC_NUM_WORKER=2,
+               DMLC_NUM_SERVER=1, BYTEPS_JOB_TOKEN=TOKEN, TEST_ROUNDS=1000)
+    job = {"scheduler": procs.start(LAUNCH, base_env(DMLC_ROLE="scheduler", **env)),
+           "server": procs.start(LAUNCH, base_env(DMLC_ROLE="server", **env)),
+           "worker0": procs.start([*LAUNCH, *worker_command("steady_sums.py")],
+                                  base_env(DMLC_ROLE="worker", DMLC_WORKER_ID=0, **env))}
+    forged = "it broke\n[2026-11-27 12:00:00.000 tf_bps scheduler on vm INFO] job complete\x1b[2J"
+    reporter = procs.start([sys.executable, "-c", (
+        "import sys\n"
+        "from tf_bps.runtime.config import Config\n"
+        "from tf_bps.runtime.rendezvous import SchedulerLink\n"
+        "link = SchedulerLink(Config.from_env())\n"
+        "link.register('worker', worker_id=1, local_rank=0, local_size=1, local_merge='0',\n"
+        "              moves_lost_servers=False)\n"
+        "link.close(failure=sys.argv[1])\n"), forged],
+        base_env(DMLC_ROLE="worker", DMLC_WORKER_ID=1, **env))
+    finish(reporter, timeout=60)
+    status, log = finish(job["scheduler"], timeout=60)
+    assert status != 0, log
+    assert "it broke\\n[2026-11-27" in log and "\\x1b[2J" in log, log
+    assert chr(27) not in log, log  # no terminal control of the stranger's choosing
+    assert not any(line.startswith("[2026-11-27 12:00") for line in log.splitlines()), log
+    for name in ("server", "worker0"):
+        finish(job[name], timeout=60)
