@@ -90,8 +90,6 @@ class Channel {
   void Shutdown() { conn_->Shutdown(); }
   // No more sends; the peer reads EOF after what was sent, and receiving still works.
   void ShutdownWrite() { conn_->ShutdownWrite(); }
-  // The job generation of the frames this channel sends and accepts (socket.h).
-  void set_generation(uint32_t generation) { conn_->set_generation(generation); }
   // Seals every frame from now on (see Connection::Seal; auth.h does it).
   void Seal(std::unique_ptr<RecordCipher> sealer, std::unique_ptr<RecordCipher> opener) {
     std::lock_guard<std::mutex> lock(write_mutex_);
