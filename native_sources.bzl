@@ -44,6 +44,9 @@ WORKER_SOURCES = [
     "custom_ops/worker/task.cc",
     "custom_ops/worker/credits.cc",
     "custom_ops/worker/timeline.cc",
+    "custom_ops/worker/device.cc",
+    "custom_ops/worker/device_host.cc",
+    "custom_ops/worker/device_staging.cc",
     "custom_ops/worker/pending.cc",
     "custom_ops/worker/local_peers.cc",
     "custom_ops/worker/local_merge.cc",
@@ -92,7 +95,11 @@ TF_SOURCES = ["custom_ops/tf/collective_ops.cc"]
 TF_GPU_FLAGS = ["-DTF_BPS_GPU_KERNELS"]
 
 # The core's CUDA kernels (built only where a CUDA toolkit is found), and nvcc's flags.
-GPU_SOURCES = ["custom_ops/common/common.cc", "custom_ops/worker/cuda/gpu_kernels.cu"]
+GPU_SOURCES = [
+    "custom_ops/common/common.cc",
+    "custom_ops/worker/cuda/gpu_kernels.cu",
+    "custom_ops/worker/cuda/gpu_device.cu",
+]
 # The CUDA runtime is linked statically, so the library needs only the driver, whatever
 # CUDA runtime TensorFlow brings along. Ampere and Hopper machine code, and PTX that
 # newer GPUs compile at load time.

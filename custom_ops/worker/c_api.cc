@@ -1,5 +1,7 @@
 #include "c_api.h"
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +13,7 @@
 #include "../common/logging.h"
 #include "../common/reduce.h"
 #include "../wire/crypto.h"
+#include "device.h"
 #include "task.h"
 #include "worker.h"
 
@@ -26,6 +29,8 @@ struct WorkerState {
   // The job's abort when it came before any worker existed (bps.init() hears from the
   // scheduler before it starts connecting): the next init fails with it at once.
   std::string early_abort;
+  // The device table bps_device_use loaded; null: host tensors only.
+  std::shared_ptr<Devices> devices;
 };
 
 WorkerState& State() {
@@ -112,6 +117,45 @@ Status CopyRanks(const int* given, int count, std::vector<int32_t>* ranks) {
 
 }  // namespace
 
+// One worker and no servers, on a device: the output is the input, scaled, copied on
+// the engine's stream after the caller's work; the caller's stream then waits for it.
+void RunLocallyOnDevice(const TaskSpec& spec, const AllocateFn& allocate, const DoneFn& done) {
+  std::shared_ptr<Devices> devices;
+  {
+    std::lock_guard<std::mutex> lock(State().mutex);
+    devices = State().devices;
+  }
+  if (!devices)
+    return done(Status::Error(ErrorKind::kInvalidArgument,
+                              "tensor '" + spec.op.name +
+                                  "' is in device memory, and no device library is loaded "
+                                  "(bps_device_use)"));
+  const int device = spec.place.device;
+  const bps_device_api& api = devices->api();
+  void* output = spec.output;
+  void* engine = nullptr;
+  Status status = devices->Stream(device, &engine);
+  if (status.ok() && !output) output = allocate(0, spec.op.shape, &status);
+  if (status.ok() && spec.op.kind == OpKind::kAlltoall) {
+    const int64_t received = spec.op.shape[0];
+    void* splits = allocate(1, {1}, &status);
+    if (splits) std::memcpy(splits, &received, sizeof(received));
+  }
+  if (!status.ok()) return done(status);
+  const size_t count = spec.bytes / DataTypeSize(spec.op.dtype);
+  const double factor = spec.op.prescale * spec.op.postscale;
+  bool queued = api.stream_wait(device, engine, spec.place.stream) == 0;
+  if (queued && output != spec.input)
+    queued = api.copy(device, output, spec.input, spec.bytes, engine) == 0;
+  if (queued && IsReduction(spec.op.kind) && factor != 1.0)
+    queued = api.scale(device, output, count, static_cast<int>(spec.op.dtype), factor, engine) == 0;
+  if (queued) queued = api.stream_wait(device, spec.place.stream, engine) == 0;
+  if (!queued)
+    return done(devices->Failure("tensor '" + spec.op.name + "'", device));
+  status = devices->WhenDone(device, [done] { done(Status::OK()); });
+  if (!status.ok()) done(status);
+}
+
 // One worker and no servers: every collective is the tensor itself (scaled).
 void RunLocally(const TaskSpec& spec, const AllocateFn& allocate, const DoneFn& done) {
   if (spec.op.kind == OpKind::kAsyncPushPull)
@@ -158,6 +202,14 @@ Status ToTaskSpec(const bps_op* op, TaskSpec* spec) {
   d.shape.assign(op->shape, op->shape + op->ndims);
   spec->input = op->input;
   spec->output = op->output;
+  if (op->on_device) {
+    if (op->device < 0)
+      return Status::Error(ErrorKind::kInvalidArgument,
+                           "device " + std::to_string(op->device) + " of tensor '" + d.name +
+                               "' is not a device ordinal");
+    spec->place.device = op->device;
+    spec->place.stream = op->stream;
+  }
   spec->bytes = static_cast<size_t>(op->bytes);
   if (op->nsplits < 0 || (op->nsplits > 0 && !op->splits))
     return Status::Error(ErrorKind::kInvalidArgument,
@@ -230,6 +282,10 @@ int bps_worker_init(const bps_worker_config* config) {
   status = bps::CopyShares(config->server_shares, options.servers.size(), &options.server_shares);
   if (!status.ok()) return bps::Fail(status);
   auto& state = bps::State();
+  {
+    std::lock_guard<std::mutex> lock(state.mutex);
+    options.devices = state.devices;
+  }
   auto worker = std::make_shared<bps::Worker>(options);
   {
     std::lock_guard<std::mutex> lock(state.mutex);
@@ -247,6 +303,28 @@ int bps_worker_init(const bps_worker_config* config) {
   if (!status.ok()) return bps::Fail(status);
   state.worker = std::move(worker);
   state.initialised = true;
+  return 0;
+}
+
+int bps_device_use(const char* library) {
+  const bps_device_api* api = bps::HostStandInDevice();
+  if (library && *library) {
+    void* handle = dlopen(library, RTLD_NOW | RTLD_LOCAL);
+    if (!handle) return bps::Fail(std::string("cannot load the device library: ") + dlerror());
+    auto table = reinterpret_cast<bps_device_api_fn>(dlsym(handle, "bps_gpu_device_api"));
+    if (!table)
+      return bps::Fail(std::string(library) + " has no device table (bps_gpu_device_api)");
+    api = table();
+  }
+  auto& state = bps::State();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  if (state.devices) {
+    if (&state.devices->api() == api) return 0;
+    return bps::Fail(std::string("the ") + state.devices->api().name +
+                     " device table is in use already");
+  }
+  state.devices = std::make_shared<bps::Devices>(api);
+  BPS_LOG(kDebug) << "tensors in device memory are staged through the " << api->name << " table";
   return 0;
 }
 
@@ -310,6 +388,7 @@ void bps_enqueue(const bps_op* op, bps_allocate_fn allocate, bps_done_fn done, v
     alone.ranks = {0};
     status = bps::CheckTaskSpec(spec, alone);
     if (!status.ok()) return finish(status);
+    if (spec.place.on_device()) return bps::RunLocallyOnDevice(spec, allocate_output, finish);
     return bps::RunLocally(spec, allocate_output, finish);
   }
   worker->Enqueue(std::move(spec), std::move(allocate_output), std::move(finish));

@@ -134,7 +134,22 @@ typedef struct bps_op {
    * NULL or "": none. A float32 sum or average in the global set of at least
    * min_compress_bytes is compressed on the way to the servers and back. */
   const char* compression;
+  /* 0: input and output are host memory. 1: they are memory of device `device` (an
+   * ordinal of the table bps_device_use loaded), and the caller queued the work that
+   * writes the input on `stream` (NULL: the default stream). The core waits for that
+   * work on a stream of its own, and the caller's stream then waits for the output:
+   * `done` may run before the output is written, but `stream` sees it written. An
+   * alltoall's output 1 (its splits) stays in host memory. */
+  int on_device;
+  int device;
+  void* stream;
 } bps_op;
+
+/* Loads the table through which the core stages tensors in device memory
+ * (device_api.h): the CUDA one of the core's CUDA library at `library` (_bps_gpu),
+ * or, with NULL or "", the one in which host memory stands in for a device (for
+ * tests). Once per process, before bps_worker_init; 0 on success. */
+int bps_device_use(const char* library);
 
 /* Returns the buffer of output `index` (0 the result, 1 an alltoall's received
  * splits, int64) for the shape, or NULL if it cannot. */

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "../common/logging.h"
+#include "device_staging.h"
 
 namespace bps {
 namespace {
@@ -210,7 +211,7 @@ void LocalMerge::Run(Effects& effects) {
     std::memcpy(static_cast<char*>(task.output()) + delivery.offset, delivery.data,
                 delivery.length);
     task.EndIo();
-    task.PartitionDone();
+    Delivered(delivery.task, delivery.offset, delivery.length);
   }
   for (auto& [task, status] : effects.failures) task->Fail(status);
   for (auto& [task, item] : effects.upstream) {

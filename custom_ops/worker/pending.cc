@@ -1,5 +1,7 @@
 #include "pending.h"
 
+#include "device_staging.h"
+
 namespace bps {
 namespace {
 
@@ -112,7 +114,7 @@ Status ReadAnswer(const FrameHeader& header, DataReader* payload, const PendingP
     return status;
   }
   if (status.ok()) {
-    task.PartitionDone();
+    Delivered(pending.task, pending.offset, pending.reply_length);
   } else {
     // Half an answer: the output (perhaps the input too) is spoilt, and the partition
     // cannot be sent again.

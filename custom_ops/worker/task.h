@@ -18,6 +18,17 @@
 
 namespace bps {
 
+class DeviceStaging;
+
+// Where a task's input and output live: host memory, or the memory of device
+// `device` (an ordinal of the loaded device table, device.h), where the caller queued
+// the work that writes the input on `stream`.
+struct MemoryPlace {
+  int device = -1;
+  void* stream = nullptr;
+  bool on_device() const { return device >= 0; }
+};
+
 // What an adapter asks for. `input` must stay valid and unchanged, and `output`
 // writable, until the task completes; they may alias (the op then works in place).
 // Where the output's size depends on other workers (allgather, alltoall) or on the
@@ -30,6 +41,7 @@ struct TaskSpec {
   size_t bytes = 0;  // of the input
   // Alltoall: rows of the input for each receiving rank (empty: an even split).
   std::vector<int64_t> splits;
+  MemoryPlace place;
 };
 
 // The workers taking part in a task (a process set), and this worker's place among them.
@@ -142,6 +154,10 @@ class Task {
   // task reaches any stage. Error feedback rescales its residual when it changes.
   double learning_rate() const { return learning_rate_; }
   void set_learning_rate(double rate) { learning_rate_ = rate; }
+  // A task on device memory: where its pinned buffers meet the device
+  // (device_staging.h); null on the host. Set before the task reaches any stage.
+  DeviceStaging* staging() const { return staging_.get(); }
+  void set_staging(std::shared_ptr<DeviceStaging> staging) { staging_ = std::move(staging); }
 
  private:
   void MaybeFinishLocked(std::unique_lock<std::mutex>& lock);
@@ -159,6 +175,7 @@ class Task {
   const std::chrono::steady_clock::time_point deadline_;
   uint32_t trace_session_ = 0;
   double learning_rate_ = 0;
+  std::shared_ptr<DeviceStaging> staging_;
   const CompressionSetup* compression_ = nullptr;
   AllocateFn allocate_;
   void* output_;

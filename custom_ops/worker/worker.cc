@@ -6,6 +6,7 @@
 
 #include "../common/logging.h"
 #include "../common/reduce.h"
+#include "device_staging.h"
 
 namespace bps {
 namespace {
@@ -153,6 +154,18 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
   ChooseWireKind(options_.min_compress_bytes, &spec.op);
   if (spec.op.kind == OpKind::kAlltoall && spec.splits.empty())
     spec.splits.assign(group.size(), spec.op.shape[0] / group.size());
+  std::shared_ptr<DeviceStaging> staging;
+  if (spec.place.on_device()) {
+    status = options_.devices ? DeviceStaging::Prepare(options_.devices, &spec, &allocate, &staging)
+                              : Status::Error(ErrorKind::kInvalidArgument,
+                                              "tensor '" + name +
+                                                  "' is in device memory, and no device "
+                                                  "library is loaded (bps_device_use)");
+    if (!status.ok()) {
+      done(status);
+      return;
+    }
+  }
   TensorEntry entry;
   {
     std::lock_guard<std::mutex> lock(registry_mutex_);
@@ -181,14 +194,16 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
       std::move(spec), std::move(group), entry.id, entry.order, entry.round, options_.timeout_ms,
       std::move(allocate),
       [this, name, kind, dtype, result, result_bytes, id = entry.id, round = entry.round, traced,
-       traced_from, done = std::move(done)](const Status& status) {
+       traced_from, staging, done = std::move(done)](Status status) {
         if (traced) timeline_->OperationEnded(traced, name, round, traced_from);
         if (status.ok()) Sample(name, id, round, dtype, "result", result, result_bytes);
+        if (status.ok() && staging) status = staging->Finish().WithSuffix(" (tensor '" + name + "')");
         OnTaskFinished(name, kind, id, round, status);
         done(status);
       });
   task->set_trace_session(traced);  // before any stage sees the task
   task->set_learning_rate(learning_rate_.load(std::memory_order_relaxed));
+  task->set_staging(staging);
   std::vector<PartitionTask> plan;
   status = Plan(task, &plan);
   if (status.ok()) {
@@ -201,24 +216,40 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
     task->Launch(0);
     return;
   }
-  Sample(name, task->tensor_id(), task->round(), dtype, "pushed", task->source(),
-         IsGather(kind) ? 0 : task->spec().bytes);
+  if (!staging)
+    Sample(name, task->tensor_id(), task->round(), dtype, "pushed", task->source(),
+           IsGather(kind) ? 0 : task->spec().bytes);
   task->Launch(static_cast<int>(plan.size()));
   const bool merged = local_ && local_->Merges(*task);
   if (local_ && !merged) local_->Announce(task);
-  for (PartitionTask& item : plan) {
-    if (merged) {
-      local_->Contribute(std::move(item));
-    } else {
-      SendToServer(std::move(item));
+  if (staging) {
+    status = staging->StageInput(task, StagingPieceBytes(task->spec()),
+                                 traced ? timeline_.get() : nullptr,
+                                 [this, merged](PartitionTask item) { Forward(std::move(item), merged); });
+    if (!status.ok()) {
+      AbandonUnsent(*task, plan);
+      task->Fail(status.WithSuffix(" (tensor '" + name + "')"));
+      return;
     }
   }
+  for (PartitionTask& item : plan) Dispatch(std::move(item), merged);
+}
+
+void Worker::Dispatch(PartitionTask item, bool merged) {
+  if (DeviceStaging* staging = item.task->staging()) return staging->Release(std::move(item));
+  Forward(std::move(item), merged);
+}
+
+void Worker::Forward(PartitionTask item, bool merged) {
+  if (merged) return local_->Contribute(std::move(item));
+  SendToServer(std::move(item));
 }
 
 Status Worker::CheckFinite(const Task& task) const {
   const TaskSpec& spec = task.spec();
   const bool sums = IsReduction(task.kind()) || task.kind() == OpKind::kAsyncPushPull;
-  if (!options_.nan_check || !sums ||
+  // A device tensor's values reach the host piece by piece, after this check.
+  if (!options_.nan_check || !sums || task.staging() ||
       AllFinite(task.dtype(), spec.input, spec.bytes / DataTypeSize(task.dtype())))
     return Status::OK();
   return Status::Error(ErrorKind::kInvalidArgument,
@@ -300,6 +331,14 @@ void Worker::SendToServer(PartitionTask partition) {
   }
 }
 
+size_t Worker::StagingPieceBytes(const TaskSpec& spec) const {
+  const OpKind kind = spec.op.kind;
+  if (!IsPushPull(kind) && kind != OpKind::kBroadcast && kind != OpKind::kAsyncPushPull)
+    return PartitionBytes(spec.op.dtype);
+  return EvenPartitionBytes(spec.bytes, DataTypeSize(spec.op.dtype), options_.partition_bytes,
+                            routes_.cycle_length(), options_.across_hosts);
+}
+
 size_t Worker::PartitionBytes(DataType dtype) const {
   // Partitions hold whole elements so that servers and averaging never split one.
   const size_t element = DataTypeSize(dtype);
@@ -311,7 +350,8 @@ Status Worker::Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask
   const Declaration& op = spec.op;
   const Group& group = task->group();
   const int size = group.size();
-  if (IsReduction(op.kind) && op.prescale != 1.0) {
+  // A device tensor is prescaled piece by piece as it reaches the host (DeviceStaging).
+  if (IsReduction(op.kind) && op.prescale != 1.0 && !task->staging()) {
     // Scale a copy: the input belongs to the framework. A push_pull's output is ours
     // until the task completes, and each partition's result arrives after its push.
     char* copy = static_cast<char*>(spec.output);
@@ -331,9 +371,7 @@ Status Worker::Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask
     case OpKind::kBroadcast: {
       const bool root = op.kind == OpKind::kBroadcast && op.root_rank == options_.rank;
       if (root && spec.output != spec.input) std::memcpy(spec.output, spec.input, spec.bytes);
-      const size_t partition =
-          EvenPartitionBytes(spec.bytes, DataTypeSize(op.dtype), options_.partition_bytes,
-                             routes_.cycle_length(), options_.across_hosts);
+      const size_t partition = StagingPieceBytes(spec);
       for (size_t offset = 0; offset < spec.bytes; offset += partition) {
         const size_t length = std::min(partition, spec.bytes - offset);
         const uint32_t part = static_cast<uint32_t>(plan->size());
@@ -431,7 +469,7 @@ Status Worker::StartGatherData(const std::shared_ptr<Task>& task, const std::vec
       offset += bytes;
     }
     task->AddPartitions(static_cast<int>(plan.size()));
-    for (PartitionTask& item : plan) SendToServer(std::move(item));
+    for (PartitionTask& item : plan) Dispatch(std::move(item), false);
     return Status::OK();
   }
   // Alltoall: row r of the matrix holds what rank r sends to each rank.
@@ -462,7 +500,7 @@ Status Worker::StartGatherData(const std::shared_ptr<Task>& task, const std::vec
     offset += length;
   }
   task->AddPartitions(static_cast<int>(plan.size()));
-  for (PartitionTask& item : plan) SendToServer(std::move(item));
+  for (PartitionTask& item : plan) Dispatch(std::move(item), false);
   return Status::OK();
 }
 

@@ -28,6 +28,7 @@
 #include "../common/common.h"
 #include "../wire/transport.h"
 #include "credits.h"
+#include "device.h"
 #include "local_merge.h"
 #include "server_link.h"
 #include "server_routes.h"
@@ -82,6 +83,8 @@ struct WorkerOptions {
   // BYTEPS_MIN_COMPRESS_BYTES: a push_pull asking for compression travels whole below
   // this size (ChooseWireKind).
   size_t min_compress_bytes = 65536;
+  // Where tasks on device memory are staged (device.h); null: host tensors only.
+  std::shared_ptr<Devices> devices;
 };
 
 // The worker engine. Its server links and its local merge report to it through
@@ -192,6 +195,13 @@ class Worker : public ServerLink::Owner, public LocalMerge::Owner {
   // The workers an operation involves: all, or its process set's (which must hold
   // this worker).
   Status GroupOf(const Declaration& op, Group* group);
+  // A planned partition goes on: once its bytes are on the host (a device tensor's,
+  // DeviceStaging), to the host's merge (`merged`) or to its server.
+  void Dispatch(PartitionTask item, bool merged);
+  void Forward(PartitionTask item, bool merged);
+  // How a push_pull or broadcast is cut into partitions, and any task's input into the
+  // pieces it reaches the host in from a device: whole elements.
+  size_t StagingPieceBytes(const TaskSpec& spec) const;
   // Cuts a task into partitions by its kind (a gather: its sizes step only).
   Status Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask>* plan);
   size_t PartitionBytes(DataType dtype) const;

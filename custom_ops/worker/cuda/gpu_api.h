@@ -30,6 +30,11 @@ int bps_gpu_scale(void* buf, size_t count, int dtype, double factor, void* strea
 int bps_gpu_compress_fp16(const void* src_float32, void* dst_float16, size_t count, void* stream);
 int bps_gpu_decompress_fp16(const void* src_float16, void* dst_float32, size_t count, void* stream);
 
+/* The table through which the worker engine stages tensors in this process's GPUs
+ * (../device_api.h; gpu_device.cu). */
+struct bps_device_api;
+const struct bps_device_api* bps_gpu_device_api(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,47 @@
+/* What the worker engine asks of a device whose memory holds tensors: streams, copies,
+ * completion callbacks and pinned host memory, as a table of plain C functions. The
+ * CUDA table lives in the core's CUDA library (cuda/gpu_api.h, bps_gpu_device_api),
+ * which the engine loads at run time, so the engine itself links no CUDA. A second
+ * table, in the engine, lets host memory stand in for a device (device_host.cc): the
+ * staging pipeline then runs and is tested on machines without a GPU.
+ *
+ * Functions returning int return 0 on success and -1 on failure, with last_error()
+ * saying why. `device` is the ordinal of the device a call works on; a null stream is
+ * the device's default stream. */
+#ifndef TF_BPS_WORKER_DEVICE_API_H_
+#define TF_BPS_WORKER_DEVICE_API_H_
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct bps_device_api {
+  const char* name; /* for logs and errors: "CUDA", "host stand-in" */
+  const char* (*last_error)(void);
+  int (*stream_create)(int device, void** stream);
+  void (*stream_destroy)(int device, void* stream);
+  /* Work queued on `waiter` from now on starts only after the work queued on `stream`
+   * so far (an event recorded on one, waited for by the other). */
+  int (*stream_wait)(int device, void* waiter, void* stream);
+  /* Queues a copy of `bytes` between any two of device and pinned host memory. */
+  int (*copy)(int device, void* dst, const void* src, size_t bytes, void* stream);
+  /* dtype and reduce_op as in common.h: buf[i] *= factor; buf[i] /= divisor. */
+  int (*scale)(int device, void* buf, size_t count, int dtype, double factor, void* stream);
+  /* `fn(arg)` runs once the work queued on `stream` so far is done, on a thread of the
+   * device's own; it must not call this table (CUDA forbids it) and must be quick. */
+  int (*call_when_done)(int device, void* stream, void (*fn)(void*), void* arg);
+  /* Page-locked host memory, which copies to and from the device read at full speed. */
+  int (*host_alloc)(size_t bytes, void** ptr);
+  void (*host_free)(void* ptr);
+} bps_device_api;
+
+/* The table of the core's CUDA library (libname _bps_gpu), where it was built. */
+typedef const bps_device_api* (*bps_device_api_fn)(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TF_BPS_WORKER_DEVICE_API_H_ */

@@ -1,0 +1,175 @@
+#include "device_staging.h"
+
+#include "../common/reduce.h"
+
+namespace bps {
+
+Status DeviceStaging::Prepare(std::shared_ptr<Devices> devices, TaskSpec* spec,
+                              AllocateFn* allocate, std::shared_ptr<DeviceStaging>* staging) {
+  auto made = std::make_shared<DeviceStaging>(std::move(devices), *spec);
+  Status status = made->devices_->Stream(made->device_, &made->engine_stream_);
+  if (status.ok()) status = made->devices_->pool().Acquire(spec->bytes, &made->input_);
+  if (!status.ok()) return status.WithSuffix(" (tensor '" + spec->op.name + "')");
+  const OpKind kind = spec->op.kind;
+  spec->input = made->input_.data();
+  if (IsPushPull(kind) || kind == OpKind::kBroadcast || kind == OpKind::kAsyncPushPull) {
+    // Each partition's answer lands where its push was read from, after the push.
+    made->host_output_ = made->input_.data();
+    spec->output = made->host_output_;
+  } else {
+    spec->output = nullptr;
+    const DataType dtype = spec->op.dtype;
+    DeviceStaging* self = made.get();
+    *allocate = [self, dtype, adapter = std::move(*allocate)](
+                    int index, const std::vector<int64_t>& shape, Status* status) -> void* {
+      void* given = adapter ? adapter(index, shape, status) : nullptr;
+      if (index != 0 || !given) return given;  // an alltoall's splits stay on the host
+      size_t bytes = DataTypeSize(dtype);
+      for (int64_t dim : shape) bytes *= static_cast<size_t>(dim);
+      return self->AttachOutput(given, bytes, status);
+    };
+  }
+  *staging = std::move(made);
+  return Status::OK();
+}
+
+DeviceStaging::DeviceStaging(std::shared_ptr<Devices> devices, const TaskSpec& spec)
+    : devices_(std::move(devices)),
+      device_(spec.place.device),
+      caller_stream_(spec.place.stream),
+      device_input_(static_cast<const char*>(spec.input)),
+      input_bytes_(spec.bytes),
+      device_output_(static_cast<char*>(spec.output)) {}
+
+void* DeviceStaging::AttachOutput(void* device_output, size_t bytes, Status* status) {
+  *status = devices_->pool().Acquire(bytes, &output_);
+  if (!status->ok()) return nullptr;
+  device_output_ = static_cast<char*>(device_output);
+  host_output_ = output_.data();
+  return host_output_;
+}
+
+Status DeviceStaging::QueueCopy(void* dst, const void* src, size_t bytes) {
+  if (devices_->api().copy(device_, dst, src, bytes, engine_stream_) == 0) return Status::OK();
+  return devices_->Failure("cannot queue a copy of " + std::to_string(bytes) + " bytes", device_);
+}
+
+Status DeviceStaging::StageInput(const std::shared_ptr<Task>& task, size_t piece,
+                                 Timeline* tracer, Send send) {
+  send_ = std::move(send);
+  piece_ = std::max<size_t>(1, piece);
+  tracer_ = tracer;
+  const bps_device_api& api = devices_->api();
+  if (api.stream_wait(device_, engine_stream_, caller_stream_) != 0)
+    return devices_->Failure("the engine's stream cannot wait for the caller's", device_);
+  const Declaration& op = task->op();
+  const bool broadcast = op.kind == OpKind::kBroadcast;
+  const bool root = broadcast && op.root_rank == task->group().ranks[task->group().index];
+  if (root && device_output_ != device_input_) {
+    // The root's output is its input; nothing comes back for it.
+    Status status = QueueCopy(device_output_, device_input_, input_bytes_);
+    if (!status.ok()) return status;
+  }
+  if ((broadcast && !root) || input_bytes_ == 0) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    staged_ = input_bytes_;
+    return Status::OK();
+  }
+  if (!task->BeginIo()) return Status::OK();  // failed already: nothing to stage
+  // The pieces' callbacks keep the input's memory in use until the last has run.
+  for (size_t offset = 0; offset < input_bytes_; offset += piece_) {
+    const size_t length = std::min(piece_, input_bytes_ - offset);
+    const bool last = offset + length == input_bytes_;
+    const int64_t queued_at = tracer_ ? Timeline::Now() : 0;
+    Status status = QueueCopy(input_.data() + offset, device_input_ + offset, length);
+    if (status.ok())
+      status = devices_->WhenDone(device_, [this, task, offset, length, last, queued_at] {
+        OnPieceStaged(task, offset, length, last, queued_at);
+      });
+    if (!status.ok()) {
+      task->Fail(status.WithSuffix(" (tensor '" + task->name() + "')"));
+      // What was queued still runs: the input stays in use until it has.
+      if (!devices_->WhenDone(device_, [task] { task->EndIo(); }).ok()) task->EndIo();
+      return Status::OK();
+    }
+  }
+  return Status::OK();
+}
+
+void DeviceStaging::OnPieceStaged(const std::shared_ptr<Task>& task, size_t offset, size_t length,
+                                  bool last, int64_t queued_at) {
+  const Declaration& op = task->op();
+  if (IsReduction(op.kind) && op.prescale != 1.0)
+    ScaleInPlace(op.dtype, input_.data() + offset, length / DataTypeSize(op.dtype), op.prescale);
+  if (tracer_)
+    tracer_->Stage(task->trace_session(), op.name, task->round(),
+                  static_cast<uint32_t>(offset / piece_), "COPY_IN",
+                  queued_at, Timeline::Now());
+  std::vector<PartitionTask> ready;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    staged_ = offset + length;
+    const char* staged_end = input_.data() + staged_;
+    for (auto it = held_.begin(); it != held_.end();) {
+      if (it->data + it->push_length <= staged_end) {
+        ready.push_back(std::move(*it));
+        it = held_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (PartitionTask& item : ready) send_(std::move(item));
+  if (last) task->EndIo();
+}
+
+void DeviceStaging::Release(PartitionTask item) {
+  const char* begin = item.data;
+  const bool from_input = item.push_length > 0 && begin >= input_.data() &&
+                          begin < input_.data() + input_bytes_;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (from_input && begin + item.push_length > input_.data() + staged_) {
+      held_.push_back(std::move(item));
+      return;
+    }
+  }
+  send_(std::move(item));
+}
+
+void DeviceStaging::Deliver(const std::shared_ptr<Task>& task, size_t offset, size_t bytes) {
+  if (!task->BeginIo()) return;  // failed meanwhile: the output is not wanted
+  const int64_t queued_at = tracer_ ? Timeline::Now() : 0;
+  const auto part = static_cast<uint32_t>(offset / piece_);
+  Timeline* tracer = tracer_;
+  Status status = QueueCopy(device_output_ + offset, host_output_ + offset, bytes);
+  if (status.ok())
+    status = devices_->WhenDone(device_, [task, part, queued_at, tracer] {
+      if (tracer)
+        tracer->Stage(task->trace_session(), task->name(), task->round(), part, "COPY_OUT",
+                      queued_at, Timeline::Now());
+      task->PartitionDone();
+      task->EndIo();
+    });
+  if (!status.ok()) {
+    task->Fail(status.WithSuffix(" (tensor '" + task->name() + "')"));
+    task->EndIo();
+  }
+}
+
+Status DeviceStaging::Finish() {
+  if (devices_->api().stream_wait(device_, caller_stream_, engine_stream_) == 0)
+    return Status::OK();
+  return devices_->Failure("the caller's stream cannot wait for the engine's", device_);
+}
+
+void Delivered(const std::shared_ptr<Task>& task, size_t offset, size_t bytes) {
+  DeviceStaging* staging = task->staging();
+  if (!staging || bytes == 0) {
+    task->PartitionDone();
+    return;
+  }
+  staging->Deliver(task, offset, bytes);
+}
+
+}  // namespace bps

@@ -1,0 +1,80 @@
+// Where a task on device memory meets the host pipeline. Pinned host buffers stand in
+// for its input and output: the input comes over piece by piece on the engine's stream
+// (after the work the caller queued before), and each partition goes on to its server
+// as soon as the piece holding it has arrived; each answer goes back to the device as
+// it arrives. The caller's stream then waits for those copies, never for the network.
+//
+// Threads: Release runs on the threads that plan and dispatch partitions; pieces
+// arrive, and answers finish, on the completion thread of Devices (device.h).
+#ifndef TF_BPS_WORKER_DEVICE_STAGING_H_
+#define TF_BPS_WORKER_DEVICE_STAGING_H_
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "device.h"
+#include "task.h"
+#include "timeline.h"
+
+namespace bps {
+
+class DeviceStaging {
+ public:
+  // Where a partition goes once its bytes are on the host.
+  using Send = std::function<void(PartitionTask)>;
+
+  // For a task of `spec` on a device: points the spec's input (and its output, where
+  // that has the input's size) at pinned buffers, and wraps `allocate` so that an
+  // output sized later gets one too.
+  static Status Prepare(std::shared_ptr<Devices> devices, TaskSpec* spec, AllocateFn* allocate,
+                        std::shared_ptr<DeviceStaging>* staging);
+
+  DeviceStaging(std::shared_ptr<Devices> devices, const TaskSpec& spec);
+
+  // Queues the input's copy to the host in pieces of `piece` bytes (whole elements),
+  // after the caller's queued work. Partitions released meanwhile go through `send`
+  // as their piece arrives; a reduction's prescale is applied to each piece then.
+  // `tracer`: the timeline recording the task (its copies are stages), or null.
+  Status StageInput(const std::shared_ptr<Task>& task, size_t piece, Timeline* tracer, Send send);
+  // Sends `item` on now if what it pushes is on the host, else once it is.
+  void Release(PartitionTask item);
+  // `bytes` of the answer at `offset` of the output are on the host: they are copied
+  // to the device, and then that partition of the task is done.
+  void Deliver(const std::shared_ptr<Task>& task, size_t offset, size_t bytes);
+  // The task succeeded: the caller's stream waits for the copies of its output.
+  Status Finish();
+
+ private:
+  void* AttachOutput(void* device_output, size_t bytes, Status* status);
+  void OnPieceStaged(const std::shared_ptr<Task>& task, size_t offset, size_t length,
+                     bool last, int64_t queued_at);
+  Status QueueCopy(void* dst, const void* src, size_t bytes);
+
+  const std::shared_ptr<Devices> devices_;
+  const int device_;
+  void* const caller_stream_;
+  void* engine_stream_ = nullptr;
+  const char* const device_input_;
+  const size_t input_bytes_;
+  char* device_output_;
+  PinnedBuffer input_;
+  PinnedBuffer output_;  // empty where the output is the input's buffer
+  char* host_output_ = nullptr;
+  Send send_;
+  size_t piece_ = 1;  // StageInput's
+  Timeline* tracer_ = nullptr;
+
+  std::mutex mutex_;
+  size_t staged_ = 0;  // the input's first `staged_` bytes are on the host
+  std::vector<PartitionTask> held_;
+};
+
+// A partition's answer is in the task's output: done at once on the host, or once
+// copied to the device (DeviceStaging::Deliver).
+void Delivered(const std::shared_ptr<Task>& task, size_t offset, size_t bytes);
+
+}  // namespace bps
+
+#endif  // TF_BPS_WORKER_DEVICE_STAGING_H_
