@@ -124,12 +124,16 @@ UNIT_TEST_SOURCES = [
     "tests/cpp/sealed_frames_test.cc",
     "tests/cpp/timeline_test.cc",
     "tests/cpp/compression_test.cc",
+    "tests/cpp/device_test.cc",
 ]
 UNIT_TEST_PIECES = (COMMON_SOURCES + WIRE_SOURCES + COMPRESSION_SOURCES + ROUNDS_SOURCES +
                     SERVER_ENGINE_SOURCES + [
     "custom_ops/worker/task.cc",
     "custom_ops/worker/credits.cc",
     "custom_ops/worker/timeline.cc",
+    "custom_ops/worker/device.cc",
+    "custom_ops/worker/device_host.cc",
+    "custom_ops/worker/device_staging.cc",
     "custom_ops/worker/server_routes.cc",
     "custom_ops/worker/local_peers.cc",
     "custom_ops/control/settings.cc",

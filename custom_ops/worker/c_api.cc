@@ -286,6 +286,9 @@ int bps_worker_init(const bps_worker_config* config) {
     std::lock_guard<std::mutex> lock(state.mutex);
     options.devices = state.devices;
   }
+  if (options.devices)
+    BPS_LOG(kInfo) << "tensors in device memory are staged through the "
+                   << options.devices->api().name << " table";
   auto worker = std::make_shared<bps::Worker>(options);
   {
     std::lock_guard<std::mutex> lock(state.mutex);
@@ -324,7 +327,6 @@ int bps_device_use(const char* library) {
                      " device table is in use already");
   }
   state.devices = std::make_shared<bps::Devices>(api);
-  BPS_LOG(kDebug) << "tensors in device memory are staged through the " << api->name << " table";
   return 0;
 }
 

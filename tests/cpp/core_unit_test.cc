@@ -966,6 +966,7 @@ int main(int argc, char** argv) {
   bps::TestTaskSpecChecks();
   bps::TestTransports();
   bps::TestSharedSlots();
+  bps::TestDeviceStaging();
   bps::TestTokenProofs();
   bps::TestServerRounds();
   bps::TestGenerations();

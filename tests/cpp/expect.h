@@ -19,6 +19,7 @@ inline int failures = 0;
 
 // Defined in their own files.
 void TestSharedSlots();
+void TestDeviceStaging();
 void TestRounds();
 void TestWaitingRoom();
 void TestSealedFrames();

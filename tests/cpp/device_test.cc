@@ -1,0 +1,170 @@
+// Unit tests of the worker's device staging (custom_ops/worker/device*.h) with host
+// memory standing in for the device: the pinned pool's reuse and bound, and a task's
+// partitions leaving only once their piece is on the host, then coming back.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "../../custom_ops/worker/device.h"
+#include "../../custom_ops/worker/device_staging.h"
+#include "expect.h"
+
+namespace bps {
+namespace {
+
+void TestPinnedPoolReusesAndStaysBounded() {
+  PinnedPool pool(HostStandInDevice());
+  EXPECT(PinnedPool::SizeClass(1) == 4096 && PinnedPool::SizeClass(5000) == 8192);
+  EXPECT(PinnedPool::SizeClass((3 << 20) + 1) == (4u << 20));
+  char* first = nullptr;
+  {
+    PinnedBuffer a, b;
+    EXPECT(pool.Acquire(3 << 20, &a).ok() && pool.Acquire(100, &b).ok());
+    first = a.data();
+    EXPECT(pool.in_use_bytes() == (3u << 20) + 4096);
+  }
+  EXPECT(pool.in_use_bytes() == 0 && pool.idle_bytes() == (3u << 20) + 4096);
+  // A thousand steps of the same sizes: the same buffers, nothing more.
+  const size_t peak = pool.peak_bytes();
+  for (int step = 0; step < 1000; ++step) {
+    PinnedBuffer a, b;
+    EXPECT(pool.Acquire(3 << 20, &a).ok() && pool.Acquire(4000, &b).ok());
+    EXPECT(a.data() == first);
+  }
+  EXPECT(pool.peak_bytes() == peak && pool.in_use_bytes() + pool.idle_bytes() <= peak);
+  // Other sizes: idle buffers go before the pool passes the most ever in use.
+  for (size_t mb = 1; mb <= 8; ++mb) {
+    PinnedBuffer buffer;
+    EXPECT(pool.Acquire(mb << 20, &buffer).ok());
+    EXPECT(pool.in_use_bytes() + pool.idle_bytes() <= pool.peak_bytes());
+  }
+  EXPECT(pool.peak_bytes() == (8u << 20));
+}
+
+// Waits for a flag set on another thread.
+class Latch {
+ public:
+  void Set() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    set_ = true;
+    cv_.notify_all();
+  }
+  bool Wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return cv_.wait_for(lock, std::chrono::seconds(10), [this] { return set_; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool set_ = false;
+};
+
+void TestStagingSendsEachPartitionOnceItsPieceIsOnTheHost() {
+  auto devices = std::make_shared<Devices>(HostStandInDevice());
+  constexpr size_t kCount = 10000, kPiece = 4000;  // bytes: 10 pieces, the last short
+  std::vector<float> device_input(kCount), device_output(kCount, -1.0f);
+  for (size_t i = 0; i < kCount; ++i) device_input[i] = static_cast<float>(i);
+  void* caller = nullptr;
+  EXPECT(devices->api().stream_create(0, &caller) == 0);
+  TaskSpec spec;
+  spec.op.name = "staged";
+  spec.op.kind = OpKind::kPushPull;
+  spec.op.dtype = DataType::kFloat32;
+  spec.op.shape = {static_cast<int64_t>(kCount)};
+  spec.op.prescale = 2.0;
+  spec.input = device_input.data();
+  spec.output = device_output.data();
+  spec.bytes = kCount * sizeof(float);
+  spec.place.device = 0;
+  spec.place.stream = caller;
+  AllocateFn allocate;
+  std::shared_ptr<DeviceStaging> staging;
+  EXPECT(DeviceStaging::Prepare(devices, &spec, &allocate, &staging).ok());
+  EXPECT(spec.input != device_input.data() && spec.output == spec.input);
+  const char* host = static_cast<const char*>(spec.input);
+  Group group;
+  group.ranks = {0};
+  Latch done;
+  std::atomic<int> done_calls{0};
+  auto task = std::make_shared<Task>(spec, group, 1, 0, 1, 10000, allocate,
+                                     [&](const Status& status) {
+                                       EXPECT(status.ok());
+                                       EXPECT(staging->Finish().ok());
+                                       ++done_calls;
+                                       done.Set();
+                                     });
+  task->set_staging(staging);
+  // The caller's stream is busy when the task comes: nothing may be copied before it ends.
+  Latch caller_busy;
+  devices->api().call_when_done(0, caller, [](void* latch) { static_cast<Latch*>(latch)->Wait(); },
+                                &caller_busy);
+  std::mutex sent_mutex;
+  std::vector<PartitionTask> sent;
+  std::atomic<bool> early{false};
+  auto send = [&](PartitionTask item) {
+    // What a partition pushes is on the host, prescaled, when it leaves.
+    const float* values = reinterpret_cast<const float*>(item.data);
+    const size_t first = (item.data - host) / sizeof(float);
+    for (size_t i = 0; i < item.push_length / sizeof(float); ++i)
+      if (values[i] != 2.0f * static_cast<float>(first + i)) early = true;
+    std::lock_guard<std::mutex> lock(sent_mutex);
+    sent.push_back(std::move(item));
+  };
+  std::vector<PartitionTask> plan;
+  for (size_t offset = 0; offset < spec.bytes; offset += kPiece) {
+    const size_t length = std::min(kPiece, spec.bytes - offset);
+    plan.push_back(MakePartition(task, static_cast<uint32_t>(plan.size()), offset, host + offset,
+                                 length, length));
+  }
+  task->Launch(static_cast<int>(plan.size()));
+  EXPECT(staging->StageInput(task, kPiece, nullptr, send).ok());
+  for (PartitionTask& item : plan) staging->Release(item);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  {
+    std::lock_guard<std::mutex> lock(sent_mutex);
+    EXPECT(sent.empty());  // all held behind the caller's work
+  }
+  caller_busy.Set();
+  for (int i = 0; i < 200; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(sent_mutex);
+      if (sent.size() == plan.size()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT(!early);
+  std::vector<PartitionTask> answered;
+  {
+    std::lock_guard<std::mutex> lock(sent_mutex);
+    EXPECT(sent.size() == plan.size());
+    answered = sent;
+  }
+  // The answers (here the partition plus one) come back in any order.
+  for (auto it = answered.rbegin(); it != answered.rend(); ++it) {
+    float* values = reinterpret_cast<float*>(const_cast<char*>(it->data));
+    for (size_t i = 0; i < it->reply_length / sizeof(float); ++i) values[i] += 1.0f;
+    Delivered(task, it->offset, it->reply_length);
+  }
+  EXPECT(done.Wait() && done_calls == 1);
+  for (size_t i = 0; i < kCount; ++i)
+    if (device_output[i] != 2.0f * static_cast<float>(i) + 1.0f) {
+      EXPECT(device_output[i] == 2.0f * static_cast<float>(i) + 1.0f);
+      break;
+    }
+  EXPECT(device_input[kCount - 1] == static_cast<float>(kCount - 1));  // the caller's, untouched
+  devices->api().stream_destroy(0, caller);
+}
+
+}  // namespace
+
+void TestDeviceStaging() {
+  TestPinnedPoolReusesAndStaysBounded();
+  TestStagingSendsEachPartitionOnceItsPieceIsOnTheHost();
+}
+
+}  // namespace bps

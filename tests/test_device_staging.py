@@ -1,0 +1,59 @@
+"""Tensors in device memory through the core's C API, with no TensorFlow: every
+collective, checked against numpy in each worker (tests/workers/device_collectives.py).
+On this machine host memory stands in for the device (the core's host table), so the
+staging pipeline runs through real scheduler, server and worker processes: pinned
+pieces, partitions held until their piece is on the host, answers copied back, the
+caller's stream waiting at the end. On a GPU machine with CuPy the same script runs on
+CUDA memory (tools/gpu_check.sh runs it there); here that test skips."""
+
+import importlib.util
+import subprocess
+
+import pytest
+from conftest import marked_json
+
+CASES = 53  # the checks device_collectives.py makes
+
+
+def _all_checked(status: int, output: str, workers: int, memory: str) -> None:
+    assert status == 0, output
+    reports = marked_json(output)
+    assert sorted(reports) == list(range(workers)), output
+    for report in reports.values():
+        assert report["memory"] == memory, report
+        assert report["failures"] == [] and report["checked"] == CASES, report
+
+
+@pytest.mark.parametrize("merge", ["0", "1"])
+def test_every_collective_on_device_memory_through_real_servers(procs, merge):
+    # Partitions of 64 KiB: a 1.2 MB tensor is 19 pieces, copied and pushed in turn. With
+    # the merge, the host's workers sum device tensors on the host first.
+    status, output = procs.launch(
+        2, "device_collectives.py", num_servers=2, timeout=120, DEVICE_MEMORY="standin",
+        BYTEPS_PARTITION_BYTES=65536, BYTEPS_LOCAL_MERGE=merge, BYTEPS_LOG_LEVEL="DEBUG")
+    _all_checked(status, output, 2, "standin")
+    assert "staged through the host stand-in table" in output, output
+
+
+def test_one_worker_without_servers_copies_on_the_device(procs):
+    status, output = procs.launch(1, "device_collectives.py", timeout=60,
+                                  DEVICE_MEMORY="standin")
+    _all_checked(status, output, 1, "standin")
+
+
+def _gpus() -> int:
+    if importlib.util.find_spec("cupy") is None:
+        return 0
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                              timeout=30).stdout.count("GPU ")
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+
+
+@pytest.mark.skipif(_gpus() == 0, reason="no GPU with CuPy here (tools/gpu_check.sh runs this "
+                                         "on GPU machines)")
+def test_every_collective_on_a_gpu(procs):
+    status, output = procs.launch(2, "device_collectives.py", num_servers=2, timeout=300,
+                                  DEVICE_MEMORY="cuda", BYTEPS_PARTITION_BYTES=262144)
+    _all_checked(status, output, 2, "cuda")
