@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import base_env
 from gpu_api import declare
 
 from tf_bps.runtime.core import NotBuiltError, native_library
@@ -55,7 +56,7 @@ def test_bad_arguments_are_refused_before_any_launch(gpu_library):
 
 
 OPS = ["BytepsPushPull", "BytepsBroadcast", "BytepsAsyncPushPull", "BytepsAllgather",
-       "BytepsAlltoall", "BytepsReducescatter"]
+       "BytepsAlltoall", "BytepsReducescatter", "BytepsSetLearningRate"]
 
 
 def test_every_op_has_gpu_kernels_exactly_when_cuda_was_found():
@@ -71,8 +72,31 @@ def test_every_op_has_gpu_kernels_exactly_when_cuda_was_found():
         devices = [device for device, _ in registered[op]]
         assert devices == (["CPU", "GPU"] if _nvcc_found() else ["CPU"]), (op, registered[op])
     if _nvcc_found():
-        # The step's ops stage device memory themselves; the others run on host copies.
-        gpu = {op: dict(registered[op])["GPU"] for op in OPS}
-        assert gpu["BytepsPushPull"] == gpu["BytepsBroadcast"] == gpu["BytepsAsyncPushPull"] == []
-        assert gpu["BytepsAllgather"] == ["tensor", "gathered"]
-        assert gpu["BytepsAlltoall"] == ["tensor", "splits", "received", "received_splits"]
+        # Tensors stay on the device, handed to the core; only scalars and an alltoall's
+        # splits are host memory.
+        gpu = {op: list(dict(registered[op])["GPU"]) for op in OPS}
+        for op in OPS[:6]:
+            assert gpu[op] == (["splits", "received_splits"] if op == "BytepsAlltoall" else []), \
+                (op, gpu[op])
+        assert gpu["BytepsSetLearningRate"] == ["learning_rate"]
+
+
+def test_workers_load_the_cuda_table_and_a_missing_gpu_is_a_clear_error(gpu_library):
+    # One worker, no servers: bps.init() loads the CUDA library's device table, and a
+    # push_pull of device memory then fails naming the device and CUDA's reason.
+    probe = ("import numpy as np, tf_bps as bps\n"
+             "from core_api import Memory, enqueue, load\n"
+             "from tf_bps.runtime import core\n"
+             "bps.init()\n"
+             "print('table', core.worker_engine().device_table())\n"
+             "fake = Memory(0)\n"  # host memory that claims to be on CUDA device 0
+             "try:\n"
+             "    enqueue(load(), fake, 'push_pull', 'g', np.ones(4, np.float32)).wait(30)\n"
+             "except RuntimeError as error:\n"
+             "    print('refused', error)\n")
+    found = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                           timeout=120, env=base_env())
+    assert found.returncode == 0, found.stderr
+    assert "table CUDA" in found.stdout, found.stdout
+    if gpu_library.bps_gpu_device_count() < 1:
+        assert "on CUDA device 0: cudaSetDevice: " in found.stdout, found.stdout

@@ -183,6 +183,14 @@ PYBIND11_MODULE(_bps_worker, m) {
       py::arg("level"), py::arg("prefix"),
       "Log level of the core (0 trace .. 4 error) and the prefix of its lines.");
   m.def(
+      "device_use", [](const std::string& library) { Check(bps_device_use(library.c_str())); },
+      py::arg("library"),
+      "Loads the device table of the core's CUDA library at `library` (\"\": host memory "
+      "standing in for a device); once per process, before init.");
+  m.def(
+      "device_table", [] { return std::string(bps_device_table()); },
+      "The name of the device table in use; empty before any.");
+  m.def(
       "init_local", [] { Check(bps_worker_init_local()); },
       "One worker and no servers: every collective is local.");
   m.def("control_keys", &ControlKeys, py::arg("token"), py::arg("scheduler_nonce"),

@@ -10,13 +10,14 @@
 #include "../common/common.h"
 #include "../wire/protocol.h"
 #include "../worker/c_api.h"
+#include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #ifdef TF_BPS_GPU_KERNELS
-#include "tensorflow/core/common_runtime/device.h"
-#include "tensorflow/core/framework/allocator.h"
 #include "tensorflow/core/framework/device_base.h"
+#include "xla/stream_executor/stream.h"
+#include "xla/stream_executor/stream_executor.h"
 #endif
 
 namespace tf_bps {
@@ -145,8 +146,6 @@ class CollectiveOp : public AsyncOpKernel {
            kind_ == bps::OpKind::kAsyncPushPull;
   }
 
-  // Hands `input` to the core, with the result going to `output` (or to an output
-  // the core asks for once it knows the size, when null). Both are host memory.
   // The core's type of the tensor, or why it has none.
   absl::Status CoreType(const Tensor& input, bps::DataType* dtype) const {
     if (ToCoreType(input.dtype(), dtype)) return absl::OkStatus();
@@ -155,6 +154,14 @@ class CollectiveOp : public AsyncOpKernel {
                                       tensor_name_ + "')");
   }
 
+  // Where the op's tensors live: host memory here; a GPU kernel names its device and
+  // TensorFlow's stream instead (GpuOp).
+  virtual absl::Status Place(OpKernelContext*, bps_op*) const {
+    return absl::OkStatus();
+  }
+
+  // Hands `input` to the core, with the result going to `output` (or to an output the
+  // core asks for once it knows the size, when null), both where Place says.
   void Enqueue(OpKernelContext* context, const Tensor& input, void* output, DoneCallback done) {
     bps::DataType dtype;
     OP_REQUIRES_OK_ASYNC(context, CoreType(input, &dtype), done);
@@ -175,6 +182,7 @@ class CollectiveOp : public AsyncOpKernel {
     op.input = input.tensor_data().data();
     op.output = output;
     op.bytes = input.TotalBytes();
+    OP_REQUIRES_OK_ASYNC(context, Place(context, &op), done);
     std::vector<long long> splits;
     if (kind_ == bps::OpKind::kAlltoall) {
       const Tensor& given = context->input(1);
@@ -251,64 +259,27 @@ class AsyncPushPullOp : public CollectiveOp {
 };
 
 #ifdef TF_BPS_GPU_KERNELS
-// The ops of a training step (push_pull, broadcast, asynchronous push_pull) on GPU
-// tensors, through pinned host staging. TensorFlow's device context copies the input
-// to the host after the kernels that computed it, the core works on the host copy,
-// and the device context copies the result back; each step's completion arrives on
-// TensorFlow's threads, so neither the compute stream nor a CUDA callback ever waits
-// for the network.
+// Every op on GPU tensors: the core gets the device pointers and TensorFlow's stream.
+// It waits for the kernels that computed the input through an event, stages the
+// tensor through pinned host memory partition by partition on a stream of its own,
+// and TensorFlow's stream waits for the output's copies; neither that stream nor a
+// CUDA callback ever waits for the network (custom_ops/worker/device_staging.h).
 template <typename Base>
-class GpuStagedOp : public Base {
+class GpuOp : public Base {
  public:
   using Base::Base;
 
-  void ComputeAsync(OpKernelContext* context, AsyncOpKernel::DoneCallback done) override {
-    const Tensor& input = context->input(0);
-    bps::DataType dtype;  // Refused before anything is allocated or copied.
-    OP_REQUIRES_OK_ASYNC(context, this->CoreType(input, &dtype), done);
+ protected:
+  absl::Status Place(OpKernelContext* context, bps_op* op) const override {
     tensorflow::DeviceContext* device_context = context->op_device_context();
-    OP_REQUIRES_ASYNC(
-        context, device_context != nullptr,
-        absl::InternalError("no GPU device context for tensor '" + this->tensor_name_ + "'"), done);
-    auto* device = static_cast<tensorflow::Device*>(context->device());
-    tensorflow::AllocatorAttributes pinned;
-    pinned.set_on_host(true);
-    pinned.set_gpu_compatible(true);
-    // Shared by the callbacks, so the staging buffer lives until the last copy.
-    auto staged = std::make_shared<Staged>();
-    OP_REQUIRES_OK_ASYNC(
-        context, context->allocate_temp(input.dtype(), input.shape(), &staged->host, pinned), done);
-    if (this->RootKeepsInput()) {
-      context->set_output(0, input);
-    } else {
-      OP_REQUIRES_OK_ASYNC(context, context->allocate_output(0, input.shape(), &staged->output),
-                           done);
-    }
-    device_context->CopyDeviceTensorToCPU(
-        &input, this->tensor_name_, device, &staged->host,
-        [this, context, device_context, device, staged, done](const absl::Status& copied) {
-          if (!copied.ok()) {
-            context->SetStatus(copied);
-            return done();
-          }
-          auto copy_back = [context, device_context, device, staged, done]() {
-            if (!context->status().ok() || staged->output == nullptr) return done();
-            device_context->CopyCPUTensorToDevice(&staged->host, device, staged->output,
-                                                  [context, staged, done](const absl::Status& s) {
-                                                    if (!s.ok()) context->SetStatus(s);
-                                                    done();
-                                                  });
-          };
-          this->Enqueue(context, staged->host, const_cast<char*>(staged->host.tensor_data().data()),
-                        copy_back);
-        });
+    stream_executor::Stream* stream = device_context ? device_context->stream() : nullptr;
+    if (!stream)
+      return absl::InternalError("no GPU stream for tensor '" + this->tensor_name_ + "'");
+    op->on_device = 1;
+    op->device = stream->parent()->device_ordinal();
+    op->stream = stream->platform_specific_handle().stream;
+    return absl::OkStatus();
   }
-
- private:
-  struct Staged {
-    Tensor host;               // pinned host memory
-    Tensor* output = nullptr;  // on the device; null where the root keeps its input
-  };
 };
 #endif  // TF_BPS_GPU_KERNELS
 
@@ -442,31 +413,24 @@ REGISTER_KERNEL_BUILDER(Name("BytepsAsyncPushPull").Device(tensorflow::DEVICE_CP
                         AsyncPushPullOp);
 
 #ifdef TF_BPS_GPU_KERNELS
-REGISTER_KERNEL_BUILDER(Name("BytepsPushPull").Device(tensorflow::DEVICE_GPU),
-                        GpuStagedOp<PushPullOp>);
+REGISTER_KERNEL_BUILDER(
+    Name("BytepsSetLearningRate").Device(tensorflow::DEVICE_GPU).HostMemory("learning_rate"),
+    SetLearningRateOp);
+REGISTER_KERNEL_BUILDER(Name("BytepsPushPull").Device(tensorflow::DEVICE_GPU), GpuOp<PushPullOp>);
 REGISTER_KERNEL_BUILDER(Name("BytepsBroadcast").Device(tensorflow::DEVICE_GPU),
-                        GpuStagedOp<BroadcastOp>);
+                        GpuOp<BroadcastOp>);
 REGISTER_KERNEL_BUILDER(Name("BytepsAsyncPushPull").Device(tensorflow::DEVICE_GPU),
-                        GpuStagedOp<AsyncPushPullOp>);
-// Ops whose output size other workers decide keep their tensors in host memory on a
-// GPU device: TensorFlow copies them, and the CPU kernels run.
-REGISTER_KERNEL_BUILDER(Name("BytepsAllgather")
-                            .Device(tensorflow::DEVICE_GPU)
-                            .HostMemory("tensor")
-                            .HostMemory("gathered"),
-                        AllgatherOp);
+                        GpuOp<AsyncPushPullOp>);
+REGISTER_KERNEL_BUILDER(Name("BytepsAllgather").Device(tensorflow::DEVICE_GPU),
+                        GpuOp<AllgatherOp>);
+// An alltoall's splits, given and received, are a few integers: host memory.
 REGISTER_KERNEL_BUILDER(Name("BytepsAlltoall")
                             .Device(tensorflow::DEVICE_GPU)
-                            .HostMemory("tensor")
                             .HostMemory("splits")
-                            .HostMemory("received")
                             .HostMemory("received_splits"),
-                        AlltoallOp);
-REGISTER_KERNEL_BUILDER(Name("BytepsReducescatter")
-                            .Device(tensorflow::DEVICE_GPU)
-                            .HostMemory("tensor")
-                            .HostMemory("scattered"),
-                        ReducescatterOp);
+                        GpuOp<AlltoallOp>);
+REGISTER_KERNEL_BUILDER(Name("BytepsReducescatter").Device(tensorflow::DEVICE_GPU),
+                        GpuOp<ReducescatterOp>);
 #endif  // TF_BPS_GPU_KERNELS
 
 }  // namespace

@@ -330,6 +330,12 @@ int bps_device_use(const char* library) {
   return 0;
 }
 
+const char* bps_device_table(void) {
+  auto& state = bps::State();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  return state.devices ? state.devices->api().name : "";
+}
+
 void bps_worker_abort(const char* reason) {
   std::shared_ptr<bps::Worker> worker;
   {

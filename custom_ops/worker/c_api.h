@@ -150,6 +150,8 @@ typedef struct bps_op {
  * or, with NULL or "", the one in which host memory stands in for a device (for
  * tests). Once per process, before bps_worker_init; 0 on success. */
 int bps_device_use(const char* library);
+/* The name of the device table in use ("CUDA", "host stand-in"); "" before any. */
+const char* bps_device_table(void);
 
 /* Returns the buffer of output `index` (0 the result, 1 an alltoall's received
  * splits, int64) for the shape, or NULL if it cannot. */

@@ -469,15 +469,20 @@ def is_homogeneous() -> bool:
 
 
 # What this build was made with, as Horovod scripts ask it (GPU pinning, for example).
-# tf_bps synchronises through its own servers: no MPI, Gloo, NCCL, DDL, oneCCL, CUDA,
-# ROCm or SYCL is involved in this build.
+# tf_bps synchronises through its own servers: no MPI, Gloo, NCCL, DDL, oneCCL, ROCm or
+# SYCL is involved in this build; CUDA is where nvcc built the core's CUDA library.
 def _not_in_this_build() -> bool:
     return False
 
 
+def cuda_built() -> bool:
+    """Whether GPU tensors go through the core's CUDA staging (tf_bps/_bps_gpu)."""
+    return core.gpu_library() is not None
+
+
 mpi_built = mpi_enabled = mpi_threads_supported = _not_in_this_build
 gloo_built = gloo_enabled = ddl_built = ccl_built = _not_in_this_build
-cuda_built = rocm_built = sycl_built = _not_in_this_build
+rocm_built = sycl_built = _not_in_this_build
 
 
 def nccl_built() -> int:

@@ -60,7 +60,23 @@ def set_logging(config: Config, prefix: str) -> None:
     worker_engine().set_logging(config.core_log_level(), prefix)
 
 
+def gpu_library() -> Path | None:
+    """The core's CUDA library (_bps_gpu), where this build has one."""
+    found = sorted(_PACKAGE_DIR.glob("_bps_gpu*.so"))
+    return found[0] if found else None
+
+
+def _use_gpus() -> None:
+    """Lets TensorFlow's GPU kernels hand the core device memory: the core stages it
+    through the CUDA library's device table. A table loaded before (a test's, through
+    the C API) stays."""
+    library = gpu_library()
+    if library and not worker_engine().device_table():
+        worker_engine().device_use(str(library))
+
+
 def worker_init_local() -> None:
+    _use_gpus()
     worker_engine().init_local()
 
 
@@ -90,6 +106,7 @@ def worker_init(rank: int, size: int, servers: list[str], merge_with: list[int],
     where = f"local merge|{config.root_uri}:{config.root_port}|{generation}".encode()
     prefix = f"tf_bps-{hmac.new(config.job_token.encode(), where, 'sha256').hexdigest()[:32]}-"
     worker_engine().set_local_uids(list(config.local_uids))
+    _use_gpus()
     worker_engine().init(rank, size, addresses, config.partition_bytes, config.credit_bytes,
                          int(config.op_timeout * 1000), config.job_token, sorted(merge_with),
                          prefix, config.debug_sample_tensor, config.nan_check,
