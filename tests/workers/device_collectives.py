@@ -140,7 +140,39 @@ for step in range(3):
     for i, (op, want) in enumerate(flights):
         check(f"flight{i}.step{step}", op.wait(), want)
 
+# The caller's stream goes on while a push_pull is in flight: work queued on it after
+# the enqueue finishes before the push_pull does (the stream waits only at the end).
+if MEMORY == "cuda":
+    with memory.stream:
+        tensor = memory.array(np.ones(64 << 18, np.float32))
+        op = enqueue(core, memory, "push_pull", "overlap", tensor, in_place=True)
+        side = cupy.ones(1 << 20, np.float32)
+        for _ in range(20):
+            side = side * 1.0001
+        ran = cupy.cuda.Event()
+        ran.record()
+    ran.synchronize()
+    checked.append("stream")
+    if op._event.is_set():
+        failures.append("stream: the caller's stream waited for the push_pull")
+    op.wait()
+
 report = {"rank": rank, "memory": MEMORY, "checked": len(checked), "failures": failures}
+if MEMORY == "cuda":  # pinned host copies, each way, 256 MB
+    import cupyx
+
+    host, device_buffer = cupyx.empty_pinned(64 << 20, np.float32), cupy.empty(64 << 20, np.float32)
+    speeds = {}
+    for way, copy in (("to_host", lambda: device_buffer.get(out=host)),
+                      ("to_device", lambda: device_buffer.set(host))):
+        copy()
+        cupy.cuda.Device().synchronize()
+        start = time.perf_counter()
+        for _ in range(5):
+            copy()
+        cupy.cuda.Device().synchronize()
+        speeds[way] = round(5 * host.nbytes / (time.perf_counter() - start) / 1e9, 1)
+    report["pinned_gb_s"] = speeds
 if os.environ.get("BENCH_MB"):
     report["bench"] = {}
     for mb in [int(x) for x in os.environ["BENCH_MB"].split(",")]:
