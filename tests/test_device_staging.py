@@ -58,3 +58,17 @@ def test_every_collective_on_a_gpu(procs):
     status, output = procs.launch(2, "device_collectives.py", num_servers=2, timeout=300,
                                   DEVICE_MEMORY="cuda", BYTEPS_PARTITION_BYTES=262144)
     _all_checked(status, output, 2, "cuda")
+
+
+def test_a_nan_in_a_late_piece_fails_every_worker_at_once(procs):
+    # 64 KiB partitions: the NaN is in a piece copied after the first ones were pushed.
+    status, output = procs.launch(
+        2, "device_nan.py", num_servers=1, timeout=90, BYTEPS_OP_TIMEOUT=60,
+        BYTEPS_PARTITION_BYTES=65536, PERSEUS_ALLREDUCE_NANCHECK=1)
+    assert status == 0, output
+    reports = marked_json(output)
+    assert "tensor 'nan_probe' holds NaN or Inf on worker rank 1 at step 1" in \
+        reports[1]["nan"], reports
+    assert "worker rank 1 gave up round 1 of tensor 'nan_probe'" in reports[0]["nan"], reports
+    assert max(r["seconds"] for r in reports.values()) < 20, reports
+    assert reports[0]["clean"] == reports[1]["clean"] == 2000.0, reports

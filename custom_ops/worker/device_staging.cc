@@ -55,8 +55,8 @@ Status DeviceStaging::QueueCopy(void* dst, const void* src, size_t bytes) {
 }
 
 Status DeviceStaging::StageInput(const std::shared_ptr<Task>& task, size_t piece,
-                                 Timeline* tracer, Send send) {
-  send_ = std::move(send);
+                                 Timeline* tracer, Route route) {
+  route_ = std::move(route);
   piece_ = std::max<size_t>(1, piece);
   tracer_ = tracer;
   const bps_device_api& api = devices_->api();
@@ -105,13 +105,16 @@ void DeviceStaging::OnPieceStaged(const std::shared_ptr<Task>& task, size_t offs
     tracer_->Stage(task->trace_session(), op.name, task->round(),
                   static_cast<uint32_t>(offset / piece_), "COPY_IN",
                   queued_at, Timeline::Now());
+  const Status checked =
+      route_.check ? route_.check(input_.data() + offset, length) : Status::OK();
   std::vector<PartitionTask> ready;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     staged_ = offset + length;
+    if (!checked.ok()) refused_ = true;
     const char* staged_end = input_.data() + staged_;
     for (auto it = held_.begin(); it != held_.end();) {
-      if (it->data + it->push_length <= staged_end) {
+      if (refused_ || it->data + it->push_length <= staged_end) {
         ready.push_back(std::move(*it));
         it = held_.erase(it);
       } else {
@@ -119,7 +122,8 @@ void DeviceStaging::OnPieceStaged(const std::shared_ptr<Task>& task, size_t offs
       }
     }
   }
-  for (PartitionTask& item : ready) send_(std::move(item));
+  if (!checked.ok()) task->Fail(checked);
+  for (PartitionTask& item : ready) Forward(std::move(item), !checked.ok());
   if (last) task->EndIo();
 }
 
@@ -127,14 +131,21 @@ void DeviceStaging::Release(PartitionTask item) {
   const char* begin = item.data;
   const bool from_input = item.push_length > 0 && begin >= input_.data() &&
                           begin < input_.data() + input_bytes_;
+  bool refused;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (from_input && begin + item.push_length > input_.data() + staged_) {
+    refused = refused_;
+    if (!refused && from_input && begin + item.push_length > input_.data() + staged_) {
       held_.push_back(std::move(item));
       return;
     }
   }
-  send_(std::move(item));
+  Forward(std::move(item), refused);
+}
+
+void DeviceStaging::Forward(PartitionTask item, bool refused) {
+  if (refused) return route_.drop(item);
+  route_.send(std::move(item));
 }
 
 void DeviceStaging::Deliver(const std::shared_ptr<Task>& task, size_t offset, size_t bytes) {

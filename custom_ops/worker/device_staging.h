@@ -10,6 +10,7 @@
 #define TF_BPS_WORKER_DEVICE_STAGING_H_
 
 #include <functional>
+#include <string>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -22,8 +23,16 @@ namespace bps {
 
 class DeviceStaging {
  public:
-  // Where a partition goes once its bytes are on the host.
-  using Send = std::function<void(PartitionTask)>;
+  // Where a task's partitions go from here.
+  struct Route {
+    // A partition whose bytes are on the host.
+    std::function<void(PartitionTask)> send;
+    // A partition that will never be sent (its task failed first): its server and the
+    // other workers must hear that this worker gave up the round.
+    std::function<void(const PartitionTask&)> drop;
+    // Checks each piece as it arrives (PERSEUS_ALLREDUCE_NANCHECK); null: none.
+    std::function<Status(const char* data, size_t bytes)> check;
+  };
 
   // For a task of `spec` on a device: points the spec's input (and its output, where
   // that has the input's size) at pinned buffers, and wraps `allocate` so that an
@@ -34,10 +43,12 @@ class DeviceStaging {
   DeviceStaging(std::shared_ptr<Devices> devices, const TaskSpec& spec);
 
   // Queues the input's copy to the host in pieces of `piece` bytes (whole elements),
-  // after the caller's queued work. Partitions released meanwhile go through `send`
-  // as their piece arrives; a reduction's prescale is applied to each piece then.
-  // `tracer`: the timeline recording the task (its copies are stages), or null.
-  Status StageInput(const std::shared_ptr<Task>& task, size_t piece, Timeline* tracer, Send send);
+  // after the caller's queued work. Partitions released meanwhile go on as their piece
+  // arrives, prescaled (a reduction's) and checked; a piece that fails the check fails
+  // the task, and what it has not sent is dropped. `tracer`: the timeline recording
+  // the task (its copies are stages), or null.
+  Status StageInput(const std::shared_ptr<Task>& task, size_t piece, Timeline* tracer,
+                    Route route);
   // Sends `item` on now if what it pushes is on the host, else once it is.
   void Release(PartitionTask item);
   // `bytes` of the answer at `offset` of the output are on the host: they are copied
@@ -51,6 +62,8 @@ class DeviceStaging {
   void OnPieceStaged(const std::shared_ptr<Task>& task, size_t offset, size_t length,
                      bool last, int64_t queued_at);
   Status QueueCopy(void* dst, const void* src, size_t bytes);
+  // Sends `item` on, or drops it once the task was refused.
+  void Forward(PartitionTask item, bool refused);
 
   const std::shared_ptr<Devices> devices_;
   const int device_;
@@ -62,12 +75,13 @@ class DeviceStaging {
   PinnedBuffer input_;
   PinnedBuffer output_;  // empty where the output is the input's buffer
   char* host_output_ = nullptr;
-  Send send_;
+  Route route_;
   size_t piece_ = 1;  // StageInput's
   Timeline* tracer_ = nullptr;
 
   std::mutex mutex_;
   size_t staged_ = 0;  // the input's first `staged_` bytes are on the host
+  bool refused_ = false;  // a piece failed its check: nothing more is sent
   std::vector<PartitionTask> held_;
 };
 

@@ -156,11 +156,12 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
     spec.splits.assign(group.size(), spec.op.shape[0] / group.size());
   std::shared_ptr<DeviceStaging> staging;
   if (spec.place.on_device()) {
-    status = options_.devices ? DeviceStaging::Prepare(options_.devices, &spec, &allocate, &staging)
-                              : Status::Error(ErrorKind::kInvalidArgument,
-                                              "tensor '" + name +
-                                                  "' is in device memory, and no device "
-                                                  "library is loaded (bps_device_use)");
+    status = options_.devices
+                 ? DeviceStaging::Prepare(options_.devices, &spec, &allocate, &staging)
+                 : Status::Error(ErrorKind::kInvalidArgument,
+                                 "tensor '" + name +
+                                     "' is in device memory, and no device library is loaded "
+                                     "(bps_device_use)");
     if (!status.ok()) {
       done(status);
       return;
@@ -197,7 +198,8 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
        traced_from, staging, done = std::move(done)](Status status) {
         if (traced) timeline_->OperationEnded(traced, name, round, traced_from);
         if (status.ok()) Sample(name, id, round, dtype, "result", result, result_bytes);
-        if (status.ok() && staging) status = staging->Finish().WithSuffix(" (tensor '" + name + "')");
+        if (status.ok() && staging)
+          status = staging->Finish().WithSuffix(" (tensor '" + name + "')");
         OnTaskFinished(name, kind, id, round, status);
         done(status);
       });
@@ -207,7 +209,8 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
   std::vector<PartitionTask> plan;
   status = Plan(task, &plan);
   if (status.ok()) {
-    status = CheckFinite(*task);
+    // A device tensor's pieces are checked as they reach the host (DeviceStaging).
+    if (!staging) status = CheckFinite(*task, task->spec().input, task->spec().bytes);
     if (!status.ok()) AbandonUnsent(*task, plan);
   }
   if (!status.ok()) {
@@ -223,9 +226,15 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
   const bool merged = local_ && local_->Merges(*task);
   if (local_ && !merged) local_->Announce(task);
   if (staging) {
+    DeviceStaging::Route route;
+    route.send = [this, merged](PartitionTask item) { Forward(std::move(item), merged); };
+    route.drop = [this](const PartitionTask& item) { AbandonUnsent(*item.task, {item}); };
+    if (options_.nan_check)
+      route.check = [this, task = task.get()](const char* data, size_t bytes) {
+        return CheckFinite(*task, data, bytes);
+      };
     status = staging->StageInput(task, StagingPieceBytes(task->spec()),
-                                 traced ? timeline_.get() : nullptr,
-                                 [this, merged](PartitionTask item) { Forward(std::move(item), merged); });
+                                 traced ? timeline_.get() : nullptr, std::move(route));
     if (!status.ok()) {
       AbandonUnsent(*task, plan);
       task->Fail(status.WithSuffix(" (tensor '" + name + "')"));
@@ -245,12 +254,10 @@ void Worker::Forward(PartitionTask item, bool merged) {
   SendToServer(std::move(item));
 }
 
-Status Worker::CheckFinite(const Task& task) const {
-  const TaskSpec& spec = task.spec();
+Status Worker::CheckFinite(const Task& task, const void* data, size_t bytes) const {
   const bool sums = IsReduction(task.kind()) || task.kind() == OpKind::kAsyncPushPull;
-  // A device tensor's values reach the host piece by piece, after this check.
-  if (!options_.nan_check || !sums || task.staging() ||
-      AllFinite(task.dtype(), spec.input, spec.bytes / DataTypeSize(task.dtype())))
+  if (!options_.nan_check || !sums ||
+      AllFinite(task.dtype(), data, bytes / DataTypeSize(task.dtype())))
     return Status::OK();
   return Status::Error(ErrorKind::kInvalidArgument,
                        "tensor '" + task.name() + "' holds NaN or Inf on worker rank " +

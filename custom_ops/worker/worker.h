@@ -172,9 +172,10 @@ class Worker : public ServerLink::Owner, public LocalMerge::Owner {
   // Fails the worker if a lost server's partitions waited longer than
   // lost_server_wait_ms for the scheduler's word.
   void CheckLostServers(std::chrono::steady_clock::time_point now);
-  // PERSEUS_ALLREDUCE_NANCHECK: a reduction whose input holds NaN or Inf is refused,
-  // naming the tensor, this rank and the step.
-  Status CheckFinite(const Task& task) const;
+  // PERSEUS_ALLREDUCE_NANCHECK: a reduction whose input (`bytes` at `data`: all of it,
+  // or a device tensor's piece on the host) holds NaN or Inf is refused, naming the
+  // tensor, this rank and the step.
+  Status CheckFinite(const Task& task, const void* data, size_t bytes) const;
   // A task that fails before its partitions left: every server and local leader that
   // would have received one hears that this worker gave up the round.
   void AbandonUnsent(const Task& task, const std::vector<PartitionTask>& plan);
