@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -122,7 +123,11 @@ void TestStagingSendsEachPartitionOnceItsPieceIsOnTheHost() {
                                  length, length));
   }
   task->Launch(static_cast<int>(plan.size()));
-  EXPECT(staging->StageInput(task, kPiece, nullptr, send).ok());
+  DeviceStaging::Route route;
+  route.send = send;
+  std::atomic<int> dropped{0};
+  route.drop = [&](const PartitionTask&) { ++dropped; };
+  EXPECT(staging->StageInput(task, kPiece, nullptr, route).ok());
   for (PartitionTask& item : plan) staging->Release(item);
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   {
@@ -137,7 +142,7 @@ void TestStagingSendsEachPartitionOnceItsPieceIsOnTheHost() {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  EXPECT(!early);
+  EXPECT(!early && dropped == 0);
   std::vector<PartitionTask> answered;
   {
     std::lock_guard<std::mutex> lock(sent_mutex);
@@ -160,11 +165,57 @@ void TestStagingSendsEachPartitionOnceItsPieceIsOnTheHost() {
   devices->api().stream_destroy(0, caller);
 }
 
+void TestARefusedPieceDropsWhatItHadNotSent() {
+  auto devices = std::make_shared<Devices>(HostStandInDevice());
+  constexpr size_t kCount = 1000, kPiece = 400;  // bytes: 10 pieces
+  std::vector<float> device_tensor(kCount, 1.0f);
+  TaskSpec spec;
+  spec.op.name = "refused";
+  spec.op.kind = OpKind::kPushPull;
+  spec.op.dtype = DataType::kFloat32;
+  spec.op.shape = {static_cast<int64_t>(kCount)};
+  spec.input = spec.output = device_tensor.data();
+  spec.bytes = kCount * sizeof(float);
+  spec.place.device = 0;
+  AllocateFn allocate;
+  std::shared_ptr<DeviceStaging> staging;
+  EXPECT(DeviceStaging::Prepare(devices, &spec, &allocate, &staging).ok());
+  const char* host = static_cast<const char*>(spec.input);
+  Group group;
+  group.ranks = {0};
+  Latch done;
+  std::string failure;
+  auto task = std::make_shared<Task>(spec, group, 2, 0, 1, 10000, allocate,
+                                     [&](const Status& status) {
+                                       failure = status.message();
+                                       done.Set();
+                                     });
+  task->set_staging(staging);
+  std::atomic<int> sent{0}, dropped{0};
+  DeviceStaging::Route route;
+  route.send = [&](PartitionTask) { ++sent; };
+  route.drop = [&](const PartitionTask&) { ++dropped; };
+  route.check = [&](const char* data, size_t) {
+    return data - host < static_cast<ptrdiff_t>(5 * kPiece) ? Status::OK()
+                                                            : Status::Error("piece refused");
+  };
+  task->Launch(10);
+  EXPECT(staging->StageInput(task, kPiece, nullptr, route).ok());
+  for (uint32_t part = 0; part < 10; ++part)
+    staging->Release(MakePartition(task, part, part * kPiece, host + part * kPiece, kPiece, kPiece));
+  EXPECT(done.Wait() && failure == "piece refused");
+  for (int i = 0; i < 200 && sent + dropped < 10; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // Pieces 5 on never leave; earlier ones leave unless the refusal came first.
+  EXPECT(sent + dropped == 10 && sent <= 5 && dropped >= 5);
+}
+
 }  // namespace
 
 void TestDeviceStaging() {
   TestPinnedPoolReusesAndStaysBounded();
   TestStagingSendsEachPartitionOnceItsPieceIsOnTheHost();
+  TestARefusedPieceDropsWhatItHadNotSent();
 }
 
 }  // namespace bps
