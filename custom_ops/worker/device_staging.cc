@@ -88,6 +88,11 @@ Status DeviceStaging::StageInput(const std::shared_ptr<Task>& task, size_t piece
       });
     if (!status.ok()) {
       task->Fail(status.WithSuffix(" (tensor '" + task->name() + "')"));
+      {
+        // Partitions released from now on are dropped, so their rounds end everywhere.
+        std::lock_guard<std::mutex> lock(mutex_);
+        refused_ = true;
+      }
       // What was queued still runs: the input stays in use until it has.
       if (!devices_->WhenDone(device_, [task] { task->EndIo(); }).ok()) task->EndIo();
       return Status::OK();
