@@ -4,7 +4,7 @@ import pytest
 
 from tf_bps.launch.hosts import Host, HostError, parse_hosts, plan_layout, read_hostfile
 from tf_bps.runtime import core
-from tf_bps.runtime.placement import server_shares
+from tf_bps.runtime.server_shares import server_shares
 
 
 def _roles(layout):

@@ -1,4 +1,4 @@
-// Gradient compression (BytePS's compressors, issue 30): what turns one partition of a
+// Gradient compression (BytePS's compressors): what turns one partition of a
 // float32 gradient into the bytes that travel, and back.
 //
 // Both legs compress, as in BytePS: a worker compresses its push (after the local

@@ -56,8 +56,6 @@ class Random {
     state_ += kGoldenGamma;
     return out;
   }
-  // Uniform in [0, 1): the upper 53 bits.
-  double NextDouble() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
   // Uniform in [0, range) (range >= 1), unbiased (Lemire's multiply and reject).
   uint64_t Below(uint64_t range) {
     unsigned __int128 product = static_cast<unsigned __int128>(Next()) * range;

@@ -1,5 +1,5 @@
 // The little JSON the control plane speaks (the scheduler's messages, tf_bps/
-// rendezvous.py): parse one message into a tree, and write flat objects. Input comes
+// runtime/rendezvous.py): parse one message into a tree, and write flat objects. Input comes
 // off the network, so parsing bounds its depth and refuses anything malformed.
 #ifndef TF_BPS_CONTROL_JSON_H_
 #define TF_BPS_CONTROL_JSON_H_
@@ -22,7 +22,6 @@ class Json {
   static Status Parse(const std::string& text, Json* out);
 
   Type type() const { return type_; }
-  bool is_string() const { return type_ == Type::kString; }
   // The string (empty unless a string).
   const std::string& str() const { return text_; }
   // The elements (empty unless an array).

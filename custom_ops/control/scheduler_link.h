@@ -50,7 +50,6 @@ class SchedulerLink {
   Status PollOnce(int extra_fd, std::vector<Json>* orders, bool* extra_ready);
   // Sealed once registered, with BYTEPS_ENCRYPT.
   Status Send(const std::string& message);
-  const std::string& endpoint() const { return endpoint_; }
 
  private:
   using Clock = std::chrono::steady_clock;

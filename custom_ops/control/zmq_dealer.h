@@ -1,6 +1,6 @@
 // A ZeroMQ DEALER socket on one TCP connection, speaking ZMTP 3.0 with the NULL
 // security mechanism (rfc.zeromq.org/spec/23): just enough to talk to the scheduler's
-// ROUTER socket (pyzmq, tf_bps/scheduler.py) without linking libzmq, so the native
+// ROUTER socket (pyzmq, tf_bps/control/scheduler.py) without linking libzmq, so the native
 // server needs nothing beyond libc to run on a bare server machine.
 //
 // Bytes from the peer are bounded before anything is allocated for them: a frame

@@ -23,10 +23,6 @@ class CoreError : public std::runtime_error {
   ErrorKind kind_;
 };
 
-inline void ThrowIfError(const Status& status) {
-  if (!status.ok()) throw CoreError(status.kind(), status.message());
-}
-
 // Adds `CoreError` to `module` and translates the C++ exception into it.
 inline void RegisterCoreError(pybind11::module_& module) {
   // Created once per module and never freed: the interpreter owns it from here.

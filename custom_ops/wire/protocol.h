@@ -17,7 +17,7 @@ namespace bps {
 // partition's leader plays the server's part for kDeclare, kPush, kReply, kError and
 // kAbandon, and kJoin and kBye tell the host's other workers that this one joined or left.
 enum class FrameType : uint8_t {
-  // The handshake (transport/auth.h): kChallenge, kHello, kWelcome, before anything else.
+  // The handshake (wire/auth.h): kChallenge, kHello, kWelcome, before anything else.
   kHello = 1,    // worker -> server: `rank` identifies the worker; payload its proof.
   kDeclare = 2,  // worker -> server: payload is a Declaration of the tensor.
   kPush = 3,     // worker -> server: one partition's data for this round.

@@ -110,8 +110,9 @@ int bps_worker_declare(const char* const* names, int count);
 int bps_worker_set_process_set(int id, const int* ranks, int count);
 
 /* One collective on one tensor. Values of kind: 1 push_pull, 2 broadcast,
- * 3 allgather, 4 alltoall, 5 reducescatter; dtype, reduce_op and error kinds: the
- * core's enums (common.h, protocol.h). */
+ * 3 allgather, 4 alltoall, 5 reducescatter, 6 asynchronous push_pull (a push_pull with
+ * `compression` travels compressed: the core picks that kind itself); dtype, reduce_op
+ * and error kinds: the core's enums (common.h, protocol.h). */
 typedef struct bps_op {
   const char* name; /* stable across workers and steps; copied */
   int kind;

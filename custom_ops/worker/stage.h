@@ -1,9 +1,8 @@
 // A stage of the worker's pipeline: a queue served by a thread of its own. Items
 // leave in priority order, so a stage never holds an urgent partition behind a
 // bulky one. A stage may also hold its head item back until an admission rule lets
-// it go (the push stage's scheduling credit, credits.h). Stages are where later work
-// plugs in (local reduce, device copies, compression) and where the timeline will
-// record when each item entered and left.
+// it go (the push stage's scheduling credit, credits.h). The items' owners record
+// their time in each stage on the timeline (timeline.h).
 #ifndef TF_BPS_WORKER_STAGE_H_
 #define TF_BPS_WORKER_STAGE_H_
 

@@ -74,9 +74,8 @@ int64_t ScatterRows(int64_t rows, int rank, int size);
 // With `across_hosts` (the job spans machines), partitions are at most
 // kNetworkPartitionBytes. Over a network, small pieces keep links busy while the
 // first sums travel back and the last pushes travel out, where on one host larger
-// pieces cost fewer messages. Measured with network_bound.py, 400 Mbit/s links, 64 MB
-// push_pull: 4 workers and 4 server hosts 1.47 s with 128 KiB pieces, 1.64 s with 256
-// KiB, floor 1.41 s; with unlimited links (CPU-bound) 128 KiB pieces were no slower.
+// pieces cost fewer messages; where CPUs, not links, are the limit, small pieces cost
+// no time (examples/benchmarks/network_bound.py compares piece sizes).
 constexpr size_t kMinSpreadBytes = 64 * 1024;
 constexpr size_t kNetworkPartitionBytes = 128 * 1024;
 size_t EvenPartitionBytes(size_t bytes, size_t element, size_t limit, size_t spread,
@@ -87,7 +86,7 @@ int64_t ScatterFirstRow(int64_t rows, int rank, int size);
 // server i appears shares[i] times, interleaved (smooth weighted round robin), so
 // that consecutive partitions go to different servers. Partition p of a tensor goes
 // to cycle[(first + p) % cycle.size()]. No shares: every server once, in order.
-// Shares are uneven in the BytePS paper's hybrid layout (see tf_bps/placement.py).
+// Shares are uneven in the BytePS paper's hybrid layout (see tf_bps/runtime/server_shares.py).
 std::vector<int> ServerCycle(const std::vector<uint32_t>& shares, size_t num_servers);
 
 // Output 0 is the result; an alltoall's output 1 receives its splits (int64, one

@@ -14,11 +14,9 @@ namespace {
 // The credit counts partitions of BYTEPS_PARTITION_BYTES. Across hosts, tensors are
 // cut into pieces of kNetworkPartitionBytes (EvenPartitionBytes); the credit shrinks
 // with them, so that as many pieces, not as many bytes, are in flight: a deep queue at
-// a link delays every sum behind it. Measured (network_bound.py at 400 Mbit/s, 4
-// workers, 2 server hosts, 64 MB in 512 KiB pieces): 3.37 s with 8 MiB in flight per
-// server, 2.95 s with 1 MiB.
+// a link delays every sum behind it (examples/benchmarks/network_bound.py).
 // Flows queued at one link share it by the bytes each has queued there, so a server
-// with a larger share of the partitions (placement.py) gets as much more in flight.
+// with a larger share of the partitions (server_shares.py) gets as much more in flight.
 size_t CreditBytes(const WorkerOptions& options, int server) {
   size_t credit = options.credit_bytes;
   if (options.across_hosts && options.partition_bytes > kNetworkPartitionBytes)

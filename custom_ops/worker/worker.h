@@ -38,8 +38,8 @@
 
 namespace bps {
 
-// Set from the job's configuration (c_api.cc); the defaults of the settings are
-// settings.def's, and live only there.
+// Set from the job's configuration (c_api.cc, from what config.py read of
+// settings.def); the defaults below serve only code that builds a Worker directly.
 struct WorkerOptions {
   int rank = 0;
   int size = 1;
@@ -134,9 +134,8 @@ class Worker : public ServerLink::Owner, public LocalMerge::Owner {
   // How far past its answered partitions a tensor's pushes may run, in partitions
   // (0: no limit): as many as the links' credits allow in flight together. Set where
   // the servers' shares differ: each link's credit alone lets the links of small
-  // shares run ahead and finish early, and those of large shares then finish alone.
-  // Measured (network_bound.py, 400 Mbit/s, 4 worker hosts with a server each and 2
-  // server-only hosts, 64 MB): 2.13 and 2.21 s without, 1.90 and 1.91 s with it.
+  // shares run ahead and finish early, and those of large shares then finish alone
+  // (examples/benchmarks/network_bound.py shows it on the hybrid layout).
   uint32_t push_window() const { return push_window_; }
   bool stopping() const override { return stopping_.load(); }
 

@@ -6,7 +6,7 @@ against TensorFlow's ring all-reduce, on hosts made of network namespaces.
 
 A layout "NxK" is N worker hosts (one worker each) and K separate server hosts; "Nc"
 puts a server on each of the N worker hosts; "NhK" is the BytePS paper's hybrid, a
-server on each of the N worker hosts plus K server-only hosts (tf_bps/runtime/placement.py
+server on each of the N worker hosts plus K server-only hosts (tf_bps/runtime/server_shares.py
 splits the traffic unevenly between them). Every host's link is limited to --mbit in
 each direction (tests/netbed.py); the bandwidth B a host gets is measured with a plain
 TCP transfer first. For each layout the script prints the median time of a push_pull

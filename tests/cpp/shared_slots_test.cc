@@ -1,4 +1,4 @@
-// Unit tests of shared-memory slots (transport/shared_memory.h): where slots go,
+// Unit tests of shared-memory slots (wire/shared_memory.h): where slots go,
 // when their memory is given back, and how a channel holds what its peer may read.
 #include <sys/socket.h>
 #include <sys/stat.h>

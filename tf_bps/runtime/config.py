@@ -262,7 +262,7 @@ class Config:
     server_engine_threads: int
     force_distributed: bool
     # BYTEPS_ENABLE_ASYNC: servers keep the parameters and workers push weight deltas
-    # without waiting for each other (training.py, custom_ops/wire/protocol.h).
+    # without waiting for each other (training/asynchronous.py, custom_ops/wire/protocol.h).
     enable_async: bool
     enable_ipc: bool
     # The workers of one host sum push_pull partitions among themselves before one of

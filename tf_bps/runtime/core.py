@@ -13,8 +13,8 @@ import hmac
 import importlib
 from pathlib import Path
 
-from tf_bps.runtime import placement
 from tf_bps.runtime.config import Config, is_local_address
+from tf_bps.runtime.server_shares import server_shares
 
 # The native libraries and the server program lie at the top of the package.
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -88,7 +88,7 @@ def worker_init(rank: int, size: int, servers: list[str], merge_with: list[int],
     scheduler found merging), push_pull partitions are summed among them first. Where
     the job's workers (`worker_hosts`) and servers are on several hosts, partitions
     are cut for a network, and in the hybrid layout the servers get the BytePS paper's
-    uneven shares (placement.py); every worker reads the same address book, so all
+    uneven shares (server_shares.py); every worker reads the same address book, so all
     agree. `generation` is the address book's job generation (the scheduler starts a
     new one whenever an elastic job re-forms): servers of another refuse this worker.
     A synchronous elastic job's worker keeps a lost server's partitions until the
@@ -99,7 +99,7 @@ def worker_init(rank: int, size: int, servers: list[str], merge_with: list[int],
         host, port = server.rsplit(":", 1)
         addresses.append((host, int(port), config.enable_ipc and is_local_address(host)))
     server_hosts = [host for host, _, _ in addresses]
-    shares = placement.server_shares(server_hosts, list(worker_hosts))
+    shares = server_shares(server_hosts, list(worker_hosts))
     # Abstract socket names are per network namespace, and any process of the host may
     # bind one: keyed by the job token, nobody without it can take ours first. The
     # scheduler's address and the generation make them per job and per membership.

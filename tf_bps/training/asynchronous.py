@@ -7,7 +7,7 @@ before. No worker waits for another; only a variable's first exchange is special
 hands the servers rank 0's initial value, and every worker continues from that.
 
 The wire operation is the core's kAsyncPushPull (custom_ops/wire/protocol.h).
-DistributedOptimizer (training.py) and ParameterServerStrategy call this module; both
+DistributedOptimizer (training/distributed.py) and ParameterServerStrategy call this module; both
 pass each variable as the list of plain variables that hold its value (one, or a
 mirrored variable's per-device copies).
 """
