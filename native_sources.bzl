@@ -54,6 +54,7 @@ WORKER_SOURCES = [
     "custom_ops/worker/server_link.cc",
     "custom_ops/worker/server_routes.cc",
     "custom_ops/worker/worker.cc",
+    "custom_ops/worker/worker_gather.cc",
     "custom_ops/worker/worker_server_loss.cc",
     "custom_ops/worker/c_api.cc",
 ]
