@@ -1,137 +1,24 @@
-"""Helpers that run real tf_bps jobs: scheduler, servers and workers as processes."""
-
-from __future__ import annotations
-
-import json
-import os
-import re
-import signal
-import socket
-import subprocess
-import sys
-from pathlib import Path
+"""pytest's fixtures and hooks for the suite; the helpers live in harness.py."""
 
 import pytest
-
-TESTS = Path(__file__).resolve().parent
-WORKERS = TESTS / "workers"
-LAUNCH = [sys.executable, "-m", "tf_bps.launch"]
-sys.path.insert(0, str(WORKERS))  # cases.py is shared by worker scripts and tests.
-
-
-def marked_json(output: str, marker: str = "REPORT") -> dict[int, dict]:
-    """The JSON objects workers print after `marker `, by their "rank" field. A line the
-    core logged to stderr meanwhile may run on after the object (the two streams share
-    the pipe): the object ends where its JSON does."""
-    found = {}
-    for line in output.splitlines():
-        if f"{marker} " in line:
-            report, _ = json.JSONDecoder().raw_decode(line.split(f"{marker} ", 1)[1])
-            found[report["rank"]] = report
-    return found
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def base_env(**overrides) -> dict[str, str]:
-    """The test's environment without any job variables, plus `overrides`."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("DMLC_", "BYTEPS_", "PS_"))}
-    # PYTHONFAULTHANDLER: a process that crashes prints where each of its threads was.
-    env.update(TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1",
-               PYTHONPATH=os.pathsep.join([str(WORKERS), env.get("PYTHONPATH", "")]))
-    env.update({k: str(v) for k, v in overrides.items()})
-    return env
-
-
-def wait_for_line(process: subprocess.Popen, pattern: str) -> re.Match:
-    """Reads a process's output up to a line matching `pattern` (the test's timeout
-    bounds the wait); the rest stays for finish()."""
-    for line in process.stdout:
-        found = re.search(pattern, line)
-        if found:
-            return found
-    raise AssertionError(f"{process.args} ended before printing {pattern!r}")
-
-
-def worker_command(script: str, *args: str) -> list[str]:
-    return [sys.executable, str(WORKERS / script), *args]
-
-
-class Processes:
-    """Starts processes in their own sessions and ends exactly those, by PID."""
-
-    def __init__(self):
-        self.started: list[subprocess.Popen] = []
-
-    def start(self, command: list[str], env: dict[str, str], cwd=None) -> subprocess.Popen:
-        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, cwd=cwd,
-                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        self.started.append(process)
-        return process
-
-    def run(self, command: list[str], env: dict[str, str], timeout: float = 120, cwd=None):
-        """Runs to completion; returns (exit status, combined output)."""
-        return finish(self.start(command, env, cwd), timeout)
-
-    def launch(self, num_workers: int, script: str, *args: str, num_servers: int | None = None,
-               timeout: float = 120, extra: tuple[str, ...] = (), **env):
-        """bpslaunch -np N [extra options]: a whole job on this machine."""
-        command = [*LAUNCH, "-np", str(num_workers), *extra]
-        if num_servers is not None:
-            command += ["--num-servers", str(num_servers)]
-        return self.run([*command, *worker_command(script, *args)], base_env(**env), timeout)
-
-    def start_job_by_role(self, num_workers: int, num_servers: int, script: str, *args: str,
-                          **env) -> dict[str, subprocess.Popen]:
-        """Starts every role separately, as on several machines (DMLC_ROLE + bpslaunch)."""
-        common = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": free_port(),
-                  "DMLC_NUM_WORKER": num_workers, "DMLC_NUM_SERVER": num_servers, **env}
-        self.job_env = common
-        procs = {"scheduler": self.start(LAUNCH, base_env(DMLC_ROLE="scheduler", **common))}
-        for server in range(num_servers):
-            procs[f"server{server}"] = self.start(LAUNCH, base_env(DMLC_ROLE="server", **common))
-        for rank in range(num_workers):
-            procs[f"worker{rank}"] = self.start_worker(script, *args, DMLC_WORKER_ID=rank)
-        return procs
-
-    def start_worker(self, script: str, *args: str, **env) -> subprocess.Popen:
-        """A worker of the job start_job_by_role started last (one that joins an elastic
-        job later, say)."""
-        return self.start([*LAUNCH, *worker_command(script, *args)],
-                          base_env(**{"DMLC_ROLE": "worker", **self.job_env, **env}))
-
-    @staticmethod
-    def end(process: subprocess.Popen) -> None:
-        if process.poll() is None:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        process.wait()
-
-    def end_all(self) -> None:
-        for process in self.started:
-            self.end(process)
+from harness import JOB_FIXTURES, Processes
 
 
 @pytest.fixture
 def procs():
+    """Processes a test starts, each ended (by PID) when the test ends."""
     processes = Processes()
     yield processes
     processes.end_all()
 
 
-def finish(process: subprocess.Popen, timeout: float) -> tuple[int, str]:
-    """Waits for a started process; fails the test (not hangs) past `timeout`."""
-    try:
-        output, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        Processes.end(process)
-        output, _ = process.communicate()
-        pytest.fail(f"process {process.args} still running after {timeout} s:\n{output}")
-    return process.returncode, output
+def pytest_collection_modifyitems(items):
+    """Every test is `unit`, `job` or `build` (pytest -m unit: the fast ones). A module
+    may mark itself; otherwise a test that starts processes (through `procs`, or a
+    module_job fixture) is a job."""
+    kinds = ("unit", "job", "build")
+    for item in items:
+        if any(item.get_closest_marker(kind) for kind in kinds):
+            continue
+        starts = "procs" in item.fixturenames or JOB_FIXTURES & set(item.fixturenames)
+        item.add_marker("job" if starts else "unit")

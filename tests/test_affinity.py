@@ -6,7 +6,7 @@ import os
 import sys
 
 import pytest
-from conftest import LAUNCH, base_env
+from harness import LAUNCH, base_env
 
 from tf_bps.launch.affinity import Topology, plan_cores
 from tf_bps.runtime.config import Config, ConfigError

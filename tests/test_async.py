@@ -4,7 +4,7 @@ push weight deltas and never wait for each other."""
 import sys
 
 import pytest
-from conftest import LAUNCH, WORKERS, base_env, finish, free_port, marked_json, worker_command
+from harness import LAUNCH, WORKERS, base_env, finish, free_port, marked_json, worker_command
 
 import tf_bps as bps
 

@@ -11,11 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import WORKERS, marked_json
 from gpu_api import declare
+from harness import WORKERS, marked_json
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.skipif(shutil.which("bazel") is None, reason="bazel is not installed")
+pytestmark = [pytest.mark.build,
+              pytest.mark.skipif(shutil.which("bazel") is None, reason="bazel is not installed")]
 
 
 def test_bazel_builds_tests_and_its_libraries_run_a_job(procs, tmp_path):

@@ -9,7 +9,7 @@ import shutil
 import time
 
 import pytest
-from conftest import base_env, finish, worker_command
+from harness import base_env, finish, worker_command
 from netbed import NetBed, NetBedUnavailable
 
 from tf_bps.runtime.cluster_env import ClusterError, expand_nodelist

@@ -4,7 +4,7 @@ core's compressors (BytePS's) on both legs of push_pull against a model of their
 
 import re
 
-from conftest import marked_json as reports
+from harness import marked_json as reports
 
 
 def server_traffic(output: str) -> dict[str, tuple[int, int]]:

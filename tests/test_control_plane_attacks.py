@@ -14,7 +14,7 @@ import time
 
 import pytest
 import zmq
-from conftest import LAUNCH, base_env, finish, free_port, worker_command
+from harness import LAUNCH, base_env, finish, free_port, worker_command
 from relays import Relay, zmtp_frame, zmtp_messages
 
 TOKEN = "the job's secret, long enough"

@@ -5,7 +5,7 @@ real job of two workers and two servers, and the refusals that need no job."""
 import re
 
 import pytest
-from conftest import marked_json as reports
+from harness import marked_json as reports
 
 import tf_bps as bps
 from tf_bps.runtime.config import Config

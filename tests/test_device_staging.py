@@ -10,7 +10,7 @@ import importlib.util
 import subprocess
 
 import pytest
-from conftest import marked_json
+from harness import marked_json
 
 CASES = 53  # the checks device_collectives.py makes
 

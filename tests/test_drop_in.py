@@ -7,7 +7,7 @@ import os
 import sys
 
 import pytest
-from conftest import LAUNCH, TESTS, base_env, finish, marked_json
+from harness import LAUNCH, TESTS, base_env, finish, marked_json, module_job
 
 DROP_IN = TESTS / "workers" / "drop_in"
 
@@ -132,17 +132,11 @@ def test_multi_worker_tutorial_alone(procs, tmp_path):
         "worker", 0, True)
 
 
-@pytest.fixture(scope="module")
-def surface():
-    from conftest import Processes
-
-    processes = Processes()
-    try:
-        command = [*LAUNCH, "-np", "2", sys.executable, str(DROP_IN / "api_surface.py")]
-        status, output = processes.run(command, base_env(PYTHONPATH=str(DROP_IN),
-                                                         BYTEPS_LOG_LEVEL="INFO"), timeout=180)
-    finally:
-        processes.end_all()
+@module_job
+def surface(processes, _):
+    command = [*LAUNCH, "-np", "2", sys.executable, str(DROP_IN / "api_surface.py")]
+    status, output = processes.run(command, base_env(PYTHONPATH=str(DROP_IN),
+                                                     BYTEPS_LOG_LEVEL="INFO"), timeout=180)
     assert status == 0, output
     got = marked_json(output)
     assert sorted(got) == [0, 1], output

@@ -7,24 +7,14 @@ import signal
 import time
 
 import pytest
-from conftest import LAUNCH, base_env, finish, free_port, worker_command
-from conftest import marked_json as reports
+from harness import LAUNCH, base_env, finish, free_port, module_job, worker_command
+from harness import marked_json as reports
 from netbed import NetBed, NetBedUnavailable
 
 
-@pytest.fixture(scope="module")
-def job():
-    from conftest import Processes
-
-    processes = Processes()
-    try:
-        status, output = processes.launch(2, "elastic_state.py")
-    finally:
-        processes.end_all()
-    assert status == 0, output
-    got = reports(output)
-    assert sorted(got) == [0, 1], output
-    return got
+@module_job
+def job(processes, _):
+    return processes.reports(2, "elastic_state.py")[0]
 
 
 ONES = [[[1.0, 1.0], [1.0, 1.0]], [1.0, 1.0]]

@@ -7,8 +7,8 @@ import subprocess
 import time
 
 import pytest
-from conftest import LAUNCH, base_env, finish, worker_command
-from conftest import marked_json as reports
+from harness import LAUNCH, base_env, finish, worker_command
+from harness import marked_json as reports
 
 # A dead worker that no server saw close its connection is found by its silence, and a
 # failed elastic job's scheduler stays a heartbeat timeout to tell workers between

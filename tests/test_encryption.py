@@ -10,7 +10,7 @@ import struct
 import subprocess
 
 import pytest
-from conftest import LAUNCH, base_env, finish, free_port, wait_for_line, worker_command
+from harness import LAUNCH, base_env, finish, free_port, wait_for_line, worker_command
 from relays import Relay, recv_exact, zmtp_frame, zmtp_messages
 from test_collectives import check_collectives
 

@@ -4,7 +4,7 @@ held-out accuracy worth the name."""
 import re
 import sys
 
-from conftest import TESTS, base_env
+from harness import TESTS, base_env
 
 EXAMPLES = TESTS.parent / "examples"
 

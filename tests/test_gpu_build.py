@@ -11,12 +11,14 @@ import subprocess
 import sys
 
 import pytest
-from conftest import base_env
 from gpu_api import declare
+from harness import base_env
 
 from tf_bps.runtime.core import NotBuiltError, native_library
 
 INT8, BOOL = 8, 11  # common.h DataType wire values
+
+pytestmark = pytest.mark.build
 
 
 def _nvcc_found() -> bool:

@@ -14,6 +14,7 @@ import pytest
 from gpu_api import declare
 
 cupy = pytest.importorskip("cupy")
+pytestmark = pytest.mark.build  # compiles the kernels with nvcc
 ROOT = Path(__file__).resolve().parent.parent
 # common.h wire values
 DTYPES = {"float16": 1, "float32": 3, "float64": 4, "int32": 5, "int64": 6, "uint8": 7,

@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from conftest import LAUNCH, WORKERS, base_env, finish, free_port, wait_for_line, worker_command
+from harness import LAUNCH, WORKERS, base_env, finish, free_port, wait_for_line, worker_command
 from wire_stranger import (
     CHALLENGE,
     CHALLENGE_BYTES,

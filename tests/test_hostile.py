@@ -10,7 +10,7 @@ import threading
 import time
 
 import zmq
-from conftest import LAUNCH, base_env, finish, free_port, wait_for_line, worker_command
+from harness import LAUNCH, base_env, finish, free_port, wait_for_line, worker_command
 
 
 def _completes_with_right_sums(job: dict) -> dict[str, str]:

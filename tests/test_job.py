@@ -8,28 +8,22 @@ import sys
 import time
 
 import pytest
-from conftest import LAUNCH, base_env, finish, free_port, worker_command
-from conftest import marked_json as reports
+from harness import LAUNCH, base_env, finish, free_port, module_job, worker_command
+from harness import marked_json as reports
 
 from tf_bps.runtime.config import Config, ConfigError
 from tf_bps.runtime.core import server_executable
 
 
-@pytest.fixture(scope="module")
-def role_job():
+@module_job
+def role_job(processes, _):
     """broadcast_gradient.py in a job of 2 workers and 2 servers started role by role,
     shared by the two tests below: each process's (exit status, output), and the seconds
     from the start to the last exit."""
-    from conftest import Processes
-
-    processes = Processes()
-    try:
-        job = processes.start_job_by_role(2, 2, "broadcast_gradient.py")
-        started = time.monotonic()
-        outputs = {label: finish(process, timeout=60) for label, process in job.items()}
-        return outputs, time.monotonic() - started
-    finally:
-        processes.end_all()
+    job = processes.start_job_by_role(2, 2, "broadcast_gradient.py")
+    started = time.monotonic()
+    outputs = {label: finish(process, timeout=60) for label, process in job.items()}
+    return outputs, time.monotonic() - started
 
 
 def test_broadcast_and_gradients(role_job):

@@ -1,7 +1,7 @@
 """Horovod's join through a real job: a worker that ran out of data stops holding
 the others up, and everyone is in step again afterwards."""
 
-from conftest import marked_json
+from harness import marked_json
 
 
 def test_join_with_uneven_data(procs):

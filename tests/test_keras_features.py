@@ -5,29 +5,18 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import base_env
-from conftest import marked_json as reports
+from harness import base_env, module_job
 
 
-def _two_worker_job(tmp_path_factory, script: str):
+def _two_worker_job(processes, tmp_path_factory, script: str):
     """`script` on 2 workers, given a folder of its own: (each rank's REPORT, folder)."""
-    from conftest import Processes
-
     out = tmp_path_factory.mktemp(script.removesuffix(".py"))
-    processes = Processes()
-    try:
-        status, output = processes.launch(2, script, str(out))
-    finally:
-        processes.end_all()
-    assert status == 0, output
-    got = reports(output)
-    assert sorted(got) == [0, 1], output
-    return got, out
+    return processes.reports(2, script, str(out))[0], out
 
 
-@pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    return _two_worker_job(tmp_path_factory, "keras_features.py")
+@module_job
+def job(processes, tmp_path_factory):
+    return _two_worker_job(processes, tmp_path_factory, "keras_features.py")
 
 
 def test_optimizer_applies_only_the_average_and_keeps_its_identity(job):
@@ -105,11 +94,11 @@ def test_saved_model_reloads_without_tf_bps(job, procs):
     assert json.loads(weights) == got[0]["saved_weights"] == got[1]["saved_weights"]
 
 
-@pytest.fixture(scope="module")
-def layers_job(tmp_path_factory):
+@module_job
+def layers_job(processes, tmp_path_factory):
     """tests/workers/horovod_layers.py: each figure is the largest difference from one
     process computing the same on the global batch."""
-    return _two_worker_job(tmp_path_factory, "horovod_layers.py")
+    return _two_worker_job(processes, tmp_path_factory, "horovod_layers.py")
 
 
 def test_sync_batch_normalization_uses_the_global_batch(layers_job):

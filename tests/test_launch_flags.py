@@ -7,7 +7,7 @@ import json
 import re
 import sys
 
-from conftest import LAUNCH, base_env, finish, free_port, worker_command
+from harness import LAUNCH, base_env, finish, free_port, worker_command
 
 import tf_bps
 

@@ -9,7 +9,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import LAUNCH, base_env, finish, free_port, worker_command
+from harness import LAUNCH, base_env, finish, free_port, worker_command
 from netbed import NetBed, NetBedUnavailable
 
 HOSTS, LOCAL_SIZE = 2, 2

@@ -10,7 +10,7 @@ shared memory along: the server no longer maps it."""
 import re
 import time
 
-from conftest import LAUNCH, base_env, worker_command
+from harness import LAUNCH, base_env, worker_command
 from memory import follow, servers_of, watch_soak
 
 MB = 1 << 20

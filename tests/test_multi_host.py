@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from conftest import LAUNCH, base_env, finish, worker_command
+from harness import LAUNCH, base_env, finish, worker_command
 from netbed import NetBed, NetBedUnavailable, SshHosts
 from test_collectives import check_collectives
 

@@ -17,13 +17,14 @@ import venv
 from pathlib import Path
 
 import pytest
-from conftest import base_env, free_port
+from harness import base_env, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TENSORFLOW = "tensorflow==2.21.0"
 
-pytestmark = pytest.mark.skipif(os.environ.get("TF_BPS_PACKAGING_TEST") != "1",
-                                reason="builds and installs packages: TF_BPS_PACKAGING_TEST=1")
+pytestmark = [pytest.mark.build,
+              pytest.mark.skipif(os.environ.get("TF_BPS_PACKAGING_TEST") != "1",
+                                 reason="builds and installs packages: TF_BPS_PACKAGING_TEST=1")]
 
 # A worker that checks its sums, run by the installed package only.
 WORKER = """

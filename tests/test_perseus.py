@@ -5,7 +5,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import marked_json
+from harness import marked_json
 
 from tf_bps.runtime.config import WITHOUT_EFFECT, Config, ConfigError
 

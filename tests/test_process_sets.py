@@ -1,7 +1,7 @@
 """Process sets through a real 3-worker job: registration, every collective within a
 set, outsiders refused, gradients reduced over the set only (Horovod's semantics)."""
 
-from conftest import marked_json
+from harness import marked_json
 
 
 def test_process_sets(procs):

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 from cases import cases, expected
-from conftest import marked_json
+from harness import marked_json
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import socket
 import threading
 import time
 
-from conftest import finish, wait_for_line
+from harness import finish, wait_for_line
 
 ZMTP_GREETING = b"\xff" + b"\x00" * 8 + b"\x7f\x03\x00NULL" + b"\x00" * 16 + b"\x00" + b"\x00" * 31
 _READY_BODY = b"\x05READY\x0bSocket-Type\x00\x00\x00\x06DEALER"

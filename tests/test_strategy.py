@@ -1,22 +1,11 @@
 """ParameterServerStrategy beyond fit: initial values, input, evaluate, predict."""
 
-import pytest
-from conftest import marked_json as reports
+from harness import module_job
 
 
-@pytest.fixture(scope="module")
-def got():
-    from conftest import Processes
-
-    processes = Processes()
-    try:
-        status, output = processes.launch(2, "strategy_features.py")
-    finally:
-        processes.end_all()
-    assert status == 0, output
-    found = reports(output)
-    assert sorted(found) == [0, 1], output
-    return found
+@module_job
+def got(processes, _):
+    return processes.reports(2, "strategy_features.py")[0]
 
 
 def test_replicas_span_workers_and_local_devices(got):

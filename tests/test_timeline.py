@@ -7,7 +7,7 @@ import json
 import sys
 from collections import defaultdict
 
-from conftest import LAUNCH, base_env, worker_command
+from harness import LAUNCH, base_env, worker_command
 
 STAGES = ["REDUCE", "QUEUE", "PUSH", "PULL", "BROADCAST"]  # in the order a partition meets them
 

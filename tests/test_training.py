@@ -5,7 +5,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import base_env, finish, marked_json, worker_command
+from harness import base_env, finish, marked_json, module_job, worker_command
 
 
 def trained(output: str) -> dict[int, dict]:
@@ -57,17 +57,11 @@ def _train(procs, out, args: list[str], timeout: float = 120):
     return output, reference_output
 
 
-@pytest.fixture(scope="module")
-def shared_job(tmp_path_factory):
-    from conftest import Processes
-
-    processes = Processes()
+@module_job
+def shared_job(processes, tmp_path_factory):
     out = tmp_path_factory.mktemp("shared")
     cases = ",".join(f"{m}/{o}/{p}/{c}" for m, o, p, c, _ in SHARED)
-    try:
-        return out, *_train(processes, out, ["--cases", cases], timeout=400)
-    finally:
-        processes.end_all()
+    return out, *_train(processes, out, ["--cases", cases], timeout=400)
 
 
 @pytest.mark.parametrize("mode,optimizer,passes,compression,tolerance", CASES,
