@@ -57,6 +57,7 @@ WORKER_SOURCES = [
     "custom_ops/worker/worker_gather.cc",
     "custom_ops/worker/worker_server_loss.cc",
     "custom_ops/worker/c_api.cc",
+    "custom_ops/worker/c_api_formats.cc",
 ]
 SERVER_ENGINE_SOURCES = [
     "custom_ops/server/round_engine.cc",

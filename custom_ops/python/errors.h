@@ -1,6 +1,6 @@
-// The exception both Python modules raise: a RuntimeError subclass whose `kind`
-// attribute names the core's ErrorKind ("mismatch", "peer gone", ...), so Python
-// code can tell failures apart without parsing messages.
+// The exception the binding raises: a RuntimeError subclass whose `kind` attribute
+// names the core's error kind (bps_error_kind_name: "mismatch", "peer gone", ...), so
+// Python code can tell failures apart without parsing messages.
 #ifndef TF_BPS_PYTHON_ERRORS_H_
 #define TF_BPS_PYTHON_ERRORS_H_
 
@@ -9,18 +9,17 @@
 #include <stdexcept>
 #include <string>
 
-#include "../common/common.h"
+#include "../worker/c_api.h"
 
 namespace bps {
 
 class CoreError : public std::runtime_error {
  public:
-  CoreError(ErrorKind kind, const std::string& message)
-      : std::runtime_error(message), kind_(kind) {}
-  ErrorKind kind() const { return kind_; }
+  CoreError(int kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
+  int kind() const { return kind_; }  // bps_error_kind
 
  private:
-  ErrorKind kind_;
+  int kind_;
 };
 
 // Adds `CoreError` to `module` and translates the C++ exception into it.
@@ -36,7 +35,7 @@ inline void RegisterCoreError(pybind11::module_& module) {
     } catch (const CoreError& error) {
       pybind11::object instance =
           pybind11::reinterpret_borrow<pybind11::object>(type)(error.what());
-      instance.attr("kind") = ErrorKindName(error.kind());
+      instance.attr("kind") = bps_error_kind_name(error.kind());
       PyErr_SetObject(type, instance.ptr());
     }
   });

@@ -11,7 +11,6 @@
 #include <tuple>
 #include <vector>
 
-#include "../compression/compressor.h"
 #include "../worker/c_api.h"
 #include "errors.h"
 
@@ -21,7 +20,7 @@ namespace {
 
 void Check(int result) {
   if (result != 0)
-    throw bps::CoreError(static_cast<bps::ErrorKind>(bps_last_error_kind()), bps_last_error());
+    throw bps::CoreError(bps_last_error_kind(), bps_last_error());
 }
 
 std::string Failure() {
@@ -106,23 +105,18 @@ py::object OpenMessage(const std::string& key, unsigned long long sequence,
   return py::bytes(clear);
 }
 
-// The gradient compressors (custom_ops/compression), for tests against models of their
-// formats: these call the core's C++ directly, not its C API. A bad spec or malformed
-// data raises ValueError with the parser's message.
-std::unique_ptr<bps::Compressor> CompressorOf(const std::string& text) {
-  bps::CompressorSpec spec;
-  const bps::Status status = bps::ParseCompressorSpec(text, &spec);
-  if (!status.ok()) throw py::value_error(status.message());
-  if (!spec.compresses()) throw py::value_error("compression: '" + text + "' does not compress");
-  return bps::MakeCompressor(spec);
+// The gradient compressors (custom_ops/compression) through the C API, for tests
+// against models of their formats. A bad spec or malformed data raises ValueError with
+// the core's message.
+void CheckCompression(long long result) {
+  if (result < 0) throw py::value_error(bps_last_error());
 }
 
 // The canonical text of a spec (what workers declare), or ValueError naming what is wrong.
 std::string CanonicalCompression(const std::string& text) {
-  bps::CompressorSpec spec;
-  const bps::Status status = bps::ParseCompressorSpec(text, &spec);
-  if (!status.ok()) throw py::value_error(status.message());
-  return bps::FormatCompressorSpec(spec);
+  char canonical[1024];
+  CheckCompression(bps_compression_canonical(text.c_str(), canonical, sizeof(canonical)));
+  return canonical;
 }
 
 // float32 elements from a float32 array (C-contiguous) or from bytes.
@@ -146,23 +140,23 @@ std::vector<float> FloatsOf(const py::buffer& values) {
 
 py::bytes Compress(const std::string& spec, const py::buffer& values, uint64_t stream,
                    uint32_t round) {
-  const auto compressor = CompressorOf(spec);
   const std::vector<float> in = FloatsOf(values);
-  std::string out(compressor->CompressedBytes(in.size()), '\0');
-  compressor->Compress(in.data(), in.size(), stream, round, out.data());
+  const long long bytes = bps_compressed_bytes(spec.c_str(), in.size());
+  CheckCompression(bytes);
+  std::string out(static_cast<size_t>(bytes), '\0');
+  CheckCompression(bps_compress(spec.c_str(), in.data(), in.size(), stream, round, out.data()));
   return py::bytes(out);
 }
 
 py::bytes Decompress(const std::string& spec, const std::string& data, size_t n) {
-  const auto compressor = CompressorOf(spec);
-  const size_t expected = compressor->CompressedBytes(n);
-  if (data.size() != expected)
-    throw py::value_error("compression: " + std::to_string(data.size()) + " bytes for " +
-                          std::to_string(n) + " elements, not " + std::to_string(expected));
-  if (!compressor->Valid(data.data(), n))
-    throw py::value_error("compression: malformed data for '" + spec + "'");
+  // The length is checked before `n` elements are allocated: a wrong one fails the call
+  // before it writes anything.
+  const long long expected = bps_compressed_bytes(spec.c_str(), n);
+  CheckCompression(expected);
+  if (static_cast<size_t>(expected) != data.size())
+    CheckCompression(bps_decompress(spec.c_str(), data.data(), data.size(), n, nullptr));
   std::vector<float> out(n);
-  compressor->Decompress(data.data(), n, out.data());
+  CheckCompression(bps_decompress(spec.c_str(), data.data(), data.size(), n, out.data()));
   return py::bytes(reinterpret_cast<const char*>(out.data()), 4 * n);
 }
 

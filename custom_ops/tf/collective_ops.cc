@@ -7,8 +7,6 @@
 #include <utility>
 #include <vector>
 
-#include "../common/common.h"
-#include "../wire/protocol.h"
 #include "../worker/c_api.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
@@ -28,19 +26,14 @@ using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
 
-bool ToCoreType(tensorflow::DataType dtype, bps::DataType* out) {
-  static constexpr std::pair<tensorflow::DataType, bps::DataType> kTypes[] = {
-      {tensorflow::DT_HALF, bps::DataType::kFloat16},
-      {tensorflow::DT_BFLOAT16, bps::DataType::kBFloat16},
-      {tensorflow::DT_FLOAT, bps::DataType::kFloat32},
-      {tensorflow::DT_DOUBLE, bps::DataType::kFloat64},
-      {tensorflow::DT_INT32, bps::DataType::kInt32},
-      {tensorflow::DT_INT64, bps::DataType::kInt64},
-      {tensorflow::DT_UINT8, bps::DataType::kUint8},
-      {tensorflow::DT_INT8, bps::DataType::kInt8},
-      {tensorflow::DT_UINT16, bps::DataType::kUint16},
-      {tensorflow::DT_INT16, bps::DataType::kInt16},
-      {tensorflow::DT_BOOL, bps::DataType::kBool},
+bool ToCoreType(tensorflow::DataType dtype, bps_dtype* out) {
+  static constexpr std::pair<tensorflow::DataType, bps_dtype> kTypes[] = {
+      {tensorflow::DT_HALF, BPS_FLOAT16},   {tensorflow::DT_BFLOAT16, BPS_BFLOAT16},
+      {tensorflow::DT_FLOAT, BPS_FLOAT32},  {tensorflow::DT_DOUBLE, BPS_FLOAT64},
+      {tensorflow::DT_INT32, BPS_INT32},    {tensorflow::DT_INT64, BPS_INT64},
+      {tensorflow::DT_UINT8, BPS_UINT8},    {tensorflow::DT_INT8, BPS_INT8},
+      {tensorflow::DT_UINT16, BPS_UINT16},  {tensorflow::DT_INT16, BPS_INT16},
+      {tensorflow::DT_BOOL, BPS_BOOL},
   };
   for (const auto& [framework, core] : kTypes) {
     if (framework != dtype) continue;
@@ -52,21 +45,21 @@ bool ToCoreType(tensorflow::DataType dtype, bps::DataType* out) {
 
 // The error class a Python user catches for each way an operation can fail.
 absl::Status ToTensorFlowStatus(int kind, const char* message) {
-  switch (static_cast<bps::ErrorKind>(kind)) {
-    case bps::ErrorKind::kOk:
+  switch (kind) {
+    case BPS_OK:
       return absl::OkStatus();
-    case bps::ErrorKind::kInvalidArgument:
+    case BPS_INVALID_ARGUMENT:
       return absl::InvalidArgumentError(message);
-    case bps::ErrorKind::kMismatch:
-    case bps::ErrorKind::kShutdown:
+    case BPS_MISMATCH:
+    case BPS_SHUTDOWN:
       return absl::FailedPreconditionError(message);
-    case bps::ErrorKind::kPeerGone:
+    case BPS_PEER_GONE:
       return absl::UnavailableError(message);
-    case bps::ErrorKind::kAborted:
+    case BPS_ABORTED:
       return absl::AbortedError(message);
-    case bps::ErrorKind::kTimeout:
+    case BPS_TIMEOUT:
       return absl::DeadlineExceededError(message);
-    case bps::ErrorKind::kInternal:
+    default:
       break;
   }
   return absl::InternalError(message);
@@ -110,7 +103,7 @@ void Finish(void* ctx, int error_kind, const char* message) {
 // One kernel class for every collective: only the kind and its attributes differ.
 class CollectiveOp : public AsyncOpKernel {
  public:
-  CollectiveOp(OpKernelConstruction* context, bps::OpKind kind)
+  CollectiveOp(OpKernelConstruction* context, bps_op_kind kind)
       : AsyncOpKernel(context), kind_(kind) {
     OP_REQUIRES_OK(context, context->GetAttr("tensor_name", &tensor_name_));
     if (context->HasAttr("process_set"))  // Asynchronous training has no process sets.
@@ -139,17 +132,17 @@ class CollectiveOp : public AsyncOpKernel {
 
  protected:
   bool RootKeepsInput() const {
-    return kind_ == bps::OpKind::kBroadcast && root_rank_ == bps_worker_rank();
+    return kind_ == BPS_BROADCAST && root_rank_ == bps_worker_rank();
   }
   bool OutputIsInputSized() const {
-    return kind_ == bps::OpKind::kPushPull || kind_ == bps::OpKind::kBroadcast ||
-           kind_ == bps::OpKind::kAsyncPushPull;
+    return kind_ == BPS_PUSH_PULL || kind_ == BPS_BROADCAST ||
+           kind_ == BPS_ASYNC_PUSH_PULL;
   }
 
   // The core's type of the tensor, or why it has none.
-  absl::Status CoreType(const Tensor& input, bps::DataType* dtype) const {
+  absl::Status CoreType(const Tensor& input, bps_dtype* dtype) const {
     if (ToCoreType(input.dtype(), dtype)) return absl::OkStatus();
-    return absl::InvalidArgumentError(std::string(bps::OpKindName(kind_)) + " does not support " +
+    return absl::InvalidArgumentError(std::string(bps_op_kind_name(kind_)) + " does not support " +
                                       tensorflow::DataTypeString(input.dtype()) + " (tensor '" +
                                       tensor_name_ + "')");
   }
@@ -163,7 +156,7 @@ class CollectiveOp : public AsyncOpKernel {
   // Hands `input` to the core, with the result going to `output` (or to an output the
   // core asks for once it knows the size, when null), both where Place says.
   void Enqueue(OpKernelContext* context, const Tensor& input, void* output, DoneCallback done) {
-    bps::DataType dtype;
+    bps_dtype dtype;
     OP_REQUIRES_OK_ASYNC(context, CoreType(input, &dtype), done);
     std::vector<long long> shape;
     for (int i = 0; i < input.dims(); ++i) shape.push_back(input.dim_size(i));
@@ -184,7 +177,7 @@ class CollectiveOp : public AsyncOpKernel {
     op.bytes = input.TotalBytes();
     OP_REQUIRES_OK_ASYNC(context, Place(context, &op), done);
     std::vector<long long> splits;
-    if (kind_ == bps::OpKind::kAlltoall) {
+    if (kind_ == BPS_ALLTOALL) {
       const Tensor& given = context->input(1);
       OP_REQUIRES_ASYNC(context, given.dims() == 1,
                         absl::InvalidArgumentError("alltoall splits must be a vector (tensor '" +
@@ -205,7 +198,7 @@ class CollectiveOp : public AsyncOpKernel {
     OP_REQUIRES_OK(context, context->GetAttr("postscale_factor", &postscale_));
   }
 
-  const bps::OpKind kind_;
+  const bps_op_kind kind_;
   std::string tensor_name_;
   int reduce_op_ = 0;
   int root_rank_ = 0;
@@ -218,7 +211,7 @@ class CollectiveOp : public AsyncOpKernel {
 class PushPullOp : public CollectiveOp {
  public:
   explicit PushPullOp(OpKernelConstruction* context)
-      : CollectiveOp(context, bps::OpKind::kPushPull) {
+      : CollectiveOp(context, BPS_PUSH_PULL) {
     ReadReductionAttrs(context);
     OP_REQUIRES_OK(context, context->GetAttr("compression", &compression_));
   }
@@ -227,7 +220,7 @@ class PushPullOp : public CollectiveOp {
 class BroadcastOp : public CollectiveOp {
  public:
   explicit BroadcastOp(OpKernelConstruction* context)
-      : CollectiveOp(context, bps::OpKind::kBroadcast) {
+      : CollectiveOp(context, BPS_BROADCAST) {
     OP_REQUIRES_OK(context, context->GetAttr("root_rank", &root_rank_));
   }
 };
@@ -235,19 +228,19 @@ class BroadcastOp : public CollectiveOp {
 class AllgatherOp : public CollectiveOp {
  public:
   explicit AllgatherOp(OpKernelConstruction* context)
-      : CollectiveOp(context, bps::OpKind::kAllgather) {}
+      : CollectiveOp(context, BPS_ALLGATHER) {}
 };
 
 class AlltoallOp : public CollectiveOp {
  public:
   explicit AlltoallOp(OpKernelConstruction* context)
-      : CollectiveOp(context, bps::OpKind::kAlltoall) {}
+      : CollectiveOp(context, BPS_ALLTOALL) {}
 };
 
 class ReducescatterOp : public CollectiveOp {
  public:
   explicit ReducescatterOp(OpKernelConstruction* context)
-      : CollectiveOp(context, bps::OpKind::kReduceScatter) {
+      : CollectiveOp(context, BPS_REDUCESCATTER) {
     ReadReductionAttrs(context);
   }
 };
@@ -255,7 +248,7 @@ class ReducescatterOp : public CollectiveOp {
 class AsyncPushPullOp : public CollectiveOp {
  public:
   explicit AsyncPushPullOp(OpKernelConstruction* context)
-      : CollectiveOp(context, bps::OpKind::kAsyncPushPull) {}
+      : CollectiveOp(context, BPS_ASYNC_PUSH_PULL) {}
 };
 
 #ifdef TF_BPS_GPU_KERNELS

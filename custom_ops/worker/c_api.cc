@@ -12,12 +12,45 @@
 
 #include "../common/logging.h"
 #include "../common/reduce.h"
-#include "../wire/crypto.h"
+#include "c_api_errors.h"
 #include "device.h"
 #include "task.h"
 #include "worker.h"
 
 namespace bps {
+
+// The C enums are the core's own values.
+static_assert(BPS_PUSH_PULL == static_cast<int>(OpKind::kPushPull) &&
+              BPS_BROADCAST == static_cast<int>(OpKind::kBroadcast) &&
+              BPS_ALLGATHER == static_cast<int>(OpKind::kAllgather) &&
+              BPS_ALLTOALL == static_cast<int>(OpKind::kAlltoall) &&
+              BPS_REDUCESCATTER == static_cast<int>(OpKind::kReduceScatter) &&
+              BPS_ASYNC_PUSH_PULL == static_cast<int>(OpKind::kAsyncPushPull));
+static_assert(BPS_FLOAT16 == static_cast<int>(DataType::kFloat16) &&
+              BPS_BFLOAT16 == static_cast<int>(DataType::kBFloat16) &&
+              BPS_FLOAT32 == static_cast<int>(DataType::kFloat32) &&
+              BPS_FLOAT64 == static_cast<int>(DataType::kFloat64) &&
+              BPS_INT32 == static_cast<int>(DataType::kInt32) &&
+              BPS_INT64 == static_cast<int>(DataType::kInt64) &&
+              BPS_UINT8 == static_cast<int>(DataType::kUint8) &&
+              BPS_INT8 == static_cast<int>(DataType::kInt8) &&
+              BPS_UINT16 == static_cast<int>(DataType::kUint16) &&
+              BPS_INT16 == static_cast<int>(DataType::kInt16) &&
+              BPS_BOOL == static_cast<int>(DataType::kBool));
+static_assert(BPS_SUM == static_cast<int>(ReduceOp::kSum) &&
+              BPS_AVERAGE == static_cast<int>(ReduceOp::kAverage) &&
+              BPS_MIN == static_cast<int>(ReduceOp::kMin) &&
+              BPS_MAX == static_cast<int>(ReduceOp::kMax) &&
+              BPS_PRODUCT == static_cast<int>(ReduceOp::kProduct));
+static_assert(BPS_OK == static_cast<int>(ErrorKind::kOk) &&
+              BPS_INVALID_ARGUMENT == static_cast<int>(ErrorKind::kInvalidArgument) &&
+              BPS_MISMATCH == static_cast<int>(ErrorKind::kMismatch) &&
+              BPS_PEER_GONE == static_cast<int>(ErrorKind::kPeerGone) &&
+              BPS_ABORTED == static_cast<int>(ErrorKind::kAborted) &&
+              BPS_TIMEOUT == static_cast<int>(ErrorKind::kTimeout) &&
+              BPS_INTERNAL == static_cast<int>(ErrorKind::kInternal) &&
+              BPS_SHUTDOWN == static_cast<int>(ErrorKind::kShutdown));
+
 namespace {
 
 // What bps.init() set up. Shared pointers let an op in flight outlive shutdown().
@@ -45,23 +78,6 @@ bool CurrentWorker(std::shared_ptr<Worker>* worker) {
   std::lock_guard<std::mutex> lock(state.mutex);
   *worker = state.worker;
   return state.initialised;
-}
-
-thread_local Status t_last_error = Status::OK();
-
-int Fail(const Status& status) {
-  t_last_error = status;
-  return -1;
-}
-
-int Fail(const std::string& message) {
-  return Fail(Status::Error(ErrorKind::kInvalidArgument, message));
-}
-
-SealKey KeyAt(const unsigned char* bytes) {
-  SealKey key;
-  std::memcpy(key.data(), bytes, key.size());
-  return key;
 }
 
 int CopyOut(const std::string& text, char* buf, int capacity) {
@@ -233,9 +249,19 @@ using bps::Status;
 
 extern "C" {
 
-const char* bps_last_error(void) { return bps::t_last_error.message().c_str(); }
+const char* bps_op_kind_name(int kind) {
+  if (kind < 0 || kind > 255 || !bps::IsValidOpKind(static_cast<uint8_t>(kind))) return "unknown";
+  return bps::OpKindName(static_cast<bps::OpKind>(kind));
+}
 
-int bps_last_error_kind(void) { return static_cast<int>(bps::t_last_error.kind()); }
+const char* bps_error_kind_name(int kind) {
+  if (kind < 0 || kind > static_cast<int>(bps::ErrorKind::kShutdown)) return "unknown";
+  return bps::ErrorKindName(static_cast<bps::ErrorKind>(kind));
+}
+
+const char* bps_last_error(void) { return bps::LastCallError().message().c_str(); }
+
+int bps_last_error_kind(void) { return static_cast<int>(bps::LastCallError().kind()); }
 
 void bps_set_logging(int level, const char* prefix) {
   bps::SetLogLevel(static_cast<bps::LogLevel>(level));
@@ -484,34 +510,6 @@ void bps_worker_shutdown(void) {
     state.early_abort.clear();
   }
   if (worker) worker->Stop();
-}
-
-int bps_control_keys(const char* token, const char* scheduler_nonce, const char* node_nonce,
-                     unsigned char* keys) {
-  bps::ControlKeys derived;
-  Status status = bps::DeriveControlKeys(token, scheduler_nonce, node_nonce, &derived);
-  std::memcpy(keys, derived.node_to_scheduler.data(), derived.node_to_scheduler.size());
-  std::memcpy(keys + derived.node_to_scheduler.size(), derived.scheduler_to_node.data(),
-              derived.scheduler_to_node.size());
-  return status.ok() ? 0 : bps::Fail(status);
-}
-
-int bps_seal_message(const unsigned char* key, unsigned long long sequence, const char* clear,
-                     int bytes, char* out) {
-  std::string sealed;
-  Status status = bps::SealMessage(bps::KeyAt(key), sequence, std::string(clear, bytes), &sealed);
-  if (status.ok()) std::memcpy(out, sealed.data(), sealed.size());
-  return status.ok() ? 0 : bps::Fail(status);
-}
-
-int bps_open_message(const unsigned char* key, unsigned long long sequence, const char* sealed,
-                     int bytes, char* out) {
-  std::string clear;
-  if (!bps::OpenMessage(bps::KeyAt(key), sequence, std::string(sealed, bytes), &clear))
-    return bps::Fail(
-        Status::Error(bps::ErrorKind::kInvalidArgument, "a control message does not authenticate"));
-  std::memcpy(out, clear.data(), clear.size());
-  return 0;
 }
 
 }  // extern "C"

@@ -9,8 +9,57 @@
 extern "C" {
 #endif
 
+/* The core's values, as its frames carry them (common.h and wire/protocol.h hold the
+ * same enums for C++; c_api.cc checks that they agree). */
+typedef enum bps_op_kind {
+  BPS_PUSH_PULL = 1,
+  BPS_BROADCAST = 2,
+  BPS_ALLGATHER = 3,
+  BPS_ALLTOALL = 4,
+  BPS_REDUCESCATTER = 5,
+  BPS_ASYNC_PUSH_PULL = 6 /* asynchronous training: a weight delta added at the servers */
+} bps_op_kind;
+
+typedef enum bps_dtype {
+  BPS_FLOAT16 = 1,
+  BPS_BFLOAT16 = 2,
+  BPS_FLOAT32 = 3,
+  BPS_FLOAT64 = 4,
+  BPS_INT32 = 5,
+  BPS_INT64 = 6,
+  BPS_UINT8 = 7,
+  BPS_INT8 = 8,
+  BPS_UINT16 = 9,
+  BPS_INT16 = 10,
+  BPS_BOOL = 11 /* one byte per element, 0 or 1 */
+} bps_dtype;
+
+typedef enum bps_reduce_op {
+  BPS_SUM = 0,
+  BPS_AVERAGE = 1,
+  BPS_MIN = 2,
+  BPS_MAX = 3,
+  BPS_PRODUCT = 4
+} bps_reduce_op;
+
+/* Why an operation failed, so that an adapter raises the matching error class. */
+typedef enum bps_error_kind {
+  BPS_OK = 0,
+  BPS_INVALID_ARGUMENT = 1, /* the caller's input is unusable */
+  BPS_MISMATCH = 2,         /* workers disagree on a tensor's shape, dtype, root, op... */
+  BPS_PEER_GONE = 3,        /* a server or worker died or closed its connection */
+  BPS_ABORTED = 4,          /* the round was abandoned (another worker failed) */
+  BPS_TIMEOUT = 5,          /* BYTEPS_OP_TIMEOUT passed */
+  BPS_INTERNAL = 6,         /* a bug, or a malformed peer */
+  BPS_SHUTDOWN = 7          /* tf_bps is not initialised, or was shut down */
+} bps_error_kind;
+
+/* "push_pull", "peer gone", ...: the names messages use; "unknown" for other values. */
+const char* bps_op_kind_name(int kind);
+const char* bps_error_kind_name(int kind);
+
 const char* bps_last_error(void);
-/* The error kind (common.h ErrorKind) of the last failure on this thread. */
+/* The error kind (bps_error_kind) of the last failure on this thread. */
 int bps_last_error_kind(void);
 /* 0 trace, 1 debug, 2 info, 3 warning, 4 error. */
 void bps_set_logging(int level, const char* prefix);
@@ -109,15 +158,13 @@ int bps_worker_declare(const char* const* names, int count);
  * server; count 0 removes it. Every worker registers the same sets in the same order. */
 int bps_worker_set_process_set(int id, const int* ranks, int count);
 
-/* One collective on one tensor. Values of kind: 1 push_pull, 2 broadcast,
- * 3 allgather, 4 alltoall, 5 reducescatter, 6 asynchronous push_pull (a push_pull with
- * `compression` travels compressed: the core picks that kind itself); dtype, reduce_op
- * and error kinds: the core's enums (common.h, protocol.h). */
+/* One collective on one tensor. A push_pull with `compression` travels compressed: the
+ * core picks that wire kind itself. */
 typedef struct bps_op {
   const char* name; /* stable across workers and steps; copied */
-  int kind;
-  int dtype;
-  int reduce_op; /* reductions: 0 sum, 1 average, 2 min, 3 max, 4 product */
+  int kind;         /* bps_op_kind */
+  int dtype;        /* bps_dtype */
+  int reduce_op;    /* bps_reduce_op, for reductions */
   int root_rank; /* broadcast */
   double prescale;
   double postscale;
@@ -163,6 +210,24 @@ typedef void (*bps_done_fn)(void* ctx, int error_kind, const char* message);
 /* Asynchronous: `done` runs exactly once, on a core thread or before this returns.
  * input/output must stay valid until then. */
 void bps_enqueue(const bps_op* op, bps_allocate_fn allocate, bps_done_fn done, void* ctx);
+
+/* BytePS's compressors as the core runs them, for adapters and for tests that check
+ * their formats; `spec` is a compressor's text, as bps_op's `compression`. On failure
+ * (-1) bps_last_error says what is wrong with the spec or the data. */
+/* Writes the canonical text of `spec` (what workers declare) into `out`, NUL-terminated;
+ * returns its length, or -1 (a bad spec, or `capacity` too small). */
+int bps_compression_canonical(const char* spec, char* out, int capacity);
+/* The bytes that `count` float32 elements compress to under `spec`; -1 when the spec
+ * is bad or compresses nothing. */
+long long bps_compressed_bytes(const char* spec, unsigned long long count);
+/* Compresses `count` float32 `values` as partition `stream` of `round` (a fresh
+ * compressor: no earlier error feedback) into `out` (bps_compressed_bytes long). */
+int bps_compress(const char* spec, const float* values, unsigned long long count,
+                 unsigned long long stream, unsigned int round, char* out);
+/* Decompresses `bytes` of `data` into `count` float32 elements at `out`; -1 when the
+ * data is not `count` elements' well-formed compressed form. */
+int bps_decompress(const char* spec, const char* data, unsigned long long bytes,
+                   unsigned long long count, float* out);
 
 /* The scheduler's messages with BYTEPS_ENCRYPT (custom_ops/wire/crypto.h), for the
  * Python side of the control plane: a registration's two 32-byte keys (node to
