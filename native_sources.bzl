@@ -42,6 +42,11 @@ ROUNDS_SOURCES = [
 ]
 WORKER_SOURCES = [
     "custom_ops/worker/task.cc",
+    "custom_ops/worker/op_policy.cc",
+    "custom_ops/worker/reduce_op.cc",
+    "custom_ops/worker/broadcast_op.cc",
+    "custom_ops/worker/scatter_op.cc",
+    "custom_ops/worker/gather_op.cc",
     "custom_ops/worker/credits.cc",
     "custom_ops/worker/timeline.cc",
     "custom_ops/worker/device.cc",
@@ -54,7 +59,6 @@ WORKER_SOURCES = [
     "custom_ops/worker/server_link.cc",
     "custom_ops/worker/server_routes.cc",
     "custom_ops/worker/worker.cc",
-    "custom_ops/worker/worker_gather.cc",
     "custom_ops/worker/worker_server_loss.cc",
     "custom_ops/worker/c_api.cc",
     "custom_ops/worker/c_api_formats.cc",
@@ -131,6 +135,11 @@ UNIT_TEST_SOURCES = [
 UNIT_TEST_PIECES = (COMMON_SOURCES + WIRE_SOURCES + COMPRESSION_SOURCES + ROUNDS_SOURCES +
                     SERVER_ENGINE_SOURCES + [
     "custom_ops/worker/task.cc",
+    "custom_ops/worker/op_policy.cc",
+    "custom_ops/worker/reduce_op.cc",
+    "custom_ops/worker/broadcast_op.cc",
+    "custom_ops/worker/scatter_op.cc",
+    "custom_ops/worker/gather_op.cc",
     "custom_ops/worker/credits.cc",
     "custom_ops/worker/timeline.cc",
     "custom_ops/worker/device.cc",

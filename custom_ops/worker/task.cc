@@ -5,6 +5,7 @@
 
 #include "../common/reduce.h"
 #include "../compression/registry.h"
+#include "op_policy.h"
 
 namespace bps {
 
@@ -14,12 +15,8 @@ bool Group::Contains(int rank) const {
 }
 
 Status CheckTaskSpec(const TaskSpec& spec, const Group& group) {
-  const int size = group.size();
   const Declaration& op = spec.op;
-  auto invalid = [&](const std::string& why) {
-    return Status::Error(ErrorKind::kInvalidArgument,
-                         std::string(OpKindName(op.kind)) + " of tensor '" + op.name + "': " + why);
-  };
+  auto invalid = [&](const std::string& why) { return InvalidRequest(op, why); };
   size_t bytes = DataTypeSize(op.dtype);
   for (int64_t dim : op.shape) {
     if (dim < 0) return invalid("negative dimension in " + ShapeString(op.dtype, op.shape));
@@ -32,58 +29,17 @@ Status CheckTaskSpec(const TaskSpec& spec, const Group& group) {
     return invalid(std::string(DataTypeName(op.dtype)) + " tensors cannot be reduced");
   if (!IsReduction(op.kind) && (op.prescale != 1.0 || op.postscale != 1.0))
     return invalid("scale factors apply to reductions only");
-  if (op.kind == OpKind::kAsyncPushPull) {
-    if (!CanReduce(op.dtype))
-      return invalid(std::string(DataTypeName(op.dtype)) + " tensors cannot be summed");
-    if (op.reduce_op != ReduceOp::kSum)
-      return invalid("an asynchronous update adds weight deltas; it takes no reduce op");
-    if (op.process_set != 0)
-      return invalid("asynchronous training spans every worker, not a process set");
-  }
-  if (op.kind == OpKind::kBroadcast && !group.Contains(op.root_rank))
-    return invalid("root rank " + std::to_string(op.root_rank) + " is not " +
-                   (op.process_set ? "in process set " + std::to_string(op.process_set)
-                                   : "a rank of this job (size " + std::to_string(size) + ")"));
-  if ((IsGather(op.kind) || op.kind == OpKind::kReduceScatter) && op.shape.empty())
-    return invalid("a scalar has no first dimension to split or concatenate along");
-  if (op.kind == OpKind::kAlltoall && !spec.splits.empty()) {
-    if (spec.splits.size() != static_cast<size_t>(size))
-      return invalid(std::to_string(spec.splits.size()) + " splits for " + std::to_string(size) +
-                     " workers");
-    int64_t rows = 0;
-    for (int64_t split : spec.splits) {
-      if (split < 0) return invalid("a negative split");
-      rows += split;
-    }
-    if (rows != op.shape[0])
-      return invalid("the splits add up to " + std::to_string(rows) + " rows, the tensor has " +
-                     std::to_string(op.shape[0]));
-  }
-  if (op.kind == OpKind::kAlltoall && spec.splits.empty() && op.shape[0] % size != 0)
-    return invalid("without splits the first dimension (" + std::to_string(op.shape[0]) +
-                   ") must divide evenly among " + std::to_string(size) + " workers");
   if (!op.compression.empty()) {
     const CompressionSetup* setup = nullptr;
     Status status = FindCompression(op.compression, &setup);
     if (!status.ok()) return invalid(status.message());
-    // What the compressors and the servers' sums are defined for (as in BytePS).
-    if (setup->compressor) {
-      if (op.kind != OpKind::kPushPull) return invalid("only push_pull compresses");
-      if (op.dtype != DataType::kFloat32)
-        return invalid("'" + setup->text + "' compresses float32 tensors, not " +
-                       DataTypeName(op.dtype));
-      if (op.reduce_op != ReduceOp::kSum && op.reduce_op != ReduceOp::kAverage)
-        return invalid("'" + setup->text + "' compresses sums and averages, not " +
-                       ReduceOpName(op.reduce_op));
-      if (op.process_set != 0)
-        return invalid("'" + setup->text +
-                       "' compresses in the global set only, not in process set " +
-                       std::to_string(op.process_set));
-    }
+    if (setup->compressor && op.kind != OpKind::kPushPull)
+      return invalid("only push_pull compresses");
   }
-  const bool needs_output =
-      IsPushPull(op.kind) || op.kind == OpKind::kBroadcast || op.kind == OpKind::kAsyncPushPull;
-  if (spec.bytes && (!spec.input || (needs_output && !spec.output)))
+  const OpPolicy& policy = OpPolicyFor(op.kind);
+  Status status = policy.Check(spec, group);
+  if (!status.ok()) return status;
+  if (spec.bytes && (!spec.input || (policy.OutputIsInputSized() && !spec.output)))
     return invalid("no input or output memory");
   return Status::OK();
 }

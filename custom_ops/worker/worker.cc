@@ -7,6 +7,7 @@
 #include "../common/logging.h"
 #include "../common/reduce.h"
 #include "device_staging.h"
+#include "op_policy.h"
 
 namespace bps {
 namespace {
@@ -231,7 +232,7 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
       route.check = [this, task = task.get()](const char* data, size_t bytes) {
         return CheckFinite(*task, data, bytes);
       };
-    status = staging->StageInput(task, StagingPieceBytes(task->spec()),
+    status = staging->StageInput(task, OpPolicyFor(kind).PieceBytes(task->spec(), Setup()),
                                  traced ? timeline_.get() : nullptr, std::move(route));
     if (!status.ok()) {
       AbandonUnsent(*task, plan);
@@ -336,31 +337,26 @@ void Worker::SendToServer(PartitionTask partition) {
   }
 }
 
-size_t Worker::StagingPieceBytes(const TaskSpec& spec) const {
-  const OpKind kind = spec.op.kind;
-  if (!IsPushPull(kind) && kind != OpKind::kBroadcast && kind != OpKind::kAsyncPushPull)
-    return PartitionBytes(spec.op.dtype);
-  return EvenPartitionBytes(spec.bytes, DataTypeSize(spec.op.dtype), options_.partition_bytes,
-                            routes_.cycle_length(), options_.across_hosts);
-}
-
-size_t Worker::PartitionBytes(DataType dtype) const {
-  // Partitions hold whole elements so that servers and averaging never split one.
-  const size_t element = DataTypeSize(dtype);
-  return std::max(element, options_.partition_bytes / element * element);
+PlanSetup Worker::Setup() const {
+  PlanSetup setup;
+  setup.rank = options_.rank;
+  setup.partition_bytes = options_.partition_bytes;
+  setup.spread = routes_.cycle_length();
+  setup.across_hosts = options_.across_hosts;
+  return setup;
 }
 
 Status Worker::Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask>* plan) {
   const TaskSpec& spec = task->spec();
   const Declaration& op = spec.op;
-  const Group& group = task->group();
-  const int size = group.size();
+  const OpPolicy& policy = OpPolicyFor(op.kind);
   // A device tensor is prescaled piece by piece as it reaches the host (DeviceStaging).
   if (IsReduction(op.kind) && op.prescale != 1.0 && !task->staging()) {
-    // Scale a copy: the input belongs to the framework. A push_pull's output is ours
-    // until the task completes, and each partition's result arrives after its push.
+    // Scale a copy: the input belongs to the framework. An output of the input's size
+    // is ours until the task completes, and each partition's result arrives after its
+    // push; a smaller one cannot hold the copy.
     char* copy = static_cast<char*>(spec.output);
-    if (op.kind == OpKind::kReduceScatter) {
+    if (!policy.OutputIsInputSized()) {
       task->scratch().resize(spec.bytes);
       copy = task->scratch().data();
     }
@@ -368,61 +364,34 @@ Status Worker::Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask
     ScaleInPlace(op.dtype, copy, spec.bytes / DataTypeSize(op.dtype), op.prescale);
     task->set_source(copy);
   }
-  const char* source = task->source();
-  switch (op.kind) {
-    case OpKind::kPushPull:
-    case OpKind::kCompressedPushPull:
-    case OpKind::kAsyncPushPull:
-    case OpKind::kBroadcast: {
-      const bool root = op.kind == OpKind::kBroadcast && op.root_rank == options_.rank;
-      if (root && spec.output != spec.input) std::memcpy(spec.output, spec.input, spec.bytes);
-      const size_t partition = StagingPieceBytes(spec);
-      for (size_t offset = 0; offset < spec.bytes; offset += partition) {
-        const size_t length = std::min(partition, spec.bytes - offset);
-        const uint32_t part = static_cast<uint32_t>(plan->size());
-        if (op.kind != OpKind::kBroadcast) {
-          plan->push_back(MakePartition(task, part, offset, source + offset, length, length));
-        } else {  // The root's data crosses once; receivers send nothing.
-          plan->push_back(MakePartition(task, part, offset, source + offset, root ? length : 0,
-                                        root ? 0 : length));
-        }
-      }
-      return Status::OK();
-    }
-    case OpKind::kReduceScatter: {
-      // Partitions never straddle two ranks' rows, so each result goes to one rank.
-      const size_t partition = PartitionBytes(op.dtype);
-      const size_t row_bytes = RowBytes(op);
-      std::vector<int64_t> mine = op.shape;
-      mine[0] = ScatterRows(op.shape[0], group.index, size);
-      Status status = task->AllocateOutput(mine);
-      if (!status.ok()) return status;
-      for (int owner = 0; owner < size; ++owner) {
-        const size_t begin = ScatterFirstRow(op.shape[0], owner, size) * row_bytes;
-        const size_t end = begin + ScatterRows(op.shape[0], owner, size) * row_bytes;
-        for (size_t offset = begin; offset < end; offset += partition) {
-          const size_t length = std::min(partition, end - offset);
-          PartitionTask item =
-              MakePartition(task, static_cast<uint32_t>(plan->size()), offset - begin,
-                            source + offset, length, owner == group.index ? length : 0);
-          item.owner = group.ranks[owner];
-          plan->push_back(std::move(item));
-        }
-      }
-      return Status::OK();
-    }
-    case OpKind::kAllgather:
-    case OpKind::kAlltoall: {
-      // First the sizes; the rows follow once every worker's are known.
-      const size_t sizes_bytes = op.kind == OpKind::kAlltoall ? size * size * sizeof(int64_t) : 0;
-      const char* splits = reinterpret_cast<const char*>(task->splits().data());
-      plan->push_back(MakePartition(task, kSizesPart, 0, splits,
-                                    op.kind == OpKind::kAlltoall ? size * sizeof(int64_t) : 0,
-                                    AllgatherTableBytes(size) + sizes_bytes));
-      return Status::OK();
-    }
+  return policy.Plan(task, Setup(), plan);
+}
+
+Status Worker::StartGatherData(const std::shared_ptr<Task>& task, const std::vector<char>& sizes) {
+  const Declaration& op = task->op();
+  const int size = task->group().size();
+  // The reply: each worker's row count, then (alltoall) the matrix of splits.
+  std::vector<int64_t> table(sizes.size() / sizeof(int64_t));
+  std::memcpy(table.data(), sizes.data(), table.size() * sizeof(int64_t));
+  auto bad = [&](const std::string& what) {
+    return Status::Error(ErrorKind::kInternal, "a server sent " + what + " in " +
+                                                   OpKindName(op.kind) + " of tensor '" +
+                                                   op.name + "'");
+  };
+  const size_t entries = size + (op.kind == OpKind::kAlltoall ? size * size : 0);
+  if (table.size() != entries) return bad("a malformed size table");
+  for (int64_t count : table) {
+    // Bounded so that the sums the policies make cannot overflow whatever a server sends.
+    if (count < 0 || count > (int64_t{1} << 40))
+      return bad("a row count of " + std::to_string(count));
   }
-  return Status::Error(ErrorKind::kInternal, "unknown operation kind");
+  if (table[task->group().index] != op.shape[0]) return bad("another row count for this worker");
+  std::vector<PartitionTask> plan;
+  Status status = OpPolicyFor(op.kind).PlanRows(task, table, Setup(), &plan);
+  if (!status.ok()) return status;
+  task->AddPartitions(static_cast<int>(plan.size()));
+  for (PartitionTask& item : plan) Dispatch(std::move(item), false);
+  return Status::OK();
 }
 
 void Worker::OnTaskFinished(const std::string& name, OpKind kind, uint64_t tensor_id,

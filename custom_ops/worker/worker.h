@@ -30,6 +30,7 @@
 #include "credits.h"
 #include "device.h"
 #include "local_merge.h"
+#include "op_policy.h"
 #include "server_link.h"
 #include "server_routes.h"
 #include "stage.h"
@@ -199,18 +200,16 @@ class Worker : public ServerLink::Owner, public LocalMerge::Owner {
   // DeviceStaging), to the host's merge (`merged`) or to its server.
   void Dispatch(PartitionTask item, bool merged);
   void Forward(PartitionTask item, bool merged);
-  // How a push_pull or broadcast is cut into partitions, and any task's input into the
-  // pieces it reaches the host in from a device: whole elements.
-  size_t StagingPieceBytes(const TaskSpec& spec) const;
-  // Cuts a task into partitions by its kind (a gather: its sizes step only).
+  // What the operation kinds' policies plan with (op_policy.h).
+  PlanSetup Setup() const;
+  // Cuts a task into partitions by its kind's policy (a gather: its sizes step only),
+  // after prescaling a copy of the input.
   Status Plan(const std::shared_ptr<Task>& task, std::vector<PartitionTask>* plan);
-  size_t PartitionBytes(DataType dtype) const;
   // How long ending a timeline recording waits for its file: the operations it took
   // end within the operation timeout (the watchdog fails them then), so it never hangs.
   std::chrono::milliseconds TimelineWait() const {
     return std::chrono::milliseconds(options_.timeout_ms + 1000);
   }
-  static size_t RowBytes(const Declaration& op);
 
   const WorkerOptions options_;
   ServerRoutes routes_;  // indices of links_ (ServerCycle, less the lost servers)

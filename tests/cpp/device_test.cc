@@ -202,7 +202,8 @@ void TestARefusedPieceDropsWhatItHadNotSent() {
   task->Launch(10);
   EXPECT(staging->StageInput(task, kPiece, nullptr, route).ok());
   for (uint32_t part = 0; part < 10; ++part)
-    staging->Release(MakePartition(task, part, part * kPiece, host + part * kPiece, kPiece, kPiece));
+    staging->Release(
+        MakePartition(task, part, part * kPiece, host + part * kPiece, kPiece, kPiece));
   EXPECT(done.Wait() && failure == "piece refused");
   for (int i = 0; i < 200 && sent + dropped < 10; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
