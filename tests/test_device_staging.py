@@ -72,3 +72,18 @@ def test_a_nan_in_a_late_piece_fails_every_worker_at_once(procs):
     assert "worker rank 1 gave up round 1 of tensor 'nan_probe'" in reports[0]["nan"], reports
     assert max(r["seconds"] for r in reports.values()) < 20, reports
     assert reports[0]["clean"] == reports[1]["clean"] == 2000.0, reports
+
+
+def test_asynchronous_push_pull_of_device_memory(procs):
+    status, output = procs.launch(2, "device_async.py", num_servers=2, timeout=90,
+                                  BYTEPS_ENABLE_ASYNC=1, BYTEPS_PARTITION_BYTES=65536)
+    assert status == 0, output
+    reports = marked_json(output)
+    assert sorted(reports) == [0, 1], output
+    # Rank 0's first value is what the servers keep; rank 1 may see rank 0's delta
+    # (10) on it already. Each later answer holds the worker's own delta and, in each
+    # partition, the other's if that reached the partition's server first.
+    assert reports[0]["first"] == [1.0], reports
+    assert set(reports[1]["first"]) <= {1.0, 11.0}, reports
+    for rank, report in reports.items():
+        assert set(report["second"]) <= {1.0 + 10.0 * (rank + 1), 31.0}, report
