@@ -160,13 +160,15 @@ void RunLocallyOnDevice(const TaskSpec& spec, const AllocateFn& allocate, const 
   if (!status.ok()) return done(status);
   const size_t count = spec.bytes / DataTypeSize(spec.op.dtype);
   const double factor = spec.op.prescale * spec.op.postscale;
+  const int dtype = static_cast<int>(spec.op.dtype);
   bool queued = api.stream_wait(device, engine, spec.place.stream) == 0;
   if (queued && output != spec.input)
     queued = api.copy(device, output, spec.input, spec.bytes, engine) == 0;
   if (queued && IsReduction(spec.op.kind) && factor != 1.0)
-    queued = api.scale(device, output, count, static_cast<int>(spec.op.dtype), factor, engine) == 0;
-  if (queued) queued = api.stream_wait(device, spec.place.stream, engine) == 0;
-  if (!queued)
+    queued = api.scale(device, output, count, dtype, factor, engine) == 0;
+  // Whatever was queued, the caller's stream waits for it before reusing the memory.
+  const bool waits = api.stream_wait(device, spec.place.stream, engine) == 0;
+  if (!queued || !waits)
     return done(devices->Failure("tensor '" + spec.op.name + "'", device));
   status = devices->WhenDone(device, [done] { done(Status::OK()); });
   if (!status.ok()) done(status);
@@ -174,10 +176,6 @@ void RunLocallyOnDevice(const TaskSpec& spec, const AllocateFn& allocate, const 
 
 // One worker and no servers: every collective is the tensor itself (scaled).
 void RunLocally(const TaskSpec& spec, const AllocateFn& allocate, const DoneFn& done) {
-  if (spec.op.kind == OpKind::kAsyncPushPull)
-    return done(Status::Error(ErrorKind::kInvalidArgument,
-                              "asynchronous training of tensor '" + spec.op.name +
-                                  "' needs servers: the parameters live there"));
   void* output = spec.output;
   Status status = Status::OK();
   if (!output) output = allocate(0, spec.op.shape, &status);
@@ -421,6 +419,10 @@ void bps_enqueue(const bps_op* op, bps_allocate_fn allocate, bps_done_fn done, v
     bps::Group alone;  // One worker: every process set is {0}.
     alone.ranks = {0};
     status = bps::CheckTaskSpec(spec, alone);
+    if (status.ok() && spec.op.kind == bps::OpKind::kAsyncPushPull)
+      status = Status::Error(bps::ErrorKind::kInvalidArgument,
+                             "asynchronous training of tensor '" + spec.op.name +
+                                 "' needs servers: the parameters live there");
     if (!status.ok()) return finish(status);
     if (spec.place.on_device()) return bps::RunLocallyOnDevice(spec, allocate_output, finish);
     return bps::RunLocally(spec, allocate_output, finish);

@@ -13,6 +13,7 @@ PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
   if (this != &other) {
     Reset();
     pool_ = other.pool_;
+    device_ = other.device_;
     data_ = other.data_;
     capacity_ = other.capacity_;
     other.pool_ = nullptr;
@@ -23,15 +24,19 @@ PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
 }
 
 void PinnedBuffer::Reset() {
-  if (pool_ && data_) pool_->Release(data_, capacity_);
+  if (pool_ && data_) pool_->Release(device_, data_, capacity_);
   pool_ = nullptr;
   data_ = nullptr;
   capacity_ = 0;
 }
 
 PinnedPool::~PinnedPool() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  TrimLocked(0);
+  std::vector<std::pair<size_t, Idle>> freed;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    freed = TrimLocked(0);
+  }
+  Free(freed);
 }
 
 size_t PinnedPool::SizeClass(size_t bytes) {
@@ -42,24 +47,27 @@ size_t PinnedPool::SizeClass(size_t bytes) {
   return size;
 }
 
-Status PinnedPool::Acquire(size_t bytes, PinnedBuffer* buffer) {
+Status PinnedPool::Acquire(int device, size_t bytes, PinnedBuffer* buffer) {
   const size_t capacity = SizeClass(bytes);
-  std::unique_lock<std::mutex> lock(mutex_);
-  auto idle = idle_.find(capacity);
-  if (idle != idle_.end()) {
-    char* data = idle->second;
-    idle_.erase(idle);
-    idle_bytes_ -= capacity;
-    in_use_ += capacity;
-    *buffer = PinnedBuffer(this, data, capacity);
-    return Status::OK();
+  std::vector<std::pair<size_t, Idle>> freed;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto idle = idle_.find({device, capacity});
+    if (idle != idle_.end()) {
+      char* data = idle->second;
+      idle_.erase(idle);
+      idle_bytes_ -= capacity;
+      in_use_ += capacity;
+      *buffer = PinnedBuffer(this, device, data, capacity);
+      return Status::OK();
+    }
+    in_use_ += capacity;  // the new buffer counts from here
+    peak_ = std::max(peak_, in_use_);
+    freed = TrimLocked(peak_);
   }
-  in_use_ += capacity;
-  peak_ = std::max(peak_, in_use_);
-  TrimLocked(peak_ - capacity);  // the new buffer counts as in use already
-  lock.unlock();
+  Free(freed);
   void* data = nullptr;
-  if (api_->host_alloc(capacity, &data) != 0) {
+  if (api_->host_alloc(device, capacity, &data) != 0) {
     const std::string why = api_->last_error();
     std::lock_guard<std::mutex> undo(mutex_);
     in_use_ -= capacity;
@@ -67,24 +75,33 @@ Status PinnedPool::Acquire(size_t bytes, PinnedBuffer* buffer) {
                                                    " bytes of host memory (" + api_->name +
                                                    "): " + why);
   }
-  *buffer = PinnedBuffer(this, static_cast<char*>(data), capacity);
+  *buffer = PinnedBuffer(this, device, static_cast<char*>(data), capacity);
   return Status::OK();
 }
 
-void PinnedPool::Release(char* data, size_t capacity) {
+void PinnedPool::Release(int device, char* data, size_t capacity) {
   std::lock_guard<std::mutex> lock(mutex_);
   in_use_ -= capacity;
-  idle_.emplace(capacity, data);
+  idle_.emplace(std::make_pair(device, capacity), data);
   idle_bytes_ += capacity;
 }
 
-void PinnedPool::TrimLocked(size_t limit) {
+std::vector<std::pair<size_t, PinnedPool::Idle>> PinnedPool::TrimLocked(size_t limit) {
+  std::vector<std::pair<size_t, Idle>> taken;
   while (!idle_.empty() && in_use_ + idle_bytes_ > limit) {
-    auto largest = std::prev(idle_.end());
-    api_->host_free(largest->second);
-    idle_bytes_ -= largest->first;
+    // The largest, whichever device's.
+    auto largest = idle_.begin();
+    for (auto it = idle_.begin(); it != idle_.end(); ++it)
+      if (it->first.second > largest->first.second) largest = it;
+    taken.push_back({largest->first.second, Idle{largest->first.first, largest->second}});
+    idle_bytes_ -= largest->first.second;
     idle_.erase(largest);
   }
+  return taken;
+}
+
+void PinnedPool::Free(const std::vector<std::pair<size_t, Idle>>& buffers) {
+  for (const auto& [capacity, idle] : buffers) api_->host_free(idle.device, idle.data);
 }
 
 size_t PinnedPool::in_use_bytes() const {
@@ -190,6 +207,8 @@ void Devices::CompletionLoop() {
     finished_.pop_front();
     lock.unlock();
     then();
+    // What `then` held (a task, its pinned buffers) goes before the lock is taken again.
+    then = nullptr;
     lock.lock();
     if (finished_.empty()) cv_.notify_all();  // the destructor may be waiting
   }

@@ -17,6 +17,8 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "../common/common.h"
 #include "device_api.h"
@@ -29,8 +31,8 @@ class PinnedPool;
 class PinnedBuffer {
  public:
   PinnedBuffer() = default;
-  PinnedBuffer(PinnedPool* pool, char* data, size_t capacity)
-      : pool_(pool), data_(data), capacity_(capacity) {}
+  PinnedBuffer(PinnedPool* pool, int device, char* data, size_t capacity)
+      : pool_(pool), device_(device), data_(data), capacity_(capacity) {}
   PinnedBuffer(PinnedBuffer&& other) noexcept { *this = std::move(other); }
   PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
   PinnedBuffer(const PinnedBuffer&) = delete;
@@ -43,6 +45,7 @@ class PinnedBuffer {
 
  private:
   PinnedPool* pool_ = nullptr;
+  int device_ = 0;
   char* data_ = nullptr;
   size_t capacity_ = 0;
 };
@@ -51,6 +54,7 @@ class PinnedBuffer {
 // reused across steps: a training step asks for the same sizes every time. The pool
 // never holds more than the most bytes that were ever in use at once (what the
 // largest step had in flight): a fresh buffer that would pass that frees idle ones.
+// Buffers are kept per device, whose context made them.
 class PinnedPool {
  public:
   explicit PinnedPool(const bps_device_api* api) : api_(api) {}
@@ -58,7 +62,8 @@ class PinnedPool {
   PinnedPool(const PinnedPool&) = delete;
   PinnedPool& operator=(const PinnedPool&) = delete;
 
-  Status Acquire(size_t bytes, PinnedBuffer* buffer);
+  // A buffer of at least `bytes` for copies of `device`.
+  Status Acquire(int device, size_t bytes, PinnedBuffer* buffer);
   // Sizes are rounded up to a class, so that a tensor's buffer fits it in every step.
   static size_t SizeClass(size_t bytes);
 
@@ -68,13 +73,20 @@ class PinnedPool {
 
  private:
   friend class PinnedBuffer;
-  void Release(char* data, size_t capacity);
-  // Frees idle buffers, largest first, until in use and idle together fit in `limit`.
-  void TrimLocked(size_t limit);
+  struct Idle {
+    int device;
+    char* data;
+  };
+  void Release(int device, char* data, size_t capacity);
+  // Takes idle buffers, largest first, until in use and idle together fit in `limit`;
+  // the caller frees them once the lock is let go (freeing pinned memory may wait
+  // for the device).
+  std::vector<std::pair<size_t, Idle>> TrimLocked(size_t limit);
+  void Free(const std::vector<std::pair<size_t, Idle>>& buffers);
 
   const bps_device_api* const api_;
   mutable std::mutex mutex_;
-  std::multimap<size_t, char*> idle_;  // by capacity
+  std::multimap<std::pair<int, size_t>, char*> idle_;  // by device and capacity
   size_t idle_bytes_ = 0;
   size_t in_use_ = 0;
   size_t peak_ = 0;

@@ -32,9 +32,10 @@ typedef struct bps_device_api {
   /* `fn(arg)` runs once the work queued on `stream` so far is done, on a thread of the
    * device's own; it must not call this table (CUDA forbids it) and must be quick. */
   int (*call_when_done)(int device, void* stream, void (*fn)(void*), void* arg);
-  /* Page-locked host memory, which copies to and from the device read at full speed. */
-  int (*host_alloc)(size_t bytes, void** ptr);
-  void (*host_free)(void* ptr);
+  /* Page-locked host memory, which copies to and from the device read at full speed;
+   * `device` is the one whose copies use it (its context makes and frees it). */
+  int (*host_alloc)(int device, size_t bytes, void** ptr);
+  void (*host_free)(int device, void* ptr);
 } bps_device_api;
 
 /* The table of the core's CUDA library (libname _bps_gpu), where it was built. */

@@ -108,14 +108,14 @@ int CallWhenDone(int, void* stream, void (*fn)(void*), void* arg) {
   return 0;
 }
 
-int HostAlloc(size_t bytes, void** ptr) {
+int HostAlloc(int, size_t bytes, void** ptr) {
   *ptr = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
   if (*ptr) return 0;
   host_error = "out of memory";
   return -1;
 }
 
-void HostFree(void* ptr) { std::free(ptr); }
+void HostFree(int, void* ptr) { std::free(ptr); }
 
 const bps_device_api kHostStandIn = {"host stand-in", LastError, StreamCreate, StreamDestroy,
                                      StreamWait,      Copy,      Scale,        CallWhenDone,

@@ -1,5 +1,6 @@
 #include "device_staging.h"
 
+#include "../common/logging.h"
 #include "../common/reduce.h"
 
 namespace bps {
@@ -8,7 +9,8 @@ Status DeviceStaging::Prepare(std::shared_ptr<Devices> devices, TaskSpec* spec,
                               AllocateFn* allocate, std::shared_ptr<DeviceStaging>* staging) {
   auto made = std::make_shared<DeviceStaging>(std::move(devices), *spec);
   Status status = made->devices_->Stream(made->device_, &made->engine_stream_);
-  if (status.ok()) status = made->devices_->pool().Acquire(spec->bytes, &made->input_);
+  if (status.ok())
+    status = made->devices_->pool().Acquire(made->device_, spec->bytes, &made->input_);
   if (!status.ok()) return status.WithSuffix(" (tensor '" + spec->op.name + "')");
   const OpKind kind = spec->op.kind;
   spec->input = made->input_.data();
@@ -42,7 +44,13 @@ DeviceStaging::DeviceStaging(std::shared_ptr<Devices> devices, const TaskSpec& s
       device_output_(static_cast<char*>(spec.output)) {}
 
 void* DeviceStaging::AttachOutput(void* device_output, size_t bytes, Status* status) {
-  *status = devices_->pool().Acquire(bytes, &output_);
+  // The framework may hand out memory its stream still uses for work queued after the
+  // input was: the copies into it wait for that stream again.
+  if (devices_->api().stream_wait(device_, engine_stream_, caller_stream_) != 0) {
+    *status = devices_->Failure("the engine's stream cannot wait for the caller's", device_);
+    return nullptr;
+  }
+  *status = devices_->pool().Acquire(device_, bytes, &output_);
   if (!status->ok()) return nullptr;
   device_output_ = static_cast<char*>(device_output);
   host_output_ = output_.data();
@@ -59,24 +67,35 @@ Status DeviceStaging::StageInput(const std::shared_ptr<Task>& task, size_t piece
   route_ = std::move(route);
   piece_ = std::max<size_t>(1, piece);
   tracer_ = tracer;
+  if (!task->BeginIo()) {  // failed already: nothing is staged, and nothing goes
+    Refuse();
+    return Status::OK();
+  }
+  // The bracket keeps the tensors' memory in use until the engine's work on them ran.
+  auto fail = [&](const Status& status) {
+    Refuse();
+    task->EndIo();
+    return status;
+  };
   const bps_device_api& api = devices_->api();
   if (api.stream_wait(device_, engine_stream_, caller_stream_) != 0)
-    return devices_->Failure("the engine's stream cannot wait for the caller's", device_);
+    return fail(devices_->Failure("the engine's stream cannot wait for the caller's", device_));
   const Declaration& op = task->op();
   const bool broadcast = op.kind == OpKind::kBroadcast;
   const bool root = broadcast && op.root_rank == task->group().ranks[task->group().index];
   if (root && device_output_ != device_input_) {
     // The root's output is its input; nothing comes back for it.
     Status status = QueueCopy(device_output_, device_input_, input_bytes_);
-    if (!status.ok()) return status;
+    if (!status.ok()) return fail(status);
   }
   if ((broadcast && !root) || input_bytes_ == 0) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    staged_ = input_bytes_;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      staged_ = input_bytes_;
+    }
+    task->EndIo();
     return Status::OK();
   }
-  if (!task->BeginIo()) return Status::OK();  // failed already: nothing to stage
-  // The pieces' callbacks keep the input's memory in use until the last has run.
   for (size_t offset = 0; offset < input_bytes_; offset += piece_) {
     const size_t length = std::min(piece_, input_bytes_ - offset);
     const bool last = offset + length == input_bytes_;
@@ -88,17 +107,23 @@ Status DeviceStaging::StageInput(const std::shared_ptr<Task>& task, size_t piece
       });
     if (!status.ok()) {
       task->Fail(status.WithSuffix(" (tensor '" + task->name() + "')"));
-      {
-        // Partitions released from now on are dropped, so their rounds end everywhere.
-        std::lock_guard<std::mutex> lock(mutex_);
-        refused_ = true;
-      }
-      // What was queued still runs: the input stays in use until it has.
+      Refuse();
+      // What was queued still runs: the bracket stays open until it has.
       if (!devices_->WhenDone(device_, [task] { task->EndIo(); }).ok()) task->EndIo();
       return Status::OK();
     }
   }
   return Status::OK();
+}
+
+void DeviceStaging::Refuse() {
+  std::vector<PartitionTask> held;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    refused_ = true;
+    held.swap(held_);
+  }
+  for (const PartitionTask& item : held) route_.drop(item);
 }
 
 void DeviceStaging::OnPieceStaged(const std::shared_ptr<Task>& task, size_t offset, size_t length,
@@ -110,16 +135,17 @@ void DeviceStaging::OnPieceStaged(const std::shared_ptr<Task>& task, size_t offs
     tracer_->Stage(task->trace_session(), op.name, task->round(),
                   static_cast<uint32_t>(offset / piece_), "COPY_IN",
                   queued_at, Timeline::Now());
-  const Status checked =
-      route_.check ? route_.check(input_.data() + offset, length) : Status::OK();
+  Status checked = route_.check ? route_.check(input_.data() + offset, length) : Status::OK();
+  // A task that failed meanwhile sends nothing more (its partitions are dropped).
+  const bool refuse = !checked.ok() || task->failed();
   std::vector<PartitionTask> ready;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     staged_ = offset + length;
-    if (!checked.ok()) refused_ = true;
+    if (refuse) refused_ = true;
     const char* staged_end = input_.data() + staged_;
     for (auto it = held_.begin(); it != held_.end();) {
-      if (refused_ || it->data + it->push_length <= staged_end) {
+      if (refuse || it->data + it->push_length <= staged_end) {
         ready.push_back(std::move(*it));
         it = held_.erase(it);
       } else {
@@ -128,7 +154,7 @@ void DeviceStaging::OnPieceStaged(const std::shared_ptr<Task>& task, size_t offs
     }
   }
   if (!checked.ok()) task->Fail(checked);
-  for (PartitionTask& item : ready) Forward(std::move(item), !checked.ok());
+  for (PartitionTask& item : ready) Forward(std::move(item), refuse);
   if (last) task->EndIo();
 }
 
@@ -177,6 +203,34 @@ Status DeviceStaging::Finish() {
   if (devices_->api().stream_wait(device_, caller_stream_, engine_stream_) == 0)
     return Status::OK();
   return devices_->Failure("the caller's stream cannot wait for the engine's", device_);
+}
+
+void StagedTasks::Began(const DeviceStaging* staging, const std::shared_ptr<Task>& task) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  open_[staging] = task;
+}
+
+void StagedTasks::Ended(const DeviceStaging* staging) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    open_.erase(staging);
+  }
+  ended_.notify_all();
+}
+
+void StagedTasks::FailAll(const Status& reason, std::chrono::milliseconds wait) {
+  std::vector<std::shared_ptr<Task>> open;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [staging, task] : open_)
+      if (auto alive = task.lock()) open.push_back(std::move(alive));
+  }
+  for (auto& task : open) task->Fail(reason);  // completes it once its copies ran
+  open.clear();
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!ended_.wait_for(lock, wait, [this] { return open_.empty(); }))
+    BPS_LOG(kWarning) << open_.size()
+                      << " operation(s) on device memory still wait for their device";
 }
 
 void Delivered(const std::shared_ptr<Task>& task, size_t offset, size_t bytes) {

@@ -9,8 +9,11 @@
 #ifndef TF_BPS_WORKER_DEVICE_STAGING_H_
 #define TF_BPS_WORKER_DEVICE_STAGING_H_
 
+#include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <string>
+#include <unordered_map>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -54,8 +57,11 @@ class DeviceStaging {
   // `bytes` of the answer at `offset` of the output are on the host: they are copied
   // to the device, and then that partition of the task is done.
   void Deliver(const std::shared_ptr<Task>& task, size_t offset, size_t bytes);
-  // The task succeeded: the caller's stream waits for the copies of its output.
+  // The task ended: the caller's stream waits for the engine's work on its tensors
+  // (the output's copies; after a failure, whatever still uses its memory).
   Status Finish();
+  // The task failed: partitions held, and any released from now on, are dropped.
+  void Refuse();
 
  private:
   void* AttachOutput(void* device_output, size_t bytes, Status* status);
@@ -83,6 +89,22 @@ class DeviceStaging {
   size_t staged_ = 0;  // the input's first `staged_` bytes are on the host
   bool refused_ = false;  // a piece failed its check: nothing more is sent
   std::vector<PartitionTask> held_;
+};
+
+// The tasks on device memory that have not completed, so that a worker stopping can
+// fail them and wait until they did: until then, the engine's copies and callbacks may
+// still reach the worker through them.
+class StagedTasks {
+ public:
+  void Began(const DeviceStaging* staging, const std::shared_ptr<Task>& task);
+  void Ended(const DeviceStaging* staging);
+  // Fails every task still open with `reason` and waits up to `wait` for them to end.
+  void FailAll(const Status& reason, std::chrono::milliseconds wait);
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable ended_;
+  std::unordered_map<const DeviceStaging*, std::weak_ptr<Task>> open_;
 };
 
 // A partition's answer is in the task's output: done at once on the host, or once

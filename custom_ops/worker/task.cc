@@ -152,6 +152,11 @@ bool Task::BeginIo() {
   return true;
 }
 
+bool Task::failed() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failed_;
+}
+
 void Task::EndIo() {
   std::unique_lock<std::mutex> lock(mutex_);
   --active_io_;

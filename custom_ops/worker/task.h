@@ -136,6 +136,8 @@ class Task {
   // task (and lets the framework free the memory) while a thread still touches it.
   bool BeginIo();
   void EndIo();
+  // Whether the task failed (it completes once no I/O bracket is open).
+  bool failed();
   // The task is planned: it completes once `partitions` are done (at once if none).
   void Launch(int partitions);
   // More partitions to wait for (a gather's rows, once their sizes are known).

@@ -197,14 +197,19 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
        traced_from, staging, done = std::move(done)](Status status) {
         if (traced) timeline_->OperationEnded(traced, name, round, traced_from);
         if (status.ok()) Sample(name, id, round, dtype, "result", result, result_bytes);
-        if (status.ok() && staging)
-          status = staging->Finish().WithSuffix(" (tensor '" + name + "')");
+        if (staging) {
+          if (!status.ok()) staging->Refuse();
+          Status finished = staging->Finish();
+          if (status.ok()) status = finished.WithSuffix(" (tensor '" + name + "')");
+        }
         OnTaskFinished(name, kind, id, round, status);
+        if (staging) staged_.Ended(staging.get());
         done(status);
       });
   task->set_trace_session(traced);  // before any stage sees the task
   task->set_learning_rate(learning_rate_.load(std::memory_order_relaxed));
   task->set_staging(staging);
+  if (staging) staged_.Began(staging.get(), task);
   std::vector<PartitionTask> plan;
   status = Plan(task, &plan);
   if (status.ok()) {
@@ -525,6 +530,9 @@ void Worker::Stop() {
     local_->Close();
     local_->FailPending(shutdown);
   }
+  // Tasks on device memory may wait for their pieces rather than for a link: they
+  // end here too, once the engine's copies of their memory ran.
+  staged_.FailAll(shutdown, std::chrono::milliseconds(options_.timeout_ms));
   timeline_->Finish();  // A job that ended while recording: its files are written now.
   BPS_LOG(kInfo) << "worker " << options_.rank << " stopped";
 }

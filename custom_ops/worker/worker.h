@@ -29,6 +29,7 @@
 #include "../wire/transport.h"
 #include "credits.h"
 #include "device.h"
+#include "device_staging.h"
 #include "local_merge.h"
 #include "op_policy.h"
 #include "server_link.h"
@@ -242,6 +243,8 @@ class Worker : public ServerLink::Owner, public LocalMerge::Owner {
 
   std::mutex fatal_mutex_;
   Status fatal_ = Status::OK();
+  // Tasks on device memory until their completion, which Stop waits for.
+  StagedTasks staged_;
 
   std::atomic<bool> stopping_{false};
   std::atomic<double> learning_rate_{0};  // SetLearningRate's; 0: never told

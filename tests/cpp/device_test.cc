@@ -24,7 +24,7 @@ void TestPinnedPoolReusesAndStaysBounded() {
   char* first = nullptr;
   {
     PinnedBuffer a, b;
-    EXPECT(pool.Acquire(3 << 20, &a).ok() && pool.Acquire(100, &b).ok());
+    EXPECT(pool.Acquire(0, 3 << 20, &a).ok() && pool.Acquire(0, 100, &b).ok());
     first = a.data();
     EXPECT(pool.in_use_bytes() == (3u << 20) + 4096);
   }
@@ -33,14 +33,14 @@ void TestPinnedPoolReusesAndStaysBounded() {
   const size_t peak = pool.peak_bytes();
   for (int step = 0; step < 1000; ++step) {
     PinnedBuffer a, b;
-    EXPECT(pool.Acquire(3 << 20, &a).ok() && pool.Acquire(4000, &b).ok());
+    EXPECT(pool.Acquire(0, 3 << 20, &a).ok() && pool.Acquire(0, 4000, &b).ok());
     EXPECT(a.data() == first);
   }
   EXPECT(pool.peak_bytes() == peak && pool.in_use_bytes() + pool.idle_bytes() <= peak);
   // Other sizes: idle buffers go before the pool passes the most ever in use.
   for (size_t mb = 1; mb <= 8; ++mb) {
     PinnedBuffer buffer;
-    EXPECT(pool.Acquire(mb << 20, &buffer).ok());
+    EXPECT(pool.Acquire(0, mb << 20, &buffer).ok());
     EXPECT(pool.in_use_bytes() + pool.idle_bytes() <= pool.peak_bytes());
   }
   EXPECT(pool.peak_bytes() == (8u << 20));

@@ -72,12 +72,16 @@ int CallWhenDone(int device, void* stream, void (*fn)(void*), void* arg) {
   return Failed(cudaLaunchHostFunc(StreamOf(stream), fn, arg), "cudaLaunchHostFunc");
 }
 
-int HostAlloc(size_t bytes, void** ptr) {
+int HostAlloc(int device, size_t bytes, void** ptr) {
+  // The device first: a thread with none current would make a context on device 0.
+  if (Use(device)) return -1;
   // Portable: pinned for every device of the process, not only the current one.
   return Failed(cudaHostAlloc(ptr, bytes, cudaHostAllocPortable), "cudaHostAlloc");
 }
 
-void HostFree(void* ptr) { cudaFreeHost(ptr); }
+void HostFree(int device, void* ptr) {
+  if (Use(device) == 0) cudaFreeHost(ptr);
+}
 
 const bps_device_api kCuda = {"CUDA",     LastError, StreamCreate, StreamDestroy, StreamWait,
                               Copy,       Scale,     CallWhenDone, HostAlloc,     HostFree};
