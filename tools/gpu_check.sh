@@ -12,11 +12,19 @@
 # Ends with one summary line; a failure exits non-zero.
 #
 # What this machine lacks of pyzmq, pybind11, pytest and setuptools is installed from
-# $TF_BPS_WHEELS (a folder of wheels) if set, else from the package index.
+# $TF_BPS_WHEELS (a folder of wheels) if set, else from the package index. For a machine
+# without a network, fetch them elsewhere for its Python, say 3.12:
+#   pip download --only-binary=:all: --python-version 3.12 -d wheels \
+#     "pyzmq>=25" "pybind11>=2.12" pytest pytest-timeout setuptools wheel
+# The core links OpenSSL's libcrypto statically: its headers and libcrypto.a
+# (Debian's libssl-dev) must be here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fail() { echo "gpu_check: FAILED: $*" >&2; exit 1; }
 command -v nvcc >/dev/null || fail "no nvcc on PATH"
+[ -f "$(g++ -print-file-name=libcrypto.a)" ] && echo '#include <openssl/evp.h>' |
+  g++ -x c++ -fsyntax-only - 2>/dev/null ||
+  fail "no OpenSSL headers and libcrypto.a for g++ (Debian: apt-get install libssl-dev)"
 python3 -c "import cupy; assert cupy.cuda.runtime.getDeviceCount() > 0" 2>/dev/null ||
   fail "no GPU that CuPy can use"
 started=$(date +%s)
