@@ -2,6 +2,7 @@
 
 #include "../common/logging.h"
 #include "../common/reduce.h"
+#include "op_policy.h"
 
 namespace bps {
 
@@ -12,9 +13,8 @@ Status DeviceStaging::Prepare(std::shared_ptr<Devices> devices, TaskSpec* spec,
   if (status.ok())
     status = made->devices_->pool().Acquire(made->device_, spec->bytes, &made->input_);
   if (!status.ok()) return status.WithSuffix(" (tensor '" + spec->op.name + "')");
-  const OpKind kind = spec->op.kind;
   spec->input = made->input_.data();
-  if (IsPushPull(kind) || kind == OpKind::kBroadcast || kind == OpKind::kAsyncPushPull) {
+  if (OpPolicyFor(spec->op.kind).OutputIsInputSized()) {
     // Each partition's answer lands where its push was read from, after the push.
     made->host_output_ = made->input_.data();
     spec->output = made->host_output_;

@@ -20,6 +20,11 @@ Status InvalidRequest(const Declaration& op, const std::string& why) {
                        std::string(OpKindName(op.kind)) + " of tensor '" + op.name + "': " + why);
 }
 
+Status CheckHasRows(const Declaration& op) {
+  if (!op.shape.empty()) return Status::OK();
+  return InvalidRequest(op, "a scalar has no first dimension to split or concatenate along");
+}
+
 size_t ElementPartitionBytes(DataType dtype, size_t partition_bytes) {
   // Partitions hold whole elements so that servers and averaging never split one.
   const size_t element = DataTypeSize(dtype);

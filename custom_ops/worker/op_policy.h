@@ -60,6 +60,8 @@ const OpPolicy& OpPolicyFor(OpKind kind);
 
 // Shared by the policies: an adapter's mistake in `op`, naming the kind and tensor.
 Status InvalidRequest(const Declaration& op, const std::string& why);
+// The kinds that split or concatenate along the first dimension refuse a scalar.
+Status CheckHasRows(const Declaration& op);
 // Whole elements of at most BYTEPS_PARTITION_BYTES.
 size_t ElementPartitionBytes(DataType dtype, size_t partition_bytes);
 // The bytes of one row (all dimensions but the first).

@@ -8,8 +8,7 @@ namespace {
 class ReduceScatter : public OpPolicy {
  public:
   Status Check(const TaskSpec& spec, const Group&) const override {
-    if (!spec.op.shape.empty()) return Status::OK();
-    return InvalidRequest(spec.op, "a scalar has no first dimension to split or concatenate along");
+    return CheckHasRows(spec.op);
   }
 
   bool OutputIsInputSized() const override { return false; }

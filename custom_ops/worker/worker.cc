@@ -186,9 +186,7 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
   const OpKind kind = spec.op.kind;
   // The result's size is known here only where it is the input's.
   const DataType dtype = spec.op.dtype;
-  const size_t result_bytes =
-      IsPushPull(kind) || kind == OpKind::kBroadcast || kind == OpKind::kAsyncPushPull ? spec.bytes
-                                                                                       : 0;
+  const size_t result_bytes = OpPolicyFor(kind).OutputIsInputSized() ? spec.bytes : 0;
   void* const result = spec.output;
   auto task = std::make_shared<Task>(
       std::move(spec), std::move(group), entry.id, entry.order, entry.round, options_.timeout_ms,

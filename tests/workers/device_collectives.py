@@ -9,6 +9,7 @@ the baseline). BENCH_MB: also times push_pull at those sizes (MB, comma separate
 import json
 import os
 import time
+from contextlib import nullcontext
 
 import numpy as np
 from compression_model import both_legs, partitions
@@ -52,17 +53,9 @@ def check(case: str, got, want) -> None:
 
 
 def run(kind, name, local: np.ndarray, **options):
-    with memory.stream or _Nothing():
+    with memory.stream or nullcontext():
         tensor = memory.array(local)
         return enqueue(core, memory, kind, name, tensor, **options)
-
-
-class _Nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *_):
-        return False
 
 
 # Sums of every dtype, and the other reductions: small tensors and ones of many partitions.
@@ -176,7 +169,7 @@ if MEMORY == "cuda":  # pinned host copies, each way, 256 MB
 if os.environ.get("BENCH_MB"):
     report["bench"] = {}
     for mb in [int(x) for x in os.environ["BENCH_MB"].split(",")]:
-        with memory.stream or _Nothing():
+        with memory.stream or nullcontext():
             tensor = memory.array(np.ones(mb * 1024 * 256, np.float32))
         enqueue(core, memory, "push_pull", f"bench{mb}", tensor, in_place=True).wait()  # warm
         start, rounds = time.perf_counter(), 5
