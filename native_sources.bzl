@@ -51,7 +51,9 @@ WORKER_SOURCES = [
     "custom_ops/worker/timeline.cc",
     "custom_ops/worker/device.cc",
     "custom_ops/worker/device_host.cc",
+    "custom_ops/worker/device_host_group.cc",
     "custom_ops/worker/device_staging.cc",
+    "custom_ops/worker/device_merge.cc",
     "custom_ops/worker/pending.cc",
     "custom_ops/worker/local_peers.cc",
     "custom_ops/worker/local_merge.cc",
@@ -96,8 +98,8 @@ SERVER_SOURCES = (COMMON_SOURCES + WIRE_SOURCES + COMPRESSION_SOURCES + ROUNDS_S
 WORKER_MODULE_SOURCES = ["custom_ops/python/worker_module.cc"]
 TF_SOURCES = ["custom_ops/tf/collective_ops.cc"]
 
-# Where a CUDA toolkit is found, the TensorFlow ops also get GPU kernels (pinned host
-# staging on TensorFlow's streams; custom_ops/tf/collective_ops.cc).
+# Where a CUDA toolkit is found, the TensorFlow ops also get GPU kernels, which hand the
+# core device pointers and TensorFlow's stream (custom_ops/tf/collective_ops.cc).
 TF_GPU_FLAGS = ["-DTF_BPS_GPU_KERNELS"]
 
 # The core's CUDA kernels (built only where a CUDA toolkit is found), and nvcc's flags.
@@ -105,6 +107,7 @@ GPU_SOURCES = [
     "custom_ops/common/common.cc",
     "custom_ops/worker/cuda/gpu_kernels.cu",
     "custom_ops/worker/cuda/gpu_device.cu",
+    "custom_ops/worker/cuda/gpu_group.cu",
 ]
 # The CUDA runtime is linked statically, so the library needs only the driver, whatever
 # CUDA runtime TensorFlow brings along. Ampere and Hopper machine code, and PTX that
@@ -115,6 +118,7 @@ NVCC_FLAGS = [
     "-shared",
     "-Xcompiler=-fPIC,-Wall",
     "-cudart=static",
+    "-ldl",
     "-gencode=arch=compute_80,code=sm_80",
     "-gencode=arch=compute_90,code=sm_90",
     "-gencode=arch=compute_90,code=compute_90",
@@ -144,6 +148,7 @@ UNIT_TEST_PIECES = (COMMON_SOURCES + WIRE_SOURCES + COMPRESSION_SOURCES + ROUNDS
     "custom_ops/worker/timeline.cc",
     "custom_ops/worker/device.cc",
     "custom_ops/worker/device_host.cc",
+    "custom_ops/worker/device_host_group.cc",
     "custom_ops/worker/device_staging.cc",
     "custom_ops/worker/server_routes.cc",
     "custom_ops/worker/local_peers.cc",

@@ -25,15 +25,27 @@ def _all_checked(status: int, output: str, workers: int, memory: str) -> None:
         assert report["failures"] == [] and report["checked"] == cases, report
 
 
-@pytest.mark.parametrize("merge", ["0", "1"])
-def test_every_collective_on_device_memory_through_real_servers(procs, merge):
-    # Partitions of 64 KiB: a 1.2 MB tensor is 19 pieces, copied and pushed in turn. With
-    # the merge, the host's workers sum device tensors on the host first.
+@pytest.mark.parametrize("merge,devices,merged_where", [
+    ("0", "shared", None),
+    # Both workers on stand-in device 0: the collectives cannot serve them (as NCCL
+    # refuses two ranks on one GPU), so the host's workers sum on the host.
+    ("1", "shared", "merge on the host: worker ranks 0 and 1 share one device "
+                    "(host stand-in device 0)"),
+    # A device each: each partition is summed onto its leader's device, pushed from
+    # there, and broadcast from it (the stand-in's collectives in place of NCCL's).
+    ("1", "per_worker", "merge on their devices (host stand-in collectives)"),
+])
+def test_every_collective_on_device_memory_through_real_servers(procs, merge, devices,
+                                                                merged_where):
+    # Partitions of 64 KiB: a 1.2 MB tensor is 19 pieces, copied and pushed in turn.
     status, output = procs.launch(
         2, "device_collectives.py", num_servers=2, timeout=120, DEVICE_MEMORY="standin",
-        BYTEPS_PARTITION_BYTES=65536, BYTEPS_LOCAL_MERGE=merge, BYTEPS_LOG_LEVEL="DEBUG")
+        STANDIN_DEVICES=devices, BYTEPS_PARTITION_BYTES=65536, BYTEPS_LOCAL_MERGE=merge,
+        BYTEPS_LOG_LEVEL="DEBUG")
     _all_checked(status, output, 2, "standin")
     assert "staged through the host stand-in table" in output, output
+    if merged_where:
+        assert f"device tensors of worker ranks 0, 1 {merged_where}" in output, output
 
 
 def test_one_worker_without_servers_copies_on_the_device(procs):

@@ -45,6 +45,10 @@ enum class FrameType : uint8_t {
   // fence number `tensor_id` once it acknowledges it (transport.h, SharedMemoryChannel).
   kFence = 16,
   kFenceAck = 17,
+  // Between the workers of one host (device_merge.h): an operation is ready for a phase
+  // of the device merge; local index 0's answer, numbered.
+  kMergeReady = 18,
+  kMergeGo = 19,
 };
 
 // What a server does with a round's contributions. Wire values.

@@ -36,7 +36,39 @@ typedef struct bps_device_api {
    * `device` is the one whose copies use it (its context makes and frees it). */
   int (*host_alloc)(int device, size_t bytes, void** ptr);
   void (*host_free)(int device, void* ptr);
+
+  /* Collectives among the workers of one host, one device each (NCCL on CUDA), for the
+   * local merge of device tensors. Every member of a group must queue the same
+   * collectives in the same order. */
+  /* Where `device` is, so that processes can tell whether they share one (a PCI bus id
+   * on CUDA); 0 and a key of at most `size` - 1 characters, or -1 where groups cannot
+   * be made at all (no NCCL), last_error() saying why. */
+  int (*device_key)(int device, char* key, size_t size);
+  /* A fresh group id (BPS_GROUP_ID_BYTES), made by one member and given to the others. */
+  int (*group_id)(void* id);
+  /* Joins group `id` of `size` members as `member`; returns once every member has. */
+  int (*group_open)(int device, const void* id, int size, int member, void** group);
+  /* `abort`: members may be gone, so collectives still queued or running end without
+   * them; the group's streams may still hold its collectives. */
+  void (*group_close)(int device, void* group, int abort);
+  /* Whether the collectives have `dtype` (common.h); 0 if not. */
+  int (*group_has_dtype)(int dtype);
+  /* Combines `count` elements of every member's `src` by `reduce_op` (kSum for kAverage:
+   * the engine divides later) into `dst` of member `root`. */
+  int (*group_reduce)(int device, const void* src, void* dst, size_t count, int dtype,
+                      int reduce_op, int root, void* group, void* stream);
+  /* Member `root`'s `count` elements of `buf` into every member's `buf`. */
+  int (*group_broadcast)(int device, void* buf, size_t count, int dtype, int root, void* group,
+                         void* stream);
+  /* 0 while the group's collectives so far ran or run as they should; -1 once one
+   * failed (a member gone, say), last_error() saying how. */
+  int (*group_check)(int device, void* group);
+  /* Collectives queued between the two run as one (NCCL's group calls). */
+  int (*group_begin)(void);
+  int (*group_end)(void);
 } bps_device_api;
+
+#define BPS_GROUP_ID_BYTES 128
 
 /* The table of the core's CUDA library (libname _bps_gpu), where it was built. */
 typedef const bps_device_api* (*bps_device_api_fn)(void);

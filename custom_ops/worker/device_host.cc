@@ -1,7 +1,9 @@
 // Host memory standing in for a device: the staging pipeline's logic (pinned pool,
 // the order of partition copies, callbacks, the caller's stream) runs and is tested
 // on machines without a GPU, with the same table the CUDA library provides.
+#include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -14,6 +16,7 @@
 
 #include "../common/reduce.h"
 #include "device.h"
+#include "device_host_group.h"
 
 namespace bps {
 namespace {
@@ -117,9 +120,73 @@ int HostAlloc(int, size_t bytes, void** ptr) {
 
 void HostFree(int, void* ptr) { std::free(ptr); }
 
-const bps_device_api kHostStandIn = {"host stand-in", LastError, StreamCreate, StreamDestroy,
-                                     StreamWait,      Copy,      Scale,        CallWhenDone,
-                                     HostAlloc,       HostFree};
+// Stand-in device N is the same one in every process of the host, as GPU N would be:
+// workers on one ordinal share a device.
+int DeviceKey(int device, char* key, size_t size) {
+  std::snprintf(key, size, "host stand-in device %d", device);
+  return 0;
+}
+
+int GroupId(void* id) {
+  HostGroup::MakeId(id);
+  return 0;
+}
+
+// A group handle: queued collectives hold the group too, so closing it never pulls
+// it from under them.
+using GroupHandle = std::shared_ptr<HostGroup>;
+
+GroupHandle& GroupOf(void* group) { return *static_cast<GroupHandle*>(group); }
+
+int GroupOpen(int, const void* id, int size, int member, void** group) {
+  HostGroup* opened = nullptr;
+  Status status = HostGroup::Open(id, size, member, std::chrono::minutes(2), &opened);
+  if (!status.ok()) {
+    host_error = status.message();
+    return -1;
+  }
+  *group = new GroupHandle(opened);
+  return 0;
+}
+
+void GroupClose(int, void* group, int abort) {
+  if (abort) GroupOf(group)->Abort();
+  delete static_cast<GroupHandle*>(group);
+}
+
+int GroupCheck(int, void* group) {
+  host_error = GroupOf(group)->broken();
+  return host_error.empty() ? 0 : -1;
+}
+
+int GroupHasDtype(int dtype) {
+  return IsValidDataType(static_cast<uint8_t>(dtype)) && CanReduce(static_cast<DataType>(dtype));
+}
+
+int GroupReduce(int, const void* src, void* dst, size_t count, int dtype, int reduce_op, int root,
+                void* group, void* stream) {
+  Run(stream, [=, held = GroupOf(group)] {
+    // A failure breaks the group: GroupCheck says so.
+    held->Reduce(src, dst, count, static_cast<DataType>(dtype), static_cast<ReduceOp>(reduce_op),
+                 root);
+  });
+  return 0;
+}
+
+int GroupBroadcast(int, void* buf, size_t count, int dtype, int root, void* group, void* stream) {
+  Run(stream, [=, held = GroupOf(group)] {
+    held->Broadcast(buf, count, static_cast<DataType>(dtype), root);
+  });
+  return 0;
+}
+
+int GroupCall() { return 0; }  // collectives run one by one, in the order queued
+
+const bps_device_api kHostStandIn = {
+    "host stand-in", LastError,  StreamCreate,   StreamDestroy, StreamWait,     Copy,
+    Scale,           CallWhenDone, HostAlloc,    HostFree,      DeviceKey,      GroupId,
+    GroupOpen,       GroupClose, GroupHasDtype,  GroupReduce,   GroupBroadcast, GroupCheck,
+    GroupCall,       GroupCall};
 
 }  // namespace
 

@@ -126,16 +126,20 @@ void DeviceStaging::Refuse() {
   for (const PartitionTask& item : held) route_.drop(item);
 }
 
-void DeviceStaging::OnPieceStaged(const std::shared_ptr<Task>& task, size_t offset, size_t length,
-                                  bool last, int64_t queued_at) {
-  const Declaration& op = task->op();
+Status DeviceStaging::PrepareOnHost(const Task& task, size_t offset, size_t length) {
+  const Declaration& op = task.op();
   if (IsReduction(op.kind) && op.prescale != 1.0)
     ScaleInPlace(op.dtype, input_.data() + offset, length / DataTypeSize(op.dtype), op.prescale);
+  return route_.check ? route_.check(input_.data() + offset, length) : Status::OK();
+}
+
+void DeviceStaging::OnPieceStaged(const std::shared_ptr<Task>& task, size_t offset, size_t length,
+                                  bool last, int64_t queued_at) {
   if (tracer_)
-    tracer_->Stage(task->trace_session(), op.name, task->round(),
-                  static_cast<uint32_t>(offset / piece_), "COPY_IN",
-                  queued_at, Timeline::Now());
-  Status checked = route_.check ? route_.check(input_.data() + offset, length) : Status::OK();
+    tracer_->Stage(task->trace_session(), task->name(), task->round(),
+                   static_cast<uint32_t>(offset / piece_), "COPY_IN", queued_at,
+                   Timeline::Now());
+  Status checked = PrepareOnHost(*task, offset, length);
   // A task that failed meanwhile sends nothing more (its partitions are dropped).
   const bool refuse = !checked.ok() || task->failed();
   std::vector<PartitionTask> ready;
@@ -156,6 +160,35 @@ void DeviceStaging::OnPieceStaged(const std::shared_ptr<Task>& task, size_t offs
   if (!checked.ok()) task->Fail(checked);
   for (PartitionTask& item : ready) Forward(std::move(item), refuse);
   if (last) task->EndIo();
+}
+
+Status DeviceStaging::StageSums(const std::shared_ptr<Task>& task,
+                                std::vector<PartitionTask> items, void* after, Route route) {
+  route_ = std::move(route);
+  if (devices_->api().stream_wait(device_, engine_stream_, after) != 0)
+    return devices_->Failure("the engine's stream cannot wait for the local merge's", device_);
+  for (PartitionTask& item : items) {
+    if (!task->BeginIo()) {
+      route_.drop(item);
+      continue;
+    }
+    const size_t offset = item.offset;
+    const size_t length = item.push_length;
+    Status status = QueueCopy(input_.data() + offset, device_output_ + offset, length);
+    if (status.ok())
+      status = devices_->WhenDone(device_, [this, task, offset, length, item]() mutable {
+        Status checked = task->failed() ? Status::OK() : PrepareOnHost(*task, offset, length);
+        if (!checked.ok()) task->Fail(checked);
+        Forward(std::move(item), task->failed());
+        task->EndIo();
+      });
+    if (!status.ok()) {
+      route_.drop(item);
+      task->EndIo();
+      return status;
+    }
+  }
+  return Status::OK();
 }
 
 void DeviceStaging::Release(PartitionTask item) {
@@ -185,6 +218,7 @@ void DeviceStaging::Deliver(const std::shared_ptr<Task>& task, size_t offset, si
   const auto part = static_cast<uint32_t>(offset / piece_);
   Timeline* tracer = tracer_;
   Status status = QueueCopy(device_output_ + offset, host_output_ + offset, bytes);
+  if (status.ok() && on_answer_) on_answer_();
   if (status.ok())
     status = devices_->WhenDone(device_, [task, part, queued_at, tracer] {
       if (tracer)

@@ -63,10 +63,23 @@ class DeviceStaging {
   // The task failed: partitions held, and any released from now on, are dropped.
   void Refuse();
 
+  // The device merge (device_merge.h) works on the device's tensors directly.
+  const char* device_input() const { return device_input_; }
+  char* device_output() const { return device_output_; }
+  // Once the work queued on `after` so far is done, copies each of `items` from the
+  // device output (where the host's sums lie) to the pinned buffer it pushes from,
+  // then prescales, checks and sends it as StageInput's pieces are.
+  Status StageSums(const std::shared_ptr<Task>& task, std::vector<PartitionTask> items,
+                   void* after, Route route);
+  // Called each time an answer's copy to the device is queued (Deliver).
+  void set_on_answer(std::function<void()> on_answer) { on_answer_ = std::move(on_answer); }
+
  private:
   void* AttachOutput(void* device_output, size_t bytes, Status* status);
   void OnPieceStaged(const std::shared_ptr<Task>& task, size_t offset, size_t length,
                      bool last, int64_t queued_at);
+  // Prescales a reduction's `length` bytes on the host at `offset`, and checks them.
+  Status PrepareOnHost(const Task& task, size_t offset, size_t length);
   Status QueueCopy(void* dst, const void* src, size_t bytes);
   // Sends `item` on, or drops it once the task was refused.
   void Forward(PartitionTask item, bool refused);
@@ -82,6 +95,7 @@ class DeviceStaging {
   PinnedBuffer output_;  // empty where the output is the input's buffer
   char* host_output_ = nullptr;
   Route route_;
+  std::function<void()> on_answer_;
   size_t piece_ = 1;  // StageInput's
   Timeline* tracer_ = nullptr;
 

@@ -48,8 +48,7 @@ Status LocalMerge::Start(Cancellation* cancel) {
 }
 
 int LocalMerge::LeaderOf(uint64_t tensor_id, uint32_t part) const {
-  const uint64_t count = options_.ranks.size();
-  return static_cast<int>((tensor_id % count + part) % count);
+  return LocalLeader(tensor_id, part, options_.ranks.size());
 }
 
 bool LocalMerge::Merges(const Task& task) const { return MergesOp(task.op()); }
@@ -225,6 +224,12 @@ void LocalMerge::Run(Effects& effects) {
 // ---------------------------------------------------------------------------
 // Peers' frames
 
+Status LocalMerge::SendToPeer(int index, const FrameHeader& header, const std::string& payload) {
+  LocalPeers::Peer* peer = peers_.peer(index);
+  if (!peer) return Status::Error("no worker of local index " + std::to_string(index));
+  return peer->channel->Send(header, payload.data());
+}
+
 Status LocalMerge::OnFrame(int index, const FrameHeader& header, DataReader* payload) {
   LocalPeers::Peer& peer = *peers_.peer(index);
   if (header.rank != static_cast<uint32_t>(peer.rank))
@@ -262,6 +267,10 @@ Status LocalMerge::OnFrame(int index, const FrameHeader& header, DataReader* pay
     case FrameType::kReply:
     case FrameType::kError:
       return HandleResult(index, header, payload);
+    case FrameType::kMergeReady:
+    case FrameType::kMergeGo:
+      if (!merge_frames_) return Status::Error(peer.name + " sent a device-merge frame");
+      return merge_frames_(index, header, payload);
     case FrameType::kAbandon: {
       std::lock_guard<std::mutex> lock(merge_mutex_);
       GiveUp(PartitionKey{header.tensor_id, header.part},

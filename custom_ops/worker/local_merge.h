@@ -29,6 +29,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -101,6 +102,11 @@ class LocalMerge : private Roster, private LocalPeers::Receiver {
   void FailPending(const Status& reason);
   // Says Bye to the peers and ends the threads.
   void Close();
+  // Where the device merge's frames go (device_merge.h); set before Start.
+  using FrameHandler = std::function<Status(int index, const FrameHeader&, DataReader*)>;
+  void set_merge_frames(FrameHandler handler) { merge_frames_ = std::move(handler); }
+  // Sends a frame to the host's worker of local index `index`.
+  Status SendToPeer(int index, const FrameHeader& header, const std::string& payload);
 
  private:
   class MergePort;
@@ -208,6 +214,7 @@ class LocalMerge : private Roster, private LocalPeers::Receiver {
   // This worker's latest operation per tensor that does not merge (see Announce).
   std::unordered_map<uint64_t, std::weak_ptr<Task>> announced_;
   bool closing_ = false;
+  FrameHandler merge_frames_;
 };
 
 }  // namespace bps

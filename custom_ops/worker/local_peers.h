@@ -32,6 +32,13 @@ struct LocalMergeOptions {
   int timeout_ms = 300000;
 };
 
+// The local index of the worker that leads partition `part` of a tensor among
+// `count` workers of a host: it pushes the host's sum (local_merge.h, device_merge.h).
+// Spread by tensor and partition, so that no one worker carries all the traffic.
+inline int LocalLeader(uint64_t tensor_id, uint32_t part, size_t count) {
+  return static_cast<int>((tensor_id % count + part) % count);
+}
+
 class LocalPeers {
  public:
   // Where the frames go: the local merge.

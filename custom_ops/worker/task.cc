@@ -186,7 +186,18 @@ void Task::Fail(const Status& status) {
   if (failed_ || done_called_) return;
   failed_ = true;
   error_ = status;
+  std::function<void(const Status&)> observer = std::move(on_failure_);
+  if (observer) {
+    lock.unlock();
+    observer(status);
+    lock.lock();
+  }
   MaybeFinishLocked(lock);
+}
+
+void Task::set_on_failure(std::function<void(const Status&)> observer) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  on_failure_ = std::move(observer);
 }
 
 void Task::MaybeFinishLocked(std::unique_lock<std::mutex>& lock) {

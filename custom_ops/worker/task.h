@@ -144,6 +144,8 @@ class Task {
   void AddPartitions(int count);
   void PartitionDone();
   void Fail(const Status& status);
+  // Called once, on the thread that fails the task first, before it completes.
+  void set_on_failure(std::function<void(const Status&)> observer);
   // Partitions whose answer arrived (the push window counts them, Worker::push_window).
   void CountAnswer() { answered_.fetch_add(1, std::memory_order_relaxed); }
   uint32_t answered() const { return answered_.load(std::memory_order_relaxed); }
@@ -189,6 +191,7 @@ class Task {
   bool failed_ = false;
   bool done_called_ = false;
   Status error_ = Status::OK();
+  std::function<void(const Status&)> on_failure_;
   DoneFn done_;
 };
 

@@ -98,6 +98,17 @@ Status Worker::Start() {
     local.token = options_.token;
     local.timeout_ms = options_.timeout_ms;
     local_ = std::make_unique<LocalMerge>(this, std::move(local), slots_);
+    if (options_.devices) {
+      const auto& ranks = options_.local_ranks;
+      const auto index = std::find(ranks.begin(), ranks.end(), options_.rank) - ranks.begin();
+      device_merge_ = std::make_unique<DeviceMerge>(
+          this, options_.devices, std::vector<uint32_t>(ranks.begin(), ranks.end()),
+          static_cast<int>(index), options_.timeout_ms);
+      local_->set_merge_frames([merge = device_merge_.get()](int peer, const FrameHeader& header,
+                                                             DataReader* payload) {
+        return merge->OnFrame(peer, header, payload);
+      });
+    }
     Status status = local_->Start(&start_cancel_);
     if (!status.ok()) return status;
   }
@@ -227,6 +238,15 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
   task->Launch(static_cast<int>(plan.size()));
   const bool merged = local_ && local_->Merges(*task);
   if (local_ && !merged) local_->Announce(task);
+  if (staging && merged && device_merge_)
+    return device_merge_->Submit(std::move(task), std::move(plan));
+  RunOnHost(std::move(task), std::move(plan));
+}
+
+void Worker::RunOnHost(std::shared_ptr<Task> task, std::vector<PartitionTask> plan) {
+  const bool merged = local_ && local_->Merges(*task);
+  DeviceStaging* staging = task->staging();
+  const OpKind kind = task->kind();
   if (staging) {
     DeviceStaging::Route route;
     route.send = [this, merged](PartitionTask item) { Forward(std::move(item), merged); };
@@ -235,11 +255,12 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
       route.check = [this, task = task.get()](const char* data, size_t bytes) {
         return CheckFinite(*task, data, bytes);
       };
-    status = staging->StageInput(task, OpPolicyFor(kind).PieceBytes(task->spec(), Setup()),
-                                 traced ? timeline_.get() : nullptr, std::move(route));
+    Status status =
+        staging->StageInput(task, OpPolicyFor(kind).PieceBytes(task->spec(), Setup()),
+                            task->trace_session() ? timeline_.get() : nullptr, std::move(route));
     if (!status.ok()) {
       AbandonUnsent(*task, plan);
-      task->Fail(status.WithSuffix(" (tensor '" + name + "')"));
+      task->Fail(status.WithSuffix(" (tensor '" + task->name() + "')"));
       return;
     }
   }
@@ -265,6 +286,16 @@ Status Worker::CheckFinite(const Task& task, const void* data, size_t bytes) con
                        "tensor '" + task.name() + "' holds NaN or Inf on worker rank " +
                            std::to_string(options_.rank) + " at step " +
                            std::to_string(task.round()) + " (PERSEUS_ALLREDUCE_NANCHECK=1)");
+}
+
+void Worker::AbandonPushes(const Task& task, const std::vector<PartitionTask>& plan) {
+  for (const PartitionTask& item : plan)
+    LinkFor(task.tensor_id(), item.part)
+        .AbandonUnsent(task.tensor_id(), task.round(), item.part, task.kind());
+}
+
+Status Worker::SendToPeer(int index, const FrameHeader& header, const std::string& payload) {
+  return local_->SendToPeer(index, header, payload);
 }
 
 void Worker::AbandonUnsent(const Task& task, const std::vector<PartitionTask>& plan) {
@@ -430,6 +461,7 @@ Status Worker::Join(int* last_rank) {
     join_rounds_.clear();
   }
   if (local_) local_->BeginJoin();
+  if (device_merge_) device_merge_->BeginJoin();
   int servers = 0;  // The job's: an elastic one may have gone on without some.
   for (size_t i = 0; i < links_.size(); ++i) {
     if (routes_.removed(static_cast<int>(i))) continue;
@@ -461,6 +493,7 @@ Status Worker::Join(int* last_rank) {
     }
   }
   if (local_) local_->EndJoin();
+  if (device_merge_) device_merge_->EndJoin();
   *last_rank = join_last_;
   return Status::OK();
 }
@@ -497,6 +530,7 @@ void Worker::Abort(const std::string& reason) {
   }
   for (auto& link : links_) link->FailPending(status);
   if (local_) local_->FailPending(status);
+  if (device_merge_) device_merge_->FailPending(status);
   join_cv_.notify_all();
 }
 
@@ -508,6 +542,7 @@ void Worker::WatchdogLoop() {
     const auto now = std::chrono::steady_clock::now();
     for (auto& link : links_) link->FailExpired(now);
     if (local_) local_->FailExpired(now);
+    if (device_merge_) device_merge_->FailExpired(now);
     CheckLostServers(now);
   }
 }
@@ -527,6 +562,11 @@ void Worker::Stop() {
   if (local_) {
     local_->Close();
     local_->FailPending(shutdown);
+  }
+  if (device_merge_) {
+    // Aborting the group ends collectives that wait for workers gone.
+    device_merge_->FailPending(shutdown);
+    device_merge_->Close();
   }
   // Tasks on device memory may wait for their pieces rather than for a link: they
   // end here too, once the engine's copies of their memory ran.

@@ -29,6 +29,7 @@
 #include "../wire/transport.h"
 #include "credits.h"
 #include "device.h"
+#include "device_merge.h"
 #include "device_staging.h"
 #include "local_merge.h"
 #include "op_policy.h"
@@ -91,7 +92,7 @@ struct WorkerOptions {
 
 // The worker engine. Its server links and its local merge report to it through
 // their Owner interfaces (server_link.h, local_merge.h), never holding it.
-class Worker : public ServerLink::Owner, public LocalMerge::Owner {
+class Worker : public ServerLink::Owner, public LocalMerge::Owner, public DeviceMerge::Owner {
  public:
   explicit Worker(WorkerOptions options);
   ~Worker();
@@ -162,6 +163,14 @@ class Worker : public ServerLink::Owner, public LocalMerge::Owner {
   Group GlobalGroup() const override;
   void SendToServer(PartitionTask partition) override;
   void AbandonAtServers(uint64_t tensor_id, uint32_t round, OpKind kind) override;
+  // What the device merge asks (DeviceMerge::Owner).
+  void RunOnHost(std::shared_ptr<Task> task, std::vector<PartitionTask> plan) override;
+  void AbandonPushes(const Task& task, const std::vector<PartitionTask>& plan) override;
+  Status SendToPeer(int index, const FrameHeader& header, const std::string& payload) override;
+  // PERSEUS_ALLREDUCE_NANCHECK: a reduction whose input (`bytes` at `data`: all of it,
+  // or a device tensor's piece on the host) holds NaN or Inf is refused, naming the
+  // tensor, this rank and the step.
+  Status CheckFinite(const Task& task, const void* data, size_t bytes) const override;
 
  private:
   // Partitions of a tensor are spread over the servers in their cycle, starting at
@@ -173,10 +182,6 @@ class Worker : public ServerLink::Owner, public LocalMerge::Owner {
   // Fails the worker if a lost server's partitions waited longer than
   // lost_server_wait_ms for the scheduler's word.
   void CheckLostServers(std::chrono::steady_clock::time_point now);
-  // PERSEUS_ALLREDUCE_NANCHECK: a reduction whose input (`bytes` at `data`: all of it,
-  // or a device tensor's piece on the host) holds NaN or Inf is refused, naming the
-  // tensor, this rank and the step.
-  Status CheckFinite(const Task& task, const void* data, size_t bytes) const;
   // A task that fails before its partitions left: every server and local leader that
   // would have received one hears that this worker gave up the round.
   void AbandonUnsent(const Task& task, const std::vector<PartitionTask>& plan);
@@ -217,6 +222,8 @@ class Worker : public ServerLink::Owner, public LocalMerge::Owner {
   const uint32_t push_window_;
   std::vector<std::unique_ptr<ServerLink>> links_;
   std::unique_ptr<LocalMerge> local_;  // with other workers on this host
+  // Their device tensors, where device memory is in use (made with local_).
+  std::unique_ptr<DeviceMerge> device_merge_;
   // Where pushes to same-host servers and peers are staged: one table of arenas, so
   // that a host's merged partition reaches a same-host server without another copy.
   const std::shared_ptr<SharedSlots> slots_ =

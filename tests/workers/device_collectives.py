@@ -33,8 +33,13 @@ if MEMORY == "cuda":
     device = bps.local_rank() % cupy.cuda.runtime.getDeviceCount()
     cupy.cuda.Device(device).use()
     memory = Memory(device, cupy, cupy.cuda.Stream(non_blocking=True))
+elif MEMORY == "standin":
+    # STANDIN_DEVICES=per_worker: each worker of a host on a stand-in device of its own,
+    # so that the local merge sums on the devices; else they share device 0.
+    per_worker = os.environ.get("STANDIN_DEVICES") == "per_worker"
+    memory = Memory(bps.local_rank() if per_worker else 0)
 else:
-    memory = Memory(0 if MEMORY == "standin" else None)
+    memory = Memory(None)
 failures, checked = [], []
 
 

@@ -8,15 +8,20 @@
 
 #include "../device_api.h"
 #include "gpu_api.h"
+#include "gpu_group.h"
 
 namespace bps {
-namespace {
 
-thread_local std::string device_error;
+std::string& DeviceError() {
+  thread_local std::string error;
+  return error;
+}
+
+namespace {
 
 int Failed(cudaError_t error, const char* what) {
   if (error == cudaSuccess) return 0;
-  device_error = std::string(what) + ": " + cudaGetErrorString(error);
+  DeviceError() = std::string(what) + ": " + cudaGetErrorString(error);
   return -1;
 }
 
@@ -24,7 +29,7 @@ int Use(int device) { return Failed(cudaSetDevice(device), "cudaSetDevice"); }
 
 cudaStream_t StreamOf(void* stream) { return static_cast<cudaStream_t>(stream); }
 
-const char* LastError() { return device_error.c_str(); }
+const char* LastError() { return DeviceError().c_str(); }
 
 int StreamCreate(int device, void** stream) {
   if (Use(device)) return -1;
@@ -63,7 +68,7 @@ int Copy(int device, void* dst, const void* src, size_t bytes, void* stream) {
 int Scale(int device, void* buf, size_t count, int dtype, double factor, void* stream) {
   if (Use(device)) return -1;
   if (bps_gpu_scale(buf, count, dtype, factor, stream) == 0) return 0;
-  device_error = bps_gpu_last_error();
+  DeviceError() = bps_gpu_last_error();
   return -1;
 }
 
@@ -83,8 +88,11 @@ void HostFree(int device, void* ptr) {
   if (Use(device) == 0) cudaFreeHost(ptr);
 }
 
-const bps_device_api kCuda = {"CUDA",     LastError, StreamCreate, StreamDestroy, StreamWait,
-                              Copy,       Scale,     CallWhenDone, HostAlloc,     HostFree};
+const bps_device_api kCuda = {
+    "CUDA",        LastError,      StreamCreate,  StreamDestroy,  StreamWait,   Copy,
+    Scale,         CallWhenDone,   HostAlloc,     HostFree,       NcclDeviceKey, NcclGroupId,
+    NcclGroupOpen, NcclGroupClose, NcclHasDtype,  NcclReduce,     NcclBroadcast, NcclGroupCheck,
+    NcclGroupBegin, NcclGroupEnd};
 
 }  // namespace
 }  // namespace bps
