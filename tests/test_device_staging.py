@@ -67,9 +67,15 @@ def _gpus() -> int:
 @pytest.mark.skipif(_gpus() == 0, reason="no GPU with CuPy here (tools/gpu_check.sh runs this "
                                          "on GPU machines)")
 def test_every_collective_on_a_gpu(procs):
+    # The host's two workers merge: with NCCL on GPUs of their own, else (one GPU, which
+    # NCCL will not share) on the host.
     status, output = procs.launch(2, "device_collectives.py", num_servers=2, timeout=300,
-                                  DEVICE_MEMORY="cuda", BYTEPS_PARTITION_BYTES=262144)
+                                  DEVICE_MEMORY="cuda", BYTEPS_PARTITION_BYTES=262144,
+                                  BYTEPS_LOCAL_MERGE=1)
     _all_checked(status, output, 2, "cuda")
+    merged = ("merge on their devices (CUDA collectives)" if _gpus() > 1
+              else "merge on the host: worker ranks 0 and 1 share one device")
+    assert f"device tensors of worker ranks 0, 1 {merged}" in output, output
 
 
 def test_a_nan_in_a_late_piece_fails_every_worker_at_once(procs):
@@ -99,3 +105,18 @@ def test_asynchronous_push_pull_of_device_memory(procs):
     assert set(reports[1]["first"]) <= {1.0, 11.0}, reports
     for rank, report in reports.items():
         assert set(report["second"]) <= {1.0 + 10.0 * (rank + 1), 31.0}, report
+
+
+def test_the_device_merge_refuses_what_it_cannot_sum_alike(procs):
+    status, output = procs.launch(
+        2, "device_merge_faults.py", num_servers=1, timeout=90, BYTEPS_OP_TIMEOUT=4,
+        BYTEPS_PARTITION_BYTES=65536, BYTEPS_LOCAL_MERGE=1)
+    assert status == 0, output
+    reports = marked_json(output)
+    for report in reports.values():
+        assert ("worker ranks 0 and 1 of this host disagree on tensor 'sized' (round 1)"
+                in report["mismatch"]), reports
+        assert report["clean"] == 20.0, reports
+    assert ("worker rank(s) 1 of this host did not reach tensor 'lonely' (round 1) within 4 s"
+            in reports[0]["lonely"]), reports
+    assert reports[0]["lonely_seconds"] < 10, reports

@@ -162,6 +162,7 @@ void DeviceMerge::Arrived(int index, const FrameHeader& header, const std::strin
     fresh.round = header.round;
     fresh.since = Clock::now();
     fresh.go.key = key;
+    fresh.first = index;
     found = waiting_.emplace(key, std::move(fresh)).first;
   }
   Waiting& waiting = found->second;
@@ -175,7 +176,12 @@ void DeviceMerge::Arrived(int index, const FrameHeader& header, const std::strin
   if (waiting.decided) {
     Answer(index, &waiting, sends);  // late: the others had their answer
   } else if ((phase == kReduce && mode_ == Mode::kHost) || Complete(waiting)) {
+    const bool undecided = mode_ == Mode::kUndecided;
     Decide(&waiting, sends);
+    // Once on the host, workers no longer ask: what waits for them is answered now.
+    if (undecided && mode_ == Mode::kHost)
+      for (auto& [other, pending] : waiting_)
+        if (!pending.decided && pending.phase == kReduce) Decide(&pending, sends);
   }
   Forget(found);
 }
@@ -219,9 +225,11 @@ void DeviceMerge::Decide(Waiting* waiting, std::vector<Send>* sends) {
   } else if (waiting->mismatched >= 0) {
     go.verdict = kFail;
     go.kind = ErrorKind::kMismatch;
-    go.text = "worker ranks " + std::to_string(members_[0]) + " and " +
-              std::to_string(members_[waiting->mismatched]) + " of this host disagree on " +
-              tensor + ": a different shape, data type or operation";
+    const auto [one, other] = std::minmax(members_[waiting->first],
+                                          members_[waiting->mismatched]);
+    go.text = "worker ranks " + std::to_string(one) + " and " + std::to_string(other) +
+              " of this host disagree on " + tensor +
+              ": a different shape, data type or operation";
   } else if (mode_ == Mode::kUndecided && !anyone_joined) {
     host_reason_ = ChooseMerge(*waiting);
     if (host_reason_.empty()) {
@@ -527,7 +535,8 @@ void DeviceMerge::FailPending(const Status& reason) {
     Status status = devices_->Stream(device_, &engine);
     if (status.ok() && devices_->api().stream_wait(device_, engine, stream_) != 0)
       status = devices_->Failure("cannot wait for the local merge", device_);
-    if (status.ok()) status = devices_->WhenDone(device_, [this, op, reason] { Finish(op, reason); });
+    if (status.ok())
+      status = devices_->WhenDone(device_, [this, op, reason] { Finish(op, reason); });
     if (!status.ok()) Finish(op, reason);
   }
 }

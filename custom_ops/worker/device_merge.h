@@ -126,6 +126,7 @@ class DeviceMerge {
     uint64_t signature = 0;
     int64_t bytes = 0;
     uint8_t dtype = 0;
+    int first = 0;        // the worker that was ready first
     int mismatched = -1;  // a worker whose operation differs from the first one's
     int failed = -1;      // a worker whose operation failed
     bool decided = false;

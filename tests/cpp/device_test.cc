@@ -1,6 +1,7 @@
 // Unit tests of the worker's device staging (custom_ops/worker/device*.h) with host
-// memory standing in for the device: the pinned pool's reuse and bound, and a task's
-// partitions leaving only once their piece is on the host, then coming back.
+// memory standing in for the device: the pinned pool's reuse and bound, a task's
+// partitions leaving only once their piece is on the host, then coming back, and the
+// stand-in's collectives between two members.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "../../custom_ops/worker/device.h"
+#include "../../custom_ops/worker/device_host_group.h"
 #include "../../custom_ops/worker/device_staging.h"
 #include "expect.h"
 
@@ -211,12 +213,55 @@ void TestARefusedPieceDropsWhatItHadNotSent() {
   EXPECT(sent + dropped == 10 && sent <= 5 && dropped >= 5);
 }
 
+// Two members, each on a thread of its own (as two processes would be): a sum and a
+// broadcast longer than the group's chunk, a min, then a member that never comes.
+void TestStandInGroupCollectives() {
+  char id[BPS_GROUP_ID_BYTES];
+  HostGroup::MakeId(id);
+  const size_t count = 300000;  // floats: more than one 1 MiB chunk
+  std::vector<float> inputs[2], sums(count, 0), shared[2];
+  std::vector<int32_t> mins[2];
+  Status results[2] = {Status::OK(), Status::OK()};
+  auto member = [&](int m) {
+    HostGroup* group = nullptr;
+    results[m] = HostGroup::Open(id, 2, m, std::chrono::seconds(30), &group);
+    if (!results[m].ok()) return;
+    inputs[m].assign(count, static_cast<float>(m + 1));
+    inputs[m][count - 1] = 10.0f * static_cast<float>(m);
+    Status status = group->Reduce(inputs[m].data(), sums.data(), count, DataType::kFloat32,
+                                  ReduceOp::kSum, 1);
+    shared[m].assign(count, m == 0 ? 7.0f : 0.0f);
+    if (status.ok()) status = group->Broadcast(shared[m].data(), count, DataType::kFloat32, 0);
+    mins[m] = {3 + m, -m};
+    if (status.ok())
+      status = group->Reduce(mins[m].data(), mins[m].data(), 2, DataType::kInt32,
+                             ReduceOp::kMin, 0);
+    results[m] = status;
+    delete group;
+  };
+  std::thread first(member, 0), second(member, 1);
+  first.join();
+  second.join();
+  EXPECT(results[0].ok() && results[1].ok());
+  EXPECT(sums[0] == 3.0f && sums[count / 2] == 3.0f && sums[count - 1] == 10.0f);
+  EXPECT(shared[1][0] == 7.0f && shared[1][count - 1] == 7.0f);
+  EXPECT(mins[0][0] == 3 && mins[0][1] == -1);
+
+  // Member 1 never opens: member 0 gives up after its wait, naming the step.
+  HostGroup::MakeId(id);
+  HostGroup* alone = nullptr;
+  Status status = HostGroup::Open(id, 2, 0, std::chrono::milliseconds(200), &alone);
+  EXPECT(!status.ok() && status.message().find("waited 200 ms for the others opening") !=
+                             std::string::npos);
+}
+
 }  // namespace
 
 void TestDeviceStaging() {
   TestPinnedPoolReusesAndStaysBounded();
   TestStagingSendsEachPartitionOnceItsPieceIsOnTheHost();
   TestARefusedPieceDropsWhatItHadNotSent();
+  TestStandInGroupCollectives();
 }
 
 }  // namespace bps

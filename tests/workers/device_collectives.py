@@ -16,13 +16,14 @@ from compression_model import both_legs, partitions
 from core_api import DTYPES, Memory, enqueue, load
 
 import tf_bps as bps
-from tf_bps.runtime.core import native_library
+from tf_bps.runtime.core import native_library, preload_nccl
 
 MEMORY = os.environ.get("DEVICE_MEMORY", "standin")
 core = load()
 if MEMORY == "cuda":
     import cupy
 
+    preload_nccl()  # the wheel's NCCL, for the host's workers' merge
     library = os.environ.get("BPS_GPU_LIBRARY") or str(native_library("_bps_gpu"))
     assert core.bps_device_use(library.encode()) == 0, core.bps_last_error().decode()
 elif MEMORY == "standin":

@@ -8,9 +8,11 @@ its own, `bps_server` (server_executable).
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hmac
 import importlib
+import importlib.util
 from pathlib import Path
 
 from tf_bps.runtime.config import Config, is_local_address
@@ -66,12 +68,30 @@ def gpu_library() -> Path | None:
     return found[0] if found else None
 
 
+def preload_nccl() -> str | None:
+    """Loads NCCL from the nvidia-nccl-cu12 wheel (pip install tf_bps[gpu]) where it is
+    installed, so that the core's CUDA library, which asks for libnccl.so.2 by name
+    when a host's workers first merge device tensors, finds this copy. Returns its path;
+    None where the wheel is absent (a libnccl.so.2 on the library path serves then)."""
+    try:
+        spec = importlib.util.find_spec("nvidia.nccl")
+    except ModuleNotFoundError:
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        library = Path(folder, "lib", "libnccl.so.2")
+        if library.exists():
+            ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+            return str(library)
+    return None
+
+
 def _use_gpus() -> None:
     """Lets TensorFlow's GPU kernels hand the core device memory: the core stages it
     through the CUDA library's device table. A table loaded before (a test's, through
     the C API) stays."""
     library = gpu_library()
     if library and not worker_engine().device_table():
+        preload_nccl()
         worker_engine().device_use(str(library))
 
 
