@@ -30,6 +30,7 @@ class DeviceApi(ctypes.Structure):
         ("stream_wait", _F(_I, _I, _P, _P)),
         ("copy", _F(_I, _I, _P, _P, _S, _P)),
         ("scale", _F(_I, _I, _P, _S, _I, ctypes.c_double, _P)),
+        ("divide", _F(_I, _I, _P, _S, _I, _I, _P)),
         ("call_when_done", _F(_I, _I, _P, _P, _P)),
         ("host_alloc", _F(_I, _I, _S, ctypes.POINTER(_P))),
         ("host_free", _F(None, _I, _P)),

@@ -27,8 +27,10 @@ typedef struct bps_device_api {
   int (*stream_wait)(int device, void* waiter, void* stream);
   /* Queues a copy of `bytes` between any two of device and pinned host memory. */
   int (*copy)(int device, void* dst, const void* src, size_t bytes, void* stream);
-  /* dtype and reduce_op as in common.h: buf[i] *= factor; buf[i] /= divisor. */
+  /* dtype and reduce_op as in common.h: buf[i] *= factor (prescale, postscale). */
   int (*scale)(int device, void* buf, size_t count, int dtype, double factor, void* stream);
+  /* buf[i] /= divisor (an average), as common.h's DivideInPlace: integers floor. */
+  int (*divide)(int device, void* buf, size_t count, int dtype, int divisor, void* stream);
   /* `fn(arg)` runs once the work queued on `stream` so far is done, on a thread of the
    * device's own; it must not call this table (CUDA forbids it) and must be quick. */
   int (*call_when_done)(int device, void* stream, void (*fn)(void*), void* arg);

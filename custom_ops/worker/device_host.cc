@@ -106,6 +106,15 @@ int Scale(int, void* buf, size_t count, int dtype, double factor, void* stream) 
   return 0;
 }
 
+int Divide(int, void* buf, size_t count, int dtype, int divisor, void* stream) {
+  if (!IsValidDataType(static_cast<uint8_t>(dtype))) {
+    host_error = "data type " + std::to_string(dtype) + " has no arithmetic";
+    return -1;
+  }
+  Run(stream, [=] { DivideInPlace(static_cast<DataType>(dtype), buf, count, divisor); });
+  return 0;
+}
+
 int CallWhenDone(int, void* stream, void (*fn)(void*), void* arg) {
   Run(stream, [=] { fn(arg); });
   return 0;
@@ -183,10 +192,10 @@ int GroupBroadcast(int, void* buf, size_t count, int dtype, int root, void* grou
 int GroupCall() { return 0; }  // collectives run one by one, in the order queued
 
 const bps_device_api kHostStandIn = {
-    "host stand-in", LastError,  StreamCreate,   StreamDestroy, StreamWait,     Copy,
-    Scale,           CallWhenDone, HostAlloc,    HostFree,      DeviceKey,      GroupId,
-    GroupOpen,       GroupClose, GroupHasDtype,  GroupReduce,   GroupBroadcast, GroupCheck,
-    GroupCall,       GroupCall};
+    "host stand-in", LastError,     StreamCreate, StreamDestroy, StreamWait,    Copy,
+    Scale,           Divide,        CallWhenDone, HostAlloc,     HostFree,      DeviceKey,
+    GroupId,         GroupOpen,     GroupClose,   GroupHasDtype, GroupReduce,   GroupBroadcast,
+    GroupCheck,      GroupCall,     GroupCall};
 
 }  // namespace
 

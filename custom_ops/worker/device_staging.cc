@@ -212,12 +212,30 @@ void DeviceStaging::Forward(PartitionTask item, bool refused) {
   route_.send(std::move(item));
 }
 
-void DeviceStaging::Deliver(const std::shared_ptr<Task>& task, size_t offset, size_t bytes) {
+Status DeviceStaging::FinishOnDevice(const Task& task, size_t offset, size_t bytes) {
+  const Declaration& op = task.op();
+  const bps_device_api& api = devices_->api();
+  const size_t count = bytes / DataTypeSize(op.dtype);
+  const int dtype = static_cast<int>(op.dtype);
+  char* at = device_output_ + offset;
+  if (op.reduce_op == ReduceOp::kAverage &&
+      api.divide(device_, at, count, dtype, task.group().size(), engine_stream_) != 0)
+    return devices_->Failure("cannot queue an average", device_);
+  if (op.postscale != 1.0 &&
+      api.scale(device_, at, count, dtype, op.postscale, engine_stream_) != 0)
+    return devices_->Failure("cannot queue a postscale", device_);
+  return Status::OK();
+}
+
+void DeviceStaging::Deliver(const std::shared_ptr<Task>& task, size_t offset, size_t bytes,
+                            bool finish) {
   if (!task->BeginIo()) return;  // failed meanwhile: the output is not wanted
   const int64_t queued_at = tracer_ ? Timeline::Now() : 0;
   const auto part = static_cast<uint32_t>(offset / piece_);
   Timeline* tracer = tracer_;
   Status status = QueueCopy(device_output_ + offset, host_output_ + offset, bytes);
+  if (status.ok() && finish && IsReduction(task->kind()))
+    status = FinishOnDevice(*task, offset, bytes);
   if (status.ok() && on_answer_) on_answer_();
   if (status.ok())
     status = devices_->WhenDone(device_, [task, part, queued_at, tracer] {
@@ -267,13 +285,13 @@ void StagedTasks::FailAll(const Status& reason, std::chrono::milliseconds wait) 
                       << " operation(s) on device memory still wait for their device";
 }
 
-void Delivered(const std::shared_ptr<Task>& task, size_t offset, size_t bytes) {
+void Delivered(const std::shared_ptr<Task>& task, size_t offset, size_t bytes, bool raw) {
   DeviceStaging* staging = task->staging();
   if (!staging || bytes == 0) {
     task->PartitionDone();
     return;
   }
-  staging->Deliver(task, offset, bytes);
+  staging->Deliver(task, offset, bytes, raw);
 }
 
 }  // namespace bps

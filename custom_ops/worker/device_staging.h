@@ -55,8 +55,9 @@ class DeviceStaging {
   // Sends `item` on now if what it pushes is on the host, else once it is.
   void Release(PartitionTask item);
   // `bytes` of the answer at `offset` of the output are on the host: they are copied
-  // to the device, and then that partition of the task is done.
-  void Deliver(const std::shared_ptr<Task>& task, size_t offset, size_t bytes);
+  // to the device (and, with `finish`, a reduction's average and postscale applied
+  // there), and then that partition of the task is done.
+  void Deliver(const std::shared_ptr<Task>& task, size_t offset, size_t bytes, bool finish);
   // The task ended: the caller's stream waits for the engine's work on its tensors
   // (the output's copies; after a failure, whatever still uses its memory).
   Status Finish();
@@ -78,6 +79,8 @@ class DeviceStaging {
   void* AttachOutput(void* device_output, size_t bytes, Status* status);
   void OnPieceStaged(const std::shared_ptr<Task>& task, size_t offset, size_t length,
                      bool last, int64_t queued_at);
+  // A reduction's average and postscale of the answer at `offset`, queued on the device.
+  Status FinishOnDevice(const Task& task, size_t offset, size_t bytes);
   // Prescales a reduction's `length` bytes on the host at `offset`, and checks them.
   Status PrepareOnHost(const Task& task, size_t offset, size_t length);
   Status QueueCopy(void* dst, const void* src, size_t bytes);
@@ -122,8 +125,10 @@ class StagedTasks {
 };
 
 // A partition's answer is in the task's output: done at once on the host, or once
-// copied to the device (DeviceStaging::Deliver).
-void Delivered(const std::shared_ptr<Task>& task, size_t offset, size_t bytes);
+// copied to the device (DeviceStaging::Deliver). `raw`: a server's answer, which a
+// reduction on the device still averages and scales there (on the host, the server
+// link did: ServerLink::FinishPartition); else a result finished already.
+void Delivered(const std::shared_ptr<Task>& task, size_t offset, size_t bytes, bool raw);
 
 }  // namespace bps
 

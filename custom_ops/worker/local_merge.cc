@@ -210,7 +210,7 @@ void LocalMerge::Run(Effects& effects) {
     std::memcpy(static_cast<char*>(task.output()) + delivery.offset, delivery.data,
                 delivery.length);
     task.EndIo();
-    Delivered(delivery.task, delivery.offset, delivery.length);
+    Delivered(delivery.task, delivery.offset, delivery.length, false);
   }
   for (auto& [task, status] : effects.failures) task->Fail(status);
   for (auto& [task, item] : effects.upstream) {
@@ -318,7 +318,8 @@ Status LocalMerge::HandleResult(int index, const FrameHeader& header, DataReader
     return Status::OK();
   }
   Timeline* const tracer = TracerFor(task);
-  return ReadAnswer(header, payload, pending, from, [&](void*, size_t) {
+  // The leader's result: averaged and scaled by its server link already.
+  return ReadAnswer(header, payload, pending, from, false, [&](void*, size_t) {
     if (tracer && pending.sent_at)
       tracer->Stage(task.trace_session(), task.name(), task.round(), header.part, "BROADCAST",
                     pending.sent_at, Timeline::Now());

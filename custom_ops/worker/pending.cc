@@ -78,7 +78,8 @@ Status ReadAnswerError(const FrameHeader& header, DataReader* payload, const std
 }
 
 Status ReadAnswer(const FrameHeader& header, DataReader* payload, const PendingPartition& pending,
-                  const std::string& from, const std::function<void(void*, size_t)>& finish,
+                  const std::string& from, bool raw,
+                  const std::function<void(void*, size_t)>& finish,
                   const CompressionSetup* compression) {
   Task& task = *pending.task;
   const size_t elements = pending.reply_length / sizeof(float);
@@ -114,7 +115,7 @@ Status ReadAnswer(const FrameHeader& header, DataReader* payload, const PendingP
     return status;
   }
   if (status.ok()) {
-    Delivered(pending.task, pending.offset, pending.reply_length);
+    Delivered(pending.task, pending.offset, pending.reply_length, raw);
   } else {
     // Half an answer: the output (perhaps the input too) is spoilt, and the partition
     // cannot be sent again.

@@ -59,10 +59,13 @@ Status ReadAnswerError(const FrameHeader& header, DataReader* payload, const std
 // Reads a reply's data into its task's output, after checking its length; `finish`
 // (may be empty) runs on the data before the partition counts as done. A reply for a
 // task that failed meanwhile is skipped. A non-OK return: the stream broke.
+// `raw`: a server's answer, which a reduction still averages and scales (on the host
+// in `finish`, on a device once copied there: Delivered); else a finished result.
 // `compression`: the reply is the partition in that compressed form (a server's answer
 // to a compressed push_pull), checked and decompressed into the output.
 Status ReadAnswer(const FrameHeader& header, DataReader* payload, const PendingPartition& pending,
-                  const std::string& from, const std::function<void(void*, size_t)>& finish,
+                  const std::string& from, bool raw,
+                  const std::function<void(void*, size_t)>& finish,
                   const CompressionSetup* compression = nullptr);
 
 }  // namespace bps

@@ -247,7 +247,8 @@ bool ServerLink::TakePending(const FrameHeader& header, PendingPartition* pendin
 }
 
 void ServerLink::FinishPartition(const Task& task, void* data, size_t bytes) {
-  if (!IsReduction(task.kind())) return;
+  // A task on device memory finishes there, once its answer is copied (Delivered).
+  if (!IsReduction(task.kind()) || task.staging()) return;
   const Declaration& op = task.op();
   const size_t count = bytes / DataTypeSize(op.dtype);
   if (op.reduce_op == ReduceOp::kAverage) DivideInPlace(op.dtype, data, count, task.group().size());
@@ -272,7 +273,7 @@ Status ServerLink::HandleReply(const FrameHeader& header, DataReader* payload) {
     return StartGather(header, payload, pending);
   Timeline* const tracer = TracerFor(task);
   return ReadAnswer(
-      header, payload, pending, description(),
+      header, payload, pending, description(), true,
       [&](void* data, size_t bytes) {
         FinishPartition(task, data, bytes);
         if (tracer && pending.sent_at)

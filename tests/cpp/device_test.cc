@@ -155,7 +155,7 @@ void TestStagingSendsEachPartitionOnceItsPieceIsOnTheHost() {
   for (auto it = answered.rbegin(); it != answered.rend(); ++it) {
     float* values = reinterpret_cast<float*>(const_cast<char*>(it->data));
     for (size_t i = 0; i < it->reply_length / sizeof(float); ++i) values[i] += 1.0f;
-    Delivered(task, it->offset, it->reply_length);
+    Delivered(task, it->offset, it->reply_length, true);
   }
   EXPECT(done.Wait() && done_calls == 1);
   for (size_t i = 0; i < kCount; ++i)

@@ -72,6 +72,13 @@ int Scale(int device, void* buf, size_t count, int dtype, double factor, void* s
   return -1;
 }
 
+int Divide(int device, void* buf, size_t count, int dtype, int divisor, void* stream) {
+  if (Use(device)) return -1;
+  if (bps_gpu_divide(buf, count, dtype, divisor, stream) == 0) return 0;
+  DeviceError() = bps_gpu_last_error();
+  return -1;
+}
+
 int CallWhenDone(int device, void* stream, void (*fn)(void*), void* arg) {
   if (Use(device)) return -1;
   return Failed(cudaLaunchHostFunc(StreamOf(stream), fn, arg), "cudaLaunchHostFunc");
@@ -89,10 +96,10 @@ void HostFree(int device, void* ptr) {
 }
 
 const bps_device_api kCuda = {
-    "CUDA",        LastError,      StreamCreate,  StreamDestroy,  StreamWait,   Copy,
-    Scale,         CallWhenDone,   HostAlloc,     HostFree,       NcclDeviceKey, NcclGroupId,
-    NcclGroupOpen, NcclGroupClose, NcclHasDtype,  NcclReduce,     NcclBroadcast, NcclGroupCheck,
-    NcclGroupBegin, NcclGroupEnd};
+    "CUDA",         LastError,     StreamCreate,   StreamDestroy, StreamWait,    Copy,
+    Scale,          Divide,        CallWhenDone,   HostAlloc,     HostFree,      NcclDeviceKey,
+    NcclGroupId,    NcclGroupOpen, NcclGroupClose, NcclHasDtype,  NcclReduce,    NcclBroadcast,
+    NcclGroupCheck, NcclGroupBegin, NcclGroupEnd};
 
 }  // namespace
 }  // namespace bps
