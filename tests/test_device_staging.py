@@ -7,10 +7,15 @@ caller's stream waiting at the end. On a GPU machine with CuPy the same script r
 CUDA memory (tools/gpu_check.sh runs it there); here that test skips."""
 
 import importlib.util
+import json
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from harness import marked_json
+
+ROOT = Path(__file__).resolve().parent.parent
 
 CASES = 53  # the checks device_collectives.py makes
 
@@ -120,3 +125,18 @@ def test_the_device_merge_refuses_what_it_cannot_sum_alike(procs):
     assert ("worker rank(s) 1 of this host did not reach tensor 'lonely' (round 1) within 4 s"
             in reports[0]["lonely"]), reports
     assert reports[0]["lonely_seconds"] < 10, reports
+
+
+def test_the_timeline_says_how_much_of_the_device_copies_the_network_hid(procs, tmp_path):
+    # tools/gpu_check.sh reads its copy-overlap figure from such a recording on a GPU.
+    status, output = procs.launch(
+        2, "device_collectives.py", num_servers=2, timeout=120, DEVICE_MEMORY="standin",
+        BENCH_MB=4, BYTEPS_PARTITION_BYTES=1048576, BYTEPS_TRACE_ON=1,
+        BYTEPS_TRACE_START_STEP=3, BYTEPS_TRACE_END_STEP=4, BYTEPS_TRACE_DIR=tmp_path)
+    _all_checked(status, output, 2, "standin")
+    overlap = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "copy_overlap.py"), str(tmp_path), "bench4"],
+        capture_output=True, text=True, timeout=60, check=True)
+    figure = json.loads(overlap.stdout)
+    # Two steps of a 4 MB tensor on two workers: four pieces in and four out each.
+    assert figure["copy_ms"] > 0 and 0 <= figure["hidden"] <= 1, figure

@@ -97,22 +97,23 @@ int Copy(int, void* dst, const void* src, size_t bytes, void* stream) {
   return 0;
 }
 
-int Scale(int, void* buf, size_t count, int dtype, double factor, void* stream) {
+// Queues `work` on the elements of `dtype`, which must be one with arithmetic.
+int Arithmetic(int dtype, void* stream, std::function<void(DataType)> work) {
   if (!IsValidDataType(static_cast<uint8_t>(dtype))) {
     host_error = "data type " + std::to_string(dtype) + " has no arithmetic";
     return -1;
   }
-  Run(stream, [=] { ScaleInPlace(static_cast<DataType>(dtype), buf, count, factor); });
+  Run(stream, [=] { work(static_cast<DataType>(dtype)); });
   return 0;
 }
 
+int Scale(int, void* buf, size_t count, int dtype, double factor, void* stream) {
+  return Arithmetic(dtype, stream, [=](DataType type) { ScaleInPlace(type, buf, count, factor); });
+}
+
 int Divide(int, void* buf, size_t count, int dtype, int divisor, void* stream) {
-  if (!IsValidDataType(static_cast<uint8_t>(dtype))) {
-    host_error = "data type " + std::to_string(dtype) + " has no arithmetic";
-    return -1;
-  }
-  Run(stream, [=] { DivideInPlace(static_cast<DataType>(dtype), buf, count, divisor); });
-  return 0;
+  return Arithmetic(dtype, stream,
+                    [=](DataType type) { DivideInPlace(type, buf, count, divisor); });
 }
 
 int CallWhenDone(int, void* stream, void (*fn)(void*), void* arg) {

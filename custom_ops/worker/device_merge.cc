@@ -353,9 +353,19 @@ void DeviceMerge::Apply(const Go& go) {
     return;
   }
   Status status = go.verdict == kOpenGroup ? OpenGroup(task, go.text) : Status::OK();
-  if (status.ok())
-    status = std::get<2>(go.key) == kReduce ? QueueReduce(op) : QueueBroadcast(op);
-  if (!status.ok()) Finish(op, status.WithSuffix(" (tensor '" + task.name() + "')"));
+  const bool reduce = std::get<2>(go.key) == kReduce;
+  if (status.ok()) status = reduce ? QueueReduce(op) : QueueBroadcast(op);
+  if (status.ok()) return;
+  status = status.WithSuffix(" (tensor '" + task.name() + "')");
+  bool tell = false;
+  if (reduce) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    tell = !op->told_ready;
+    op->told_ready = true;
+  }
+  // The others skip the broadcast too, and fail the operation with this reason.
+  if (tell) Ready(kBroadcast, &task, status.message(), true);
+  Finish(op, status);
 }
 
 Status DeviceMerge::OpenGroup(const Task& task, const std::string& id) {
@@ -377,6 +387,7 @@ Status DeviceMerge::Collectives(const Operation& op, bool reduce) {
   DeviceStaging& staging = *task.staging();
   const size_t element = DataTypeSize(task.dtype());
   const int dtype = static_cast<int>(task.dtype());
+  if (!group_) return Status::Error("the local merge's group did not open");
   if (api.group_begin() != 0) return devices_->Failure("the collectives cannot begin", device_);
   int failed = 0;
   for (const PartitionTask& item : op.plan) {
@@ -398,13 +409,13 @@ Status DeviceMerge::QueueReduce(const std::shared_ptr<Operation>& op) {
   if (devices_->api().stream_wait(device_, stream_, task.spec().place.stream) != 0)
     return devices_->Failure("the local merge's stream cannot wait for the caller's", device_);
   Status status = Collectives(*op, true);
+  if (!status.ok()) return status;  // Apply tells the others
   bool tell_failed = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     op->reduced = true;
     if (task.failed() && !op->told_ready) tell_failed = op->told_ready = true;
   }
-  if (!status.ok()) return status;  // out of step with the others: fails the task
   if (tell_failed) {
     owner_->AbandonPushes(task, op->led);
     Ready(kBroadcast, &task, "failed before its collectives ran", true);
