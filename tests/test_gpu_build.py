@@ -11,12 +11,12 @@ import subprocess
 import sys
 
 import pytest
-from gpu_api import declare
+from gpu_api import declare, device_table
 from harness import base_env
 
 from tf_bps.runtime.core import NotBuiltError, native_library
 
-INT8, BOOL = 8, 11  # common.h DataType wire values
+FLOAT32, INT8, INT16, BOOL = 3, 8, 10, 11  # common.h DataType wire values
 
 pytestmark = pytest.mark.build
 
@@ -55,6 +55,19 @@ def test_bad_arguments_are_refused_before_any_launch(gpu_library):
     assert "reduce op 9" in gpu_library.bps_gpu_last_error().decode()
     assert gpu_library.bps_gpu_divide(None, 4, INT8, 0, None) == -1
     assert "not a worker count" in gpu_library.bps_gpu_last_error().decode()
+
+
+def test_the_cuda_table_says_why_it_has_no_collectives(gpu_library):
+    # Without NCCL, or without a GPU, the host's workers merge device tensors on the
+    # host, and this reason is what the log gives (device_merge.h).
+    api = device_table(gpu_library)
+    key = ctypes.create_string_buffer(256)
+    if api.device_key(0, key, len(key)) == 0:
+        return  # A GPU and NCCL: tests/test_gpu_group.py exercises them.
+    error = api.last_error().decode()
+    assert error.startswith(("NCCL cannot be loaded (pip install tf_bps[gpu] brings it): ",
+                             "cudaDeviceGetPCIBusId: ")), error
+    assert api.group_has_dtype(FLOAT32) and not api.group_has_dtype(INT16)
 
 
 OPS = ["BytepsPushPull", "BytepsBroadcast", "BytepsAsyncPushPull", "BytepsAllgather",

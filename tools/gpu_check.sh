@@ -58,8 +58,10 @@ $py -m pytest -q -rs -p no:cacheprovider tests/test_gpu_kernels.py tests/test_gp
   { tail -40 "$log/tests.txt"; fail "the GPU tests"; }
 tests=$(tail -1 "$log/tests.txt")
 echo "gpu_check: tests: $tests"
-# Only what needs a second GPU may skip.
-skipped=$(grep "^SKIPPED" "$log/tests.txt" | grep -v "one GPU here")
+# Only what needs a second GPU, or NCCL where this machine has none, may skip.
+grep "^SKIPPED.*no NCCL here" "$log/tests.txt" |
+  sed 's/^/gpu_check: NCCL NOT TESTED: /'
+skipped=$(grep "^SKIPPED" "$log/tests.txt" | grep -v "one GPU here\|no NCCL here")
 [ -z "$skipped" ] || fail "GPU tests skipped on a GPU machine: $skipped"
 bench() {  # memory (cuda|host), then VAR=value... -> the REPORT line of rank 0
   local memory=$1

@@ -73,13 +73,10 @@ def preload_nccl() -> str | None:
     installed, so that the core's CUDA library, which asks for libnccl.so.2 by name
     when a host's workers first merge device tensors, finds this copy. Returns its path;
     None where the wheel is absent (a libnccl.so.2 on the library path serves then)."""
-    try:
-        spec = importlib.util.find_spec("nvidia.nccl")
-    except ModuleNotFoundError:
-        return None
+    spec = importlib.util.find_spec("nvidia")  # the NVIDIA wheels' namespace package
+    # nvidia/nccl/lib (CUDA 12 wheels), or a folder per CUDA version (nvidia/cu13/lib).
     for folder in (spec.submodule_search_locations or []) if spec else []:
-        library = Path(folder, "lib", "libnccl.so.2")
-        if library.exists():
+        for library in sorted(Path(folder).glob("*/lib/libnccl.so.2")):
             ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
             return str(library)
     return None
