@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import glob
 import logging
 import os
 import subprocess
@@ -231,10 +232,18 @@ def stop_timeline() -> None:
     core.worker_stop_timeline()
 
 
+def _may_have_gpus() -> bool:
+    """Whether an NVIDIA driver shows devices here: where none does, a worker that does
+    not use TensorFlow never pays for importing it just to find no GPU."""
+    return bool(glob.glob("/dev/nvidia[0-9]*") or glob.glob("/proc/driver/nvidia/gpus/*"))
+
+
 def _pin_gpu(local_rank: int) -> None:
     """With several workers on a host, each uses the GPU of its local rank, as BytePS
     arranges (a script that pins one itself, Horovod-style, chooses the same). One
     worker per host keeps every GPU, for a tf.distribute strategy."""
+    if "tensorflow" not in sys.modules and not _may_have_gpus():
+        return
     import tensorflow as tf
 
     gpus = tf.config.list_physical_devices("GPU")
