@@ -72,9 +72,10 @@ bench() {  # memory (cuda|host), then VAR=value... -> the REPORT line of rank 0
     { tail -20 "$log/bench-$memory.txt"; fail "the $memory benchmark"; }
   grep -o '\[0\]: REPORT .*' "$log/bench-$memory.txt" | sed 's/^\[0\]: REPORT //'
 }
-# The GPU run records two of its timed steps, for how much of its copies the network hid.
-device=$(bench cuda BYTEPS_TRACE_ON=1 BYTEPS_TRACE_START_STEP=3 BYTEPS_TRACE_END_STEP=4 \
-  BYTEPS_TRACE_DIR="$log/trace")
+# The GPU run records two timed steps of each size, for how much of its copies the
+# network hid.
+mkdir -p "$log/trace"
+device=$(bench cuda BENCH_TRACE_DIR="$log/trace")
 host=$(bench host)
 hidden=$($py tools/copy_overlap.py "$log/trace" bench64)
 hidden256=$($py tools/copy_overlap.py "$log/trace" bench256)

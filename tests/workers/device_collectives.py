@@ -4,7 +4,8 @@ TensorFlow; each result is checked against numpy here and the script prints a RE
 DEVICE_MEMORY picks the memory: "standin" (host memory standing in for a device, the
 core's host table), "cuda" (CuPy arrays on this worker's GPU, through the core's CUDA
 library: $BPS_GPU_LIBRARY, else tf_bps's own _bps_gpu) or "host" (plain host tensors,
-the baseline). BENCH_MB: also times push_pull at those sizes (MB, comma separated)."""
+the baseline). BENCH_MB: also times push_pull at those sizes (MB, comma separated),
+recording two steps of each into BENCH_TRACE_DIR if set."""
 
 import json
 import os
@@ -174,12 +175,18 @@ if MEMORY == "cuda":  # pinned host copies, each way, 256 MB
     report["pinned_gb_s"] = speeds
 if os.environ.get("BENCH_MB"):
     report["bench"] = {}
+    # BENCH_TRACE_DIR: each size's second and third timed steps are recorded there
+    # (tools/copy_overlap.py reads how much of the device copies the network hid).
+    trace_dir = os.environ.get("BENCH_TRACE_DIR")
     for mb in [int(x) for x in os.environ["BENCH_MB"].split(",")]:
         with memory.stream or nullcontext():
             tensor = memory.array(np.ones(mb * 1024 * 256, np.float32))
         enqueue(core, memory, "push_pull", f"bench{mb}", tensor, in_place=True).wait()  # warm
         start, rounds = time.perf_counter(), 5
-        for _ in range(rounds):
+        for round_ in range(rounds):
+            if trace_dir and round_ in (1, 3):  # two steps recorded, then three untraced
+                (bps.start_timeline(f"{trace_dir}/bench{mb}.{rank}.json") if round_ == 1
+                 else bps.stop_timeline())
             enqueue(core, memory, "push_pull", f"bench{mb}", tensor, in_place=True).wait()
         seconds = (time.perf_counter() - start) / rounds
         report["bench"][mb] = round(mb / 1024 / seconds, 3)  # GB/s of the tensor
