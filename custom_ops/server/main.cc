@@ -274,6 +274,12 @@ int Serve(const Settings& settings) {
   options.encrypt = settings.Flag("BYTEPS_ENCRYPT");
   options.max_tensor_bytes = static_cast<uint64_t>(settings.Int("BYTEPS_MAX_TENSOR_BYTES"));
   options.enable_async = settings.Flag("BYTEPS_ENABLE_ASYNC");
+  if (!settings.Flag("HOROVOD_STALL_CHECK_DISABLE")) {
+    options.stall_check_ms =
+        static_cast<int>(settings.Number("HOROVOD_STALL_CHECK_TIME_SECONDS") * 1000);
+    options.stall_shutdown_ms =
+        static_cast<int>(settings.Number("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS") * 1000);
+  }
 
   SchedulerLinkOptions link_options;
   link_options.host = settings.Text("DMLC_PS_ROOT_URI");

@@ -91,11 +91,26 @@ void RoundEngine::AddTraffic(std::map<uint64_t, std::pair<uint64_t, uint64_t>>* 
 }
 
 void RoundEngine::Loop() {
+  using Clock = std::chrono::steady_clock;
+  // The inspector looks a few times per check time: a stall is reported within a
+  // quarter of it late.
+  const auto stall_every = std::chrono::milliseconds(
+      std::clamp(setup_.stall_check_ms / 4, 100, 5000));
+  next_stall_check_ = Clock::now() + stall_every;
   while (true) {
+    if (setup_.stall_check_ms > 0 && Clock::now() >= next_stall_check_) {
+      CheckStalls(Clock::now());
+      next_stall_check_ = Clock::now() + stall_every;
+    }
     EngineItem item;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      const auto ready = [&] { return stopping_ || !queue_.empty(); };
+      if (setup_.stall_check_ms <= 0) {
+        cv_.wait(lock, ready);
+      } else if (!cv_.wait_until(lock, next_stall_check_, ready)) {
+        continue;  // time to look for stalls
+      }
       if (stopping_) return;
       item = std::move(queue_.front());
       queue_.pop_front();
@@ -184,6 +199,7 @@ bool RoundEngine::Open(KeyState* key, const EngineItem& item, KeyPort* port) {
     return false;
   }
   key->round.Open(Arrival{item.rank, item.round, 0}, std::move(members));
+  key->opened_at = std::chrono::steady_clock::now();
   key->data.spec = item.spec;
   PolicyFor(item.spec.kind).Open(&key->data, setup_.num_workers);
   return true;
@@ -353,6 +369,51 @@ void RoundEngine::FailRounds(const std::string& reason) {
                    "the job is failing: " + reason + " (tensor " +
                        port.Tensor(key.round.contributors().front()) + ")",
                    &port);
+  }
+}
+
+void RoundEngine::CheckStalls(std::chrono::steady_clock::time_point now) {
+  // One report per tensor and round, however many of its partitions this engine has.
+  std::map<uint64_t, std::string> reports;
+  for (auto& [id, key] : keys_) {
+    Round& round = key.round;
+    if (!round.active() || key.async.started()) continue;
+    const auto waited =
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - key.opened_at).count();
+    if (waited < setup_.stall_check_ms) continue;
+    std::vector<uint32_t> missing;
+    for (uint32_t rank : round.members())
+      if (!round.Covers(rank) && !host_->roster().Joined(rank, round.epoch()))
+        missing.push_back(rank);
+    if (missing.empty()) continue;
+    KeyPort port(this, id, &key);
+    std::string ranks;
+    for (uint32_t rank : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(rank);
+    const std::string text =
+        "tensor " + port.Tensor(round.contributors().front()) + " (round " +
+        std::to_string(round.round()) + ") waits for worker rank(s) " + ranks + ", " +
+        std::to_string(waited / 1000) + " s after the first worker pushed it; the workers may " +
+        "be running different tensors, or some of them none";
+    if (setup_.stall_shutdown_ms > 0 && waited >= setup_.stall_shutdown_ms) {
+      round.Fail(ErrorKind::kTimeout,
+                 text + " (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=" +
+                     std::to_string(setup_.stall_shutdown_ms / 1000) + ")",
+                 &port);
+      continue;
+    }
+    if (key.stall_reported == round.round()) continue;
+    key.stall_reported = round.round();
+    reports.emplace(id.tensor_id, text + " (HOROVOD_STALL_CHECK_TIME_SECONDS=" +
+                                      std::to_string(setup_.stall_check_ms / 1000) + ")");
+  }
+  for (const auto& [tensor_id, text] : reports) {
+    BPS_LOG(kWarning) << "stalled: " << text;
+    FrameHeader header;
+    header.type = static_cast<uint8_t>(FrameType::kStall);
+    header.tensor_id = tensor_id;
+    header.length = text.size();
+    for (int rank = 0; rank < setup_.num_workers; ++rank)
+      host_->Send(static_cast<uint32_t>(rank), header, text.data());
   }
 }
 

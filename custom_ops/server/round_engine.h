@@ -9,6 +9,7 @@
 #ifndef TF_BPS_SERVER_ROUND_ENGINE_H_
 #define TF_BPS_SERVER_ROUND_ENGINE_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -86,6 +87,11 @@ class RoundEngine {
     BlockPool* pool = nullptr;
     const DeclarationBook* declarations = nullptr;
     SharedSlots* results = nullptr;  // the server's shared memory for results
+    // The stall inspector: a round that some workers have pushed to and others not
+    // for stall_check_ms is reported to every worker (kStall) once, and failed after
+    // stall_shutdown_ms; 0: never. Each engine checks its own keys between items.
+    int stall_check_ms = 0;
+    int stall_shutdown_ms = 0;
   };
 
   RoundEngine(Host* host, Setup setup);
@@ -114,6 +120,8 @@ class RoundEngine {
     // Tensor data pushed here and sent back, over all rounds (logged at the end).
     uint64_t bytes_in = 0;
     uint64_t bytes_out = 0;
+    std::chrono::steady_clock::time_point opened_at;  // of the round in progress
+    uint32_t stall_reported = 0;                     // the last round reported stalled
   };
   class KeyPort;
 
@@ -136,6 +144,8 @@ class RoundEngine {
   void SendError(uint32_t rank, const PartitionKey& id, uint32_t round, ErrorKind kind,
                  const std::string& message);
   void FailRounds(const std::string& reason);
+  // The stall inspector's pass over this engine's keys (Setup::stall_check_ms).
+  void CheckStalls(std::chrono::steady_clock::time_point now);
   void Forget(uint32_t rank);
   void ReportRounds();
 
@@ -146,6 +156,7 @@ class RoundEngine {
   std::deque<EngineItem> queue_;
   bool stopping_ = false;
   std::unordered_map<PartitionKey, KeyState, PartitionKeyHash> keys_;
+  std::chrono::steady_clock::time_point next_stall_check_;
   std::thread thread_;
 };
 

@@ -58,6 +58,8 @@ Status Server::Serve(const std::vector<int32_t>& host_of_rank, uint32_t generati
   setup.pool = &pool_;
   setup.declarations = &declarations_;
   setup.results = &listener_.shared_results();
+  setup.stall_check_ms = options_.stall_check_ms;
+  setup.stall_shutdown_ms = options_.stall_shutdown_ms;
   for (int i = 0; i < std::max(1, options_.engine_threads); ++i) {
     engines_.push_back(std::make_unique<RoundEngine>(static_cast<RoundEngine::Host*>(this), setup));
     engines_.back()->Start();

@@ -48,6 +48,10 @@ struct ServerOptions {
   // How long a connection has to say which worker it is, from its accept, however
   // slowly it trickles its bytes.
   int hello_deadline_ms = 10000;
+  // The stall inspector (Horovod's HOROVOD_STALL_*): warn of a round some workers have
+  // not pushed to after stall_check_ms, and fail it after stall_shutdown_ms; 0: never.
+  int stall_check_ms = 0;
+  int stall_shutdown_ms = 0;
 };
 
 class Server : private RoundEngine::Host, private Roster {

@@ -49,6 +49,9 @@ enum class FrameType : uint8_t {
   // of the device merge; local index 0's answer, numbered.
   kMergeReady = 18,
   kMergeGo = 19,
+  // server -> worker: a round waits for some workers longer than the stall check time;
+  // payload the warning, naming the tensor and the ranks missing (round_engine.h).
+  kStall = 20,
 };
 
 // What a server does with a round's contributions. Wire values.

@@ -334,6 +334,9 @@ void ServerLink::SendJoin() {
   if (!status.ok()) BPS_LOG(kDebug) << status.message();  // Reported by the link's threads.
 }
 
+// A stall warning's text (a tensor's name and a list of ranks) is bounded by this.
+constexpr size_t kMaxStallText = 1 << 16;
+
 void ServerLink::ReceiveLoop() {
   bool said_why = false;  // The server said Bye: it stops, it is not lost.
   while (true) {
@@ -347,6 +350,10 @@ void ServerLink::ReceiveLoop() {
         status = HandleReply(header, &payload);
       } else if (type == FrameType::kJoined) {
         status = HandleJoined(header, &payload);
+      } else if (type == FrameType::kStall && header.length <= kMaxStallText) {
+        std::string warning(header.length, '\0');
+        status = payload.Read(warning.data(), warning.size());
+        if (status.ok()) owner_->OnStall(header.tensor_id, description() + ": " + warning);
       } else if (type == FrameType::kBye && header.length <= (1u << 20)) {
         std::string why(header.length, '\0');
         status = payload.Read(why.data(), why.size());

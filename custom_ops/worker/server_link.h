@@ -53,6 +53,8 @@ class ServerLink {
     // The server answered a join: the last rank to join and each tensor's last round.
     virtual void OnJoined(int server, int last_rank,
                           const std::unordered_map<uint64_t, uint32_t>& rounds) = 0;
+    // The server's stall inspector warns of a tensor some workers have not pushed.
+    virtual void OnStall(uint64_t tensor_id, const std::string& warning) = 0;
   };
 
   // Link `index` of worker `rank`. `credit_bytes`: BYTEPS_SCHEDULING_CREDIT for this

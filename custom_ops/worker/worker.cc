@@ -498,6 +498,17 @@ Status Worker::Join(int* last_rank) {
   return Status::OK();
 }
 
+void Worker::OnStall(uint64_t tensor_id, const std::string& warning) {
+  const auto now = std::chrono::steady_clock::now();
+  {
+    std::lock_guard<std::mutex> lock(stalls_mutex_);
+    auto& logged = stalls_logged_[tensor_id];
+    if (logged.time_since_epoch().count() != 0 && now - logged < std::chrono::seconds(1)) return;
+    logged = now;
+  }
+  BPS_LOG(kWarning) << "worker rank " << options_.rank << ": stalled: " << warning;
+}
+
 void Worker::OnJoined(int server, int last_rank,
                       const std::unordered_map<uint64_t, uint32_t>& rounds) {
   {

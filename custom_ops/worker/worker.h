@@ -158,6 +158,7 @@ class Worker : public ServerLink::Owner, public LocalMerge::Owner, public Device
                          const std::vector<char>& sizes) override;
   void OnJoined(int server, int last_rank,
                 const std::unordered_map<uint64_t, uint32_t>& rounds) override;
+  void OnStall(uint64_t tensor_id, const std::string& warning) override;
   void Sample(const std::string& name, uint64_t tensor_id, uint32_t round, DataType dtype,
               const char* stage, const void* data, size_t bytes) const override;
   Group GlobalGroup() const override;
@@ -223,6 +224,10 @@ class Worker : public ServerLink::Owner, public LocalMerge::Owner, public Device
   std::vector<std::unique_ptr<ServerLink>> links_;
   std::unique_ptr<LocalMerge> local_;  // with other workers on this host
   // Their device tensors, where device memory is in use (made with local_).
+  // When each tensor's stall was last logged: the servers holding its partitions warn
+  // alike, and once in a while is enough.
+  std::mutex stalls_mutex_;
+  std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> stalls_logged_;
   std::unique_ptr<DeviceMerge> device_merge_;
   // Where pushes to same-host servers and peers are staged: one table of arenas, so
   // that a host's merged partition reaches a same-host server without another copy.
