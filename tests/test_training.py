@@ -8,8 +8,10 @@ import pytest
 from harness import base_env, finish, marked_json, module_job, worker_command
 
 
-def trained(output: str) -> dict[int, dict]:
-    return marked_json(output, "TRAINED")
+def trained(output: str, case: str | None = None) -> dict[int, dict]:
+    """The workers' TRAINED reports (of one case, where a job trains several)."""
+    lines = [line for line in output.splitlines() if case is None or f'"case{case}"' in line]
+    return marked_json("\n".join(lines), "TRAINED")
 
 
 CASES = [
@@ -89,6 +91,14 @@ def test_two_workers_match_one_process_on_the_global_batch(
         np.testing.assert_array_equal(workers[0][key], workers[1][key], err_msg=key)
         np.testing.assert_allclose(workers[0][key], reference[key], rtol=tolerance,
                                    atol=tolerance, err_msg=key)
+    if passes > 1:
+        # As in Horovod, iterations counts every pass, applied or not: a learning-rate
+        # schedule runs at the pace of the passes.
+        reports = trained(output, str(index) if case in SHARED else None)
+        steps = trained(reference_output, str(index) if case in SHARED else None)[0]
+        assert sorted(reports) == [0, 1], output
+        for report in reports.values():
+            assert report["iterations"] == passes * steps["iterations"], (report, steps)
     if mode == "strategy":
         # fit's reported loss is the mean over all workers, as one process reports it.
         reference_loss = trained(reference_output)[0]["loss"]

@@ -155,7 +155,9 @@ def train(args, bps, name=None):
             step = tf.function(step)
         for start in range(0, len(x), batch):
             step(tf.constant(x[start:start + batch]), tf.constant(y[start:start + batch]))
-    save(args.out, rank, workers, model, **losses)
+    if not args.mode.startswith("tape"):  # there the optimizer is the plain one
+        losses["iterations"] = int(optimizer.iterations.numpy())
+    save(args.out, rank, workers, model, case=name, **losses)
 
 
 def save(out, rank, workers, model, **extra):

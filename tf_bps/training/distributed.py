@@ -83,7 +83,8 @@ class _DistributedKerasOptimizer(_GradientSync):
     def _bps_accumulate_then_apply(self, grads, variables, trainable_variables):
         """Adds local gradients for backward_passes_per_step calls, then synchronises
         their sum (their mean with average_aggregated_gradients=True) once and applies
-        it; the calls in between change no weight."""
+        it; the calls in between change no weight. `iterations` counts every call, as
+        Horovod's does, so that a learning-rate schedule runs at the pace it would there."""
         if self._bps_accumulators is None:
             with tf.init_scope():
                 self._bps_accumulators = [
@@ -106,8 +107,11 @@ class _DistributedKerasOptimizer(_GradientSync):
                 accumulator.assign(tf.zeros_like(accumulator))
             return tf.constant(True)
 
-        return tf.cond(count % self._bps_passes == 0, synchronise_and_apply,
-                       lambda: tf.constant(False))
+        def count_the_pass():
+            self.iterations.assign_add(1)  # the wrapped optimizer's apply counts the others
+            return tf.constant(False)
+
+        return tf.cond(count % self._bps_passes == 0, synchronise_and_apply, count_the_pass)
 
 
 class _DistributedLegacyOptimizer(tf.compat.v1.train.Optimizer, _GradientSync):
