@@ -205,9 +205,10 @@ class _ParameterServerExtended(mirrored_strategy.MirroredExtended):
     # Private: with one device per worker, a traced step's all-reduces need no
     # merge_call, which TensorFlow refuses inside a tf.cond: Keras's optimizer reduces
     # gradients in one when it accumulates them (gradient_accumulation_steps), so that
-    # they travel once per N steps. Several local devices sum in a merge_call first.
+    # they travel once per N steps. Several local devices sum in a merge_call first, and
+    # asynchronous training exchanges weights after each update in one (_update).
     def _use_merge_call(self):
-        return len(self._devices) > 1
+        return len(self._devices) > 1 or self._bps_async
 
     # Private: MirroredExtended counts only this process's devices.
     @property

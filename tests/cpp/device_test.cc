@@ -67,6 +67,16 @@ class Latch {
   bool set_ = false;
 };
 
+// Returns once the completion thread has run, and let go of, every callback queued so
+// far. The test's own references to the task and the devices are then the last ones:
+// were one of those callbacks to hold the last, ~Devices would run on the very thread
+// it joins.
+void DrainCompletions(Devices* devices) {
+  Latch drained;
+  EXPECT(devices->WhenDone(0, [&drained] { drained.Set(); }).ok());
+  EXPECT(drained.Wait());
+}
+
 void TestStagingSendsEachPartitionOnceItsPieceIsOnTheHost() {
   auto devices = std::make_shared<Devices>(HostStandInDevice());
   constexpr size_t kCount = 10000, kPiece = 4000;  // bytes: 10 pieces, the last short
@@ -165,6 +175,7 @@ void TestStagingSendsEachPartitionOnceItsPieceIsOnTheHost() {
     }
   EXPECT(device_input[kCount - 1] == static_cast<float>(kCount - 1));  // the caller's, untouched
   devices->api().stream_destroy(0, caller);
+  DrainCompletions(devices.get());
 }
 
 void TestARefusedPieceDropsWhatItHadNotSent() {
@@ -211,6 +222,7 @@ void TestARefusedPieceDropsWhatItHadNotSent() {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   // Pieces 5 on never leave; earlier ones leave unless the refusal came first.
   EXPECT(sent + dropped == 10 && sent <= 5 && dropped >= 5);
+  DrainCompletions(devices.get());
 }
 
 // Two members, each on a thread of its own (as two processes would be): a sum and a
