@@ -36,7 +36,7 @@ from tf_bps.runtime import basics, ops
 from tf_bps.runtime.compression import Compression, CoreCompressor, core_spec, name_of
 from tf_bps.runtime.config import Config
 from tf_bps.strategies import optimizer_hooks, saving
-from tf_bps.training import fusion
+from tf_bps.training import fusion, loss_scale
 from tf_bps.training.asynchronous import AsyncExchange
 from tf_bps.training.powersgd import PowerSGD
 
@@ -126,15 +126,6 @@ class PushPullCrossDeviceOps(tf.distribute.CrossDeviceOps):
                 for total, local, (_, destinations) in zip(summed, locals_,
                                                            value_destination_pairs, strict=True)]
 
-    def _all_reduce(self, reduce_op, value, replica_id, options):
-        """The all-reduce of a replica context without merge_call (one device per
-        worker: _ParameterServerExtended._use_merge_call), as Keras's optimizer reduces a
-        traced step's gradients, inside the tf.cond of its gradient accumulation too."""
-        del replica_id  # the one replica of this worker
-        reduced = self.batch_reduce_implementation(reduce_op, [(v, v) for v in value], options)
-        return [r.values[0] if isinstance(r, values_lib.DistributedValues) else r
-                for r in reduced]
-
     def broadcast_implementation(self, tensor, destinations):
         return cross_device_ops_lib.simple_broadcast(tensor, destinations, always_mirrored=True)
 
@@ -201,14 +192,6 @@ class _ParameterServerExtended(mirrored_strategy.MirroredExtended):
     def _bps_sync_size(self) -> int:
         """How many workers a reduction spans."""
         return 1 if self._bps_async else bps.size()
-
-    # Private: with one device per worker, a traced step's all-reduces need no
-    # merge_call, which TensorFlow refuses inside a tf.cond: Keras's optimizer reduces
-    # gradients in one when it accumulates them (gradient_accumulation_steps), so that
-    # they travel once per N steps. Several local devices sum in a merge_call first, and
-    # asynchronous training exchanges weights after each update in one (_update).
-    def _use_merge_call(self):
-        return len(self._devices) > 1 or self._bps_async
 
     # Private: MirroredExtended counts only this process's devices.
     @property
@@ -368,6 +351,7 @@ class ParameterServerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
                                          and compression.error_feedback)
         if self._bps_tells_learning_rate:
             optimizer_hooks.install()
+        loss_scale.install()  # mixed_float16: every worker skips the same steps
 
     def reduce(self, reduce_op, value, axis):
         # Keras reduces multi-worker metric results with axis=0 even when they are

@@ -27,8 +27,6 @@ CASES = [
     ("loop_optimizer", "loss_scale", 1, "none", 1e-5),
     ("strategy", "sgd", 1, "none", 1e-5),
     ("strategy", "adam", 1, "none", 1e-5),
-    # Keras's gradient_accumulation_steps=2 under the strategy.
-    ("strategy", "sgd", 2, "none", 1e-5),
 ]
 
 

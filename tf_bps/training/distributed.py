@@ -16,6 +16,7 @@ from tf_bps.runtime import basics
 from tf_bps.runtime.compression import Compression
 from tf_bps.runtime.ops import Average
 from tf_bps.runtime.process_sets import global_process_set
+from tf_bps.training import loss_scale
 from tf_bps.training.asynchronous import AsyncExchange
 from tf_bps.training.gradient_sync import SyncOptions, _GradientSync, _variable_name
 
@@ -195,6 +196,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                          "optimizers have no locking option")
     if isinstance(optimizer, _DistributedKerasOptimizer):
         raise ValueError("the optimizer is already a bps.DistributedOptimizer")
+    loss_scale.install()  # a LossScaleOptimizer around it must skip steps on every worker
     wrapped = _distributed_class(type(optimizer)).from_config(optimizer.get_config())
     wrapped._bps_setup(prefix, options, backward_passes_per_step,
                        average_aggregated_gradients, scale_local_gradients)
