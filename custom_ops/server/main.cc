@@ -99,7 +99,8 @@ Status LocalUids(const Settings& settings, std::vector<uint32_t>* uids) {
     part.erase(part.find_last_not_of(' ') + 1);
     start = end + 1;
     if (part.empty()) continue;
-    const bool digits = part.size() <= 10 && part.find_first_not_of("0123456789") == std::string::npos;
+    const bool digits =
+        part.size() <= 10 && part.find_first_not_of("0123456789") == std::string::npos;
     if (!digits || std::stoull(part) >= 0xffffffffull)
       return Status::Error(ErrorKind::kInvalidArgument,
                            "BYTEPS_LOCAL_UIDS='" + text + "' is not valid: expected user ids "
