@@ -16,7 +16,7 @@ STALLED = (r"\[{rank}\]: .* worker rank {rank}: stalled: server \d .*: tensor 'l
 @pytest.mark.parametrize("disable", ["0", "1"])
 def test_every_worker_hears_which_rank_a_tensor_waits_for(procs, disable):
     status, output = procs.launch(
-        2, "stall.py", num_servers=2, timeout=60, STALL_DELAY=4,
+        2, "stall.py", num_servers=2, timeout=60, STALL_DELAY=2.5,
         HOROVOD_STALL_CHECK_TIME_SECONDS=1, HOROVOD_STALL_CHECK_DISABLE=disable)
     assert status == 0, output
     reports = marked_json(output)
@@ -29,14 +29,14 @@ def test_every_worker_hears_which_rank_a_tensor_waits_for(procs, disable):
 
 def test_a_stalled_round_fails_after_the_shutdown_time(procs):
     status, output = procs.launch(
-        2, "stall.py", num_servers=1, timeout=60, STALL_DELAY=6,
-        HOROVOD_STALL_CHECK_TIME_SECONDS=1, HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=2)
+        2, "stall.py", num_servers=1, timeout=60, STALL_DELAY=4,
+        HOROVOD_STALL_CHECK_TIME_SECONDS=0.5, HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=1.5)
     assert status == 0, output
     reports = marked_json(output)
-    why = ("tensor 'laggard' (round 1) waits for worker rank(s) 1, 2 s after the first "
+    why = ("tensor 'laggard' (round 1) waits for worker rank(s) 1, 1 s after the first "
            "worker pushed it")
     assert why in reports[0]["laggard"], reports
-    assert "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=2" in reports[0]["laggard"], reports
-    assert reports[0]["seconds"] < 5, reports
+    assert "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=1.5" in reports[0]["laggard"], reports
+    assert reports[0]["seconds"] < 3.5, reports
     # The late worker's push meets the round's end, and the reason.
     assert why in reports[1]["laggard"], reports

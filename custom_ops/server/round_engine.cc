@@ -372,6 +372,19 @@ void RoundEngine::FailRounds(const std::string& reason) {
   }
 }
 
+namespace {
+
+// Milliseconds as the seconds a variable gave them: "60", "1.5".
+std::string SecondsText(int ms) {
+  std::string text = std::to_string(ms / 1000);
+  if (ms % 1000 == 0) return text;
+  std::string fraction = std::to_string(1000 + ms % 1000).substr(1);
+  fraction.erase(fraction.find_last_not_of('0') + 1);
+  return text + "." + fraction;
+}
+
+}  // namespace
+
 void RoundEngine::CheckStalls(std::chrono::steady_clock::time_point now) {
   // One report per tensor and round, however many of its partitions this engine has.
   std::map<uint64_t, std::string> reports;
@@ -397,14 +410,14 @@ void RoundEngine::CheckStalls(std::chrono::steady_clock::time_point now) {
     if (setup_.stall_shutdown_ms > 0 && waited >= setup_.stall_shutdown_ms) {
       round.Fail(ErrorKind::kTimeout,
                  text + " (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=" +
-                     std::to_string(setup_.stall_shutdown_ms / 1000) + ")",
+                     SecondsText(setup_.stall_shutdown_ms) + ")",
                  &port);
       continue;
     }
     if (key.stall_reported == round.round()) continue;
     key.stall_reported = round.round();
     reports.emplace(id.tensor_id, text + " (HOROVOD_STALL_CHECK_TIME_SECONDS=" +
-                                      std::to_string(setup_.stall_check_ms / 1000) + ")");
+                                      SecondsText(setup_.stall_check_ms) + ")");
   }
   for (const auto& [tensor_id, text] : reports) {
     BPS_LOG(kWarning) << "stalled: " << text;

@@ -13,6 +13,10 @@ namespace {
 
 // A Ready's or a Go's text: a tensor's name and a device key, a failure, a group id.
 constexpr size_t kMaxMergeText = 4096;
+// What a peer can make this worker hold: Go's ahead of the one it applies next, and
+// (local index 0) operations some workers are ready for and others not yet.
+constexpr size_t kMaxPendingGos = 1 << 16;
+constexpr size_t kMaxWaiting = 1 << 16;
 constexpr uint8_t kReadyFailed = 1;  // a Ready's flag: the operation failed here
 
 std::string RankList(const std::vector<uint32_t>& ranks) {
@@ -119,12 +123,16 @@ Status DeviceMerge::OnFrame(int index, const FrameHeader& header, DataReader* pa
     std::vector<Send> sends;
     {
       std::lock_guard<std::mutex> lock(coordinator_mutex_);
+      if (waiting_.size() >= kMaxWaiting)
+        return Status::Error(peer + " has more than " + std::to_string(kMaxWaiting) +
+                             " operations waiting for the device merge");
       Arrived(index, header, text.substr(0, newline), text.substr(newline + 1), &sends);
     }
     Deliver(sends);
     return Status::OK();
   }
-  if (index != 0 || header.part > kBroadcast || header.flags > kHostForGood || header.rows < 0)
+  if (index != 0 || header.part > kBroadcast || header.flags > kHostForGood || header.rows < 0 ||
+      header.error_kind > static_cast<uint8_t>(ErrorKind::kShutdown))
     return Status::Error(peer + " sent a malformed device-merge go");
   Go go;
   go.key = Key{header.tensor_id, header.round, header.part};
@@ -132,7 +140,8 @@ Status DeviceMerge::OnFrame(int index, const FrameHeader& header, DataReader* pa
   go.kind = static_cast<ErrorKind>(header.error_kind);
   go.text = std::move(text);
   go.sequence = static_cast<uint64_t>(header.rows);
-  Received(std::move(go));
+  if (!Received(std::move(go)))
+    return Status::Error(peer + " sent a device-merge go out of its numbering");
   return Status::OK();
 }
 
@@ -296,9 +305,12 @@ void DeviceMerge::Deliver(const std::vector<Send>& sends) {
   }
 }
 
-void DeviceMerge::Received(Go go) {
+bool DeviceMerge::Received(Go go) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (go.sequence < next_go_ || go.sequence - next_go_ >= kMaxPendingGos ||
+        gos_.count(go.sequence) > 0)
+      return false;
     if (go.verdict == kHostForGood && !on_host_) {
       on_host_ = true;
       if (index_ != 0) BPS_LOG(kInfo) << "device tensors merge on the host: " << go.text;
@@ -307,6 +319,7 @@ void DeviceMerge::Received(Go go) {
     gos_.emplace(sequence, std::move(go));
   }
   go_arrived_.notify_all();
+  return true;
 }
 
 void DeviceMerge::OrderLoop() {

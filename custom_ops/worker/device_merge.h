@@ -152,7 +152,9 @@ class DeviceMerge {
   void Forget(std::map<Key, Waiting>::iterator found);
   void Deliver(const std::vector<Send>& sends);
 
-  void Received(Go go);
+  // Queues `go` for the ordering thread; false if its number is taken, past or too far
+  // ahead.
+  bool Received(Go go);
   // The ordering thread: applies the Go's in their numbering.
   void OrderLoop();
   void Apply(const Go& go);
