@@ -91,17 +91,7 @@ def test_two_workers_match_one_process_on_the_global_batch(
         np.testing.assert_array_equal(workers[0][key], workers[1][key], err_msg=key)
         np.testing.assert_allclose(workers[0][key], reference[key], rtol=tolerance,
                                    atol=tolerance, err_msg=key)
-    if passes > 1 and mode == "strategy":
-        # Keras accumulates inside a tf.cond and reduces once per `passes` batches: the
-        # gradients (fused, one round a step) moved the reference's steps' worth of bytes.
-        steps = trained(reference_output)[0]["iterations"]
-        moved = sum(int(b) for b in re.findall(
-            r"tensor '[^']*/cond/PushPull[^']*' moved (\d+) bytes in", output))
-        weights = sum(initial_array.nbytes for initial_array in np.load(ref / "init0.npz").values())
-        assert moved == steps * weights * 2, (moved, steps, weights, output)
-        for report in trained(output).values():
-            assert report["iterations"] == steps, report  # Keras counts the updates
-    elif passes > 1:
+    if passes > 1:
         # As in Horovod, iterations counts every pass, applied or not: a learning-rate
         # schedule runs at the pace of the passes.
         reports = trained(output, str(index) if case in SHARED else None)

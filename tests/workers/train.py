@@ -172,19 +172,15 @@ def train_with_strategy(args):
 
     strategy = bps.ParameterServerStrategy()
     workers = bps.size()
-    # --passes N: Keras's gradient_accumulation_steps=N, on N global batches a step.
-    x, y = data(workers, args.passes)
+    x, y = data(workers, 1)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(workers * BATCH)
     with strategy.scope():
         model = build()
-        optimizer = make_optimizer(args.optimizer)
-        if args.passes > 1:
-            optimizer.gradient_accumulation_steps = args.passes
-        model.compile(optimizer=optimizer, loss="mse")
+        model.compile(optimizer=make_optimizer(args.optimizer), loss="mse")
     np.savez(os.path.join(args.out, f"init{bps.rank()}.npz"), *[w.numpy() for w in model.weights])
     history = model.fit(dataset, epochs=1, verbose=0)
     save(args.out, bps.rank(), workers, model, replicas=strategy.num_replicas_in_sync,
-         loss=history.history["loss"][-1], iterations=int(optimizer.iterations.numpy()))
+         loss=history.history["loss"][-1])
     bps.shutdown()
 
 
