@@ -32,12 +32,14 @@ from tensorflow.python.distribute import values as values_lib
 from tensorflow.python.util import nest
 
 import tf_bps as bps
-from tf_bps.runtime import basics, ops
-from tf_bps.runtime.compression import Compression, CoreCompressor, core_spec, name_of
+from tf_bps.runtime import basics, ops, raw_ops
+from tf_bps.runtime.compression import CoreCompressor, name_of
 from tf_bps.runtime.config import Config
 from tf_bps.strategies import optimizer_hooks, saving
-from tf_bps.training import fusion, loss_scale
+from tf_bps.training import gradient_sync, loss_scale
 from tf_bps.training.asynchronous import AsyncExchange
+from tf_bps.training.compression import Compression
+from tf_bps.training.gradient_sync import SyncOptions
 from tf_bps.training.powersgd import PowerSGD
 
 _WIRE_DTYPES = {tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64, tf.bool}
@@ -52,15 +54,14 @@ class PushPullCrossDeviceOps(tf.distribute.CrossDeviceOps):
     """Sums local replicas on one device, then across workers with push_pull (unless
     `across_workers` is False: asynchronous training reduces inside the worker only)."""
 
-    def __init__(self, config: Config, across_workers: bool = True,
-                 compression=Compression.none):
+    def __init__(self, across_workers: bool = True, compression=Compression.none):
         super().__init__()
         self._across_workers = across_workers
-        self._fusion_threshold, self._bucket_bytes = config.fusion_threshold, config.partition_bytes
-        # PowerSGD sends the matrices it compresses as factors; what travels whole goes
-        # in the wire type of the other compressions (fp16).
-        self._powersgd = compression if isinstance(compression, PowerSGD) else None
-        self._wire = Compression.none if self._powersgd else compression
+        # Gradients go through the training wrappers' pipeline (gradient_sync.py).
+        self._gradients = SyncOptions.for_strategy(compression)
+        # Single values travel whole, in the wire type of a compression that has one
+        # (fp16); PowerSGD and the core's compressors work on gradients only.
+        self._wire = compression if compression is Compression.fp16 else Compression.none
 
     @property
     def _workers(self) -> int:
@@ -77,54 +78,30 @@ class PushPullCrossDeviceOps(tf.distribute.CrossDeviceOps):
     def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):
         # Single values (metrics, strategy.reduce) travel whole even with a compressor
         # of the core's: only gradients, which Keras reduces in batches, are compressed.
-        return self._reduce(reduce_op, per_replica_value, destinations, compress=False)
+        return self._reduce(reduce_op, per_replica_value, destinations)
 
     def batch_reduce_implementation(self, reduce_op, value_destination_pairs, options):
-        if self._workers == 1 or tf.executing_eagerly():
-            # Each gradient under its own name: the core keeps a compressor's momentum
-            # and error feedback by name, which one name for all would mix up.
-            return [self._reduce(reduce_op, value, destinations, compress=True,
-                                 name=f"EagerGradient.{index}")
-                    for index, (value, destinations) in enumerate(value_destination_pairs)]
-        # Named, and ranked, in the order given (the model's variables): the next step's
-        # forward pass needs the first layers' sums first. Small values (biases, norms)
-        # share rounds (fusion.py, BYTEPS_FUSION_THRESHOLD).
-        graph = tf.compat.v1.get_default_graph()
-        names = [graph.unique_name("PushPull") for _ in value_destination_pairs]
         locals_ = [self._local_values(value) for value, _ in value_destination_pairs]
         totals = []
         for local in locals_:
             with tf.device(local[0].device):
-                totals.append(self._local_sum(local))
-        summed = [None] * len(totals)
-        whole = []
-        for index, total in enumerate(totals):
-            if self._powersgd and self._powersgd.compresses(total):
-                # Keras sums a step's gradients in one batch, in the model's order: the
-                # place and the shape keep each gradient's PowerSGD state (so one
-                # strategy's PowerSGD serves one model).
-                shape = "x".join(map(str, total.shape))
-                summed[index] = self._powersgd.synchronise(
-                    total, f"StrategyGradient.{index}.{shape}", ops.Sum, 0, self._workers)
-            else:
-                whole.append(index)
-        wire, contexts = [], []
-        for index in whole:
-            compressed, context = self._wire.compress(totals[index])
-            wire.append(compressed)
-            contexts.append(context)
-        sent, wire_names, unfuse = fusion.fuse_small(wire, [names[i] for i in whole],
-                                                    self._fusion_threshold, self._bucket_bytes)
-        basics.declare(wire_names)
-        # A compressor of the core's goes with every float32 tensor (fused buffers too);
-        # the core compresses those of BYTEPS_MIN_COMPRESS_BYTES or more.
-        results = unfuse([self._push_pull(t, n, compress=True)
-                          for t, n in zip(sent, wire_names, strict=True)])
-        for index, result, context in zip(whole, results, contexts, strict=True):
-            summed[index] = self._wire.decompress(result, context)
+                totals.append(tf.convert_to_tensor(self._local_sum(local)))
+        if self._workers > 1:
+            # Keras reduces a step's gradients in one batch, in the model's order, which
+            # is their priority; the names keep each gradient's state (a compressor's
+            # error feedback, PowerSGD's factors) from step to step.
+            totals = gradient_sync.reduce_dense(totals, self._batch_names(len(totals)),
+                                                self._gradients)
         return [self._finish(reduce_op, total, len(local), destinations)
-                for total, local, (_, destinations) in zip(summed, locals_,
+                for total, local, (_, destinations) in zip(totals, locals_,
                                                            value_destination_pairs, strict=True)]
+
+    @staticmethod
+    def _batch_names(count: int) -> list[str]:
+        if tf.executing_eagerly():
+            return [f"EagerGradient.{index}" for index in range(count)]
+        graph = tf.compat.v1.get_default_graph()
+        return [graph.unique_name("PushPull") for _ in range(count)]
 
     def broadcast_implementation(self, tensor, destinations):
         return cross_device_ops_lib.simple_broadcast(tensor, destinations, always_mirrored=True)
@@ -137,23 +114,12 @@ class PushPullCrossDeviceOps(tf.distribute.CrossDeviceOps):
     def _local_sum(local: list):
         return tf.add_n(local) if len(local) > 1 else tf.identity(local[0])
 
-    def _push_pull(self, tensor, name=None, compress=True):
-        """The sum over workers; `compress`: with the core's compressor, if one is set
-        and the tensor is float32 (others travel whole)."""
-        if compress and core_spec(self._wire, tensor.dtype):
-            return ops.push_pull(tensor, op=ops.Sum, name=name, compression=self._wire)
-        return ops.push_pull(tensor, op=ops.Sum, name=name)
-
-    def _reduce(self, reduce_op, value, destinations, compress: bool, name=None):
-        # One value at a time (eagerly): whole, in the wire type. PowerSGD needs the
-        # gradients of a traced step (model.fit's default; not run_eagerly=True).
+    def _reduce(self, reduce_op, value, destinations):
         local = self._local_values(value)
         with tf.device(local[0].device):
             total = self._local_sum(local)
             if self._workers > 1:
-                compressed, context = self._wire.compress(total)
-                total = self._wire.decompress(
-                    self._push_pull(compressed, name, compress), context)
+                total = ops.push_pull(total, op=ops.Sum, compression=self._wire)
         return self._finish(reduce_op, total, len(local), destinations)
 
     def _finish(self, reduce_op, total, local_count: int, destinations):
@@ -175,7 +141,7 @@ class _ParameterServerExtended(mirrored_strategy.MirroredExtended):
         self._bps_async = config.enable_async and bps.is_distributed()
         self._bps_exchange = AsyncExchange()
         self._bps_async_names = {}
-        cross_device_ops = PushPullCrossDeviceOps(config, not self._bps_async, compression)
+        cross_device_ops = PushPullCrossDeviceOps(not self._bps_async, compression)
         super().__init__(container_strategy, devices=devices, cross_device_ops=cross_device_ops)
 
     # The job's, read each time: an elastic job re-forms with other sizes and ranks, and
@@ -250,7 +216,7 @@ class _ParameterServerExtended(mirrored_strategy.MirroredExtended):
             if bps.is_distributed():
                 perm = [axis] + [i for i in range(joined.shape.rank) if i != axis]
                 moved = tf.transpose(joined, perm) if axis != 0 else joined
-                gathered = ops._allgather(moved)
+                gathered = raw_ops.allgather(moved)
                 inverse = [perm.index(i) for i in range(len(perm))]
                 joined = tf.transpose(gathered, inverse) if axis != 0 else gathered
         return cross_device_ops_lib.simple_broadcast(joined, destinations, always_mirrored=True)

@@ -33,10 +33,11 @@ def test_powersgd_matches_its_definition_step_by_step(procs):
         assert min(report["differs_from_mean"]) > 0.1, report
         assert "gradient_predivide_factor=2.0" in report["predivide"]
         # Under ParameterServerStrategy in model.fit: 4 SGD steps of a linear layer as the
-        # model computes them (the first whole), the state kept by the gradient's place.
+        # model computes them (the first whole), the state kept under the gradient's
+        # name in the step's graph, the same in every fit.
         strategy = report["strategy"]
         assert strategy["worst"] < 1e-5, strategy
-        assert strategy["keys"] == ["StrategyGradient.0.36x4"], strategy
+        assert len(strategy["keys"]) == 1 and strategy["keys"][0].endswith("PushPull"), strategy
     assert got[0]["strategy"]["weights"] == got[1]["strategy"]["weights"]
     # ... and with Compression.fp16: float16's rounding of the gradients, and no more.
     for report in got.values():

@@ -40,7 +40,6 @@ from tf_bps.runtime.basics import (
     suspend,
     sycl_built,
 )
-from tf_bps.runtime.compression import Compression
 from tf_bps.runtime.config import ConfigError
 from tf_bps.runtime.process_sets import (
     ProcessSet,
@@ -48,6 +47,7 @@ from tf_bps.runtime.process_sets import (
     global_process_set,
     remove_process_set,
 )
+from tf_bps.training.compression import Compression
 
 __version__ = "0.1.0"
 

@@ -7,7 +7,8 @@ import numpy as np
 import tensorflow as tf
 
 from tf_bps.runtime import basics
-from tf_bps.runtime.ops import Average, _placed, broadcast_variables, push_pull
+from tf_bps.runtime.ops import Average, broadcast_variables, push_pull
+from tf_bps.runtime.raw_ops import placed
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -49,7 +50,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             variables += list(self.model.optimizer.variables)
         new = [v for v in variables if id(v) not in self._broadcast]
         if new:
-            with _placed(self.device):
+            with placed(self.device):
                 broadcast_variables(new, self.root_rank)
             self._broadcast.update(id(v) for v in new)
 
@@ -71,7 +72,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
         for key in sorted(logs):  # Same order on every worker.
             value = logs[key]
             if isinstance(value, (int, float, np.number)) or tf.is_tensor(value):
-                with _placed(self.device):
+                with placed(self.device):
                     averaged = push_pull(tf.constant(float(value), tf.float64), op=Average,
                                          name=f"MetricAverage.{key}")
                 logs[key] = float(averaged.numpy())

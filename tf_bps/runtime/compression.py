@@ -166,6 +166,9 @@ def core_spec(compression, dtype) -> str:
 
 
 class Compression:
+    """The compressions a single push_pull takes. Training adds those that work on a
+    step's gradients (tf_bps/training/compression.py); bps.Compression is that one."""
+
     none = NoneCompressor
     fp16 = FP16Compressor
 
@@ -205,17 +208,6 @@ class Compression:
         partition, normalize, fp16). Without "compressor": Compression.none, or
         Compression.fp16 with "fp16": True."""
         return _from_params(params)
-
-    @staticmethod
-    def powersgd(rank: int = 1, start_iter: int = 1000, min_compression_rate: float = 2.0,
-                 use_error_feedback: bool = True, warm_start: bool = True, seed: int = 0):
-        """Low-rank compression (PowerSGD, as PyTorch's powerSGD_hook) of gradients of
-        rank >= 2: see tf_bps/training/powersgd.py. The object keeps each gradient's
-        state from step to step: make it once and pass it to every step's tape."""
-        from tf_bps.training.powersgd import PowerSGD
-
-        return PowerSGD(rank, start_iter, min_compression_rate, use_error_feedback,
-                        warm_start, seed)
 
 
 def name_of(compression) -> str:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from tf_bps.runtime import ops
+from tf_bps.runtime import raw_ops
 
 
 class AsyncExchange:
@@ -44,11 +44,11 @@ class AsyncExchange:
             delta = tf.convert_to_tensor(variable_copies[0]) - old
 
             def first(old=old, delta=delta, name=name):
-                ops._async_push_pull(old, name)  # round 1: the initial value
-                return ops._async_push_pull(delta, name)
+                raw_ops.async_push_pull(old, name)  # round 1: the initial value
+                return raw_ops.async_push_pull(delta, name)
 
             latest = tf.cond(started, lambda delta=delta, name=name:
-                             ops._async_push_pull(delta, name), first)
+                             raw_ops.async_push_pull(delta, name), first)
             for copy in variable_copies:
                 copy.assign(latest)
             started.assign(True)

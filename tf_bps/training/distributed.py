@@ -13,12 +13,12 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tf_bps.runtime import basics
-from tf_bps.runtime.compression import Compression
-from tf_bps.runtime.ops import Average
 from tf_bps.runtime.process_sets import global_process_set
+from tf_bps.runtime.raw_ops import Average, variable_name
 from tf_bps.training import loss_scale
 from tf_bps.training.asynchronous import AsyncExchange
-from tf_bps.training.gradient_sync import SyncOptions, _GradientSync, _variable_name
+from tf_bps.training.compression import Compression
+from tf_bps.training.gradient_sync import SyncOptions, _GradientSync
 
 
 class _DistributedKerasOptimizer(_GradientSync):
@@ -70,14 +70,14 @@ class _DistributedKerasOptimizer(_GradientSync):
         stepped = [v for v, g in zip(variables, grads, strict=True)
                    if g is not None and not self._bps_is_local(v)]
         copies = [[v] for v in stepped]
-        names = [f"{self._bps_prefix}.async.{_variable_name(v)}" for v in stepped]
+        names = [f"{self._bps_prefix}.async.{variable_name(v)}" for v in stepped]
         before = AsyncExchange.snapshot(copies)
         apply(grads, trainable_variables)
         self._bps_exchange.exchange(copies, before, names)
         return None
 
     def _bps_synchronise(self, grads, variables):
-        names = [f"{self._bps_prefix}.{_variable_name(v)}" for v in variables]
+        names = [f"{self._bps_prefix}.{variable_name(v)}" for v in variables]
         # The rate this step applies (a schedule's value at this step).
         return self._bps_sync(grads, variables, names, learning_rate=self.learning_rate)
 
@@ -130,7 +130,7 @@ class _DistributedLegacyOptimizer(tf.compat.v1.train.Optimizer, _GradientSync):
         grads_and_vars = self._optimizer.compute_gradients(*args, **kwargs)
         grads = [g for g, _ in grads_and_vars]
         variables = [v for _, v in grads_and_vars]
-        names = [f"{self._name}.{_variable_name(v)}" for v in variables]
+        names = [f"{self._name}.{variable_name(v)}" for v in variables]
         synced = self._bps_sync(grads, variables, names)
         return list(zip(synced, variables, strict=True))
 
@@ -342,7 +342,7 @@ class DistributedGradientTape(_GradientSync):
         flat_sources = tf.nest.flatten(sources)
         flat_grads = tf.nest.flatten(grads, expand_composites=False)
         names = [f"{self._prefix}.{i}" if use_generic_names
-                 else f"{self._prefix}.{i}.{_variable_name(s)}"
+                 else f"{self._prefix}.{i}.{variable_name(s)}"
                  for i, s in enumerate(flat_sources)]
         synced = self._bps_sync(flat_grads, flat_sources, names)
         self._bps_step_done([g for g in synced

@@ -9,28 +9,16 @@ import dataclasses
 
 import tensorflow as tf
 
-from tf_bps.runtime import basics
-from tf_bps.runtime.compression import Compression, CoreCompressor, core_spec, name_of
+from tf_bps.runtime import basics, raw_ops
+from tf_bps.runtime.compression import CoreCompressor, core_spec, name_of
 from tf_bps.runtime.compression import from_config as compression_from_config
-from tf_bps.runtime.ops import (
-    Average,
-    ReduceOp,
-    Sum,
-    _allreduce_indexed_slices,
-    _placed,
-    _push_pull,
-    _scale,
-    set_compression_learning_rate,
-)
 from tf_bps.runtime.process_sets import process_set_id, ranks_of
+from tf_bps.runtime.raw_ops import Average, ReduceOp, Sum
 from tf_bps.training import fusion
+from tf_bps.training.compression import Compression
 from tf_bps.training.downsample import DownSampler
 from tf_bps.training.perf_check import StepTimeCheck
 from tf_bps.training.powersgd import PowerSGD
-
-
-def _variable_name(variable) -> str:
-    return getattr(variable, "path", None) or getattr(variable, "name", None) or "tensor"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +107,17 @@ class SyncOptions:
                    config.enable_async, config.downsample,
                    config.gradient_momentum, config.perf_check_steps)
 
+    @classmethod
+    def for_strategy(cls, compression) -> SyncOptions:
+        """How ParameterServerStrategy reduces: each worker's sum of its replicas, summed
+        over all workers (it divides afterwards), with the job's wire type and fusion."""
+        config = basics.config()
+        if compression is Compression.none:
+            compression = compression_from_config(config) or compression
+        return cls(compression, Sum, fusion=config.fusion,
+                   fusion_threshold=config.fusion_threshold,
+                   fusion_bucket_bytes=config.partition_bytes)
+
     def group_size(self) -> int:
         return len(ranks_of(self.process_set_id))
 
@@ -153,21 +152,18 @@ class SyncOptions:
 def _push_pull_group(tensors, names, op, set_id, specs):
     """All push_pulls of one step in one graph, so they are in flight together.
     `specs`: each tensor's core compressor ("" for none)."""
-    return [_push_pull(t, n, ReduceOp(op), set_id=set_id, compression=c)
+    return [raw_ops.push_pull(t, n, ReduceOp(op), set_id=set_id, compression=c)
             for t, n, c in zip(tensors, names, specs, strict=True)]
 
 
 def synchronise_gradients(grads, names, options: SyncOptions = SyncOptions(),
                           sampler: DownSampler | None = None, learning_rate=None):
-    """push_pulls every gradient (None stays None); `names` must be stable per step.
-    With a `sampler`, dense gradients of known size send only this step's share.
-    `learning_rate`: the step's (an optimizer's), which a core compressor's error
-    feedback needs to rescale what it carries when the rate changes."""
+    """push_pulls every gradient (None stays None); `names` must be stable per step. A
+    tf.IndexedSlices stays sparse unless `options.sparse_as_dense`; dense gradients go
+    through reduce_dense."""
     grads = list(grads)
     if not options.synchronises_here():
         return grads  # One worker (in the set), or not in it: gradients stay local.
-    set_id = options.process_set_id
-    op, prescale, postscale = options.plan()
     results = [None] * len(grads)
     dense_index, dense_grads, dense_names = [], [], []
     for index, (grad, name) in enumerate(zip(grads, names, strict=True)):
@@ -175,73 +171,101 @@ def synchronise_gradients(grads, names, options: SyncOptions = SyncOptions(),
             continue
         if isinstance(grad, tf.IndexedSlices):
             if not options.sparse_as_dense:
-                with _placed(options.device_sparse):
-                    results[index] = _allreduce_indexed_slices(grad, name, options.op, set_id)
+                with raw_ops.placed(options.device_sparse):
+                    results[index] = raw_ops.allreduce_indexed_slices(
+                        grad, name, options.op, options.process_set_id)
                 continue
             grad = tf.convert_to_tensor(grad)
         dense_index.append(index)
         dense_grads.append(grad)
         dense_names.append(name)
+    reduced = reduce_dense(dense_grads, dense_names, options, sampler, learning_rate)
+    for index, tensor in zip(dense_index, reduced, strict=True):
+        results[index] = tensor
+    return results
+
+
+def reduce_dense(tensors: list, names: list[str], options: SyncOptions,
+                 sampler: DownSampler | None = None, learning_rate=None) -> list:
+    """The one gradient pipeline, for the wrappers and the strategy alike: each dense
+    tensor reduced over the group, in flight together. PowerSGD takes the matrices it
+    compresses; the rest are down-sampled (with a `sampler`: this step's share of those
+    of known size), compressed, fused, declared in the given order (their priority),
+    push_pulled, then unfused, decompressed and scaled back. `learning_rate`: the
+    step's, which a core compressor's error feedback needs to rescale what it carries
+    when the rate changes."""
+    results = [None] * len(tensors)
+    index = list(range(len(tensors)))
+    set_id = options.process_set_id
     if isinstance(options.compression, PowerSGD):
         # Matrices travel as low-rank factors; the rest as they are, below.
         powersgd, whole = options.compression, []
-        for i, (grad, name) in enumerate(zip(dense_grads, dense_names, strict=True)):
-            if powersgd.compresses(grad):
-                with _placed(options.device_dense):
-                    results[dense_index[i]] = powersgd.synchronise(
-                        grad, name, options.op, set_id, options.group_size())
+        for i in index:
+            if powersgd.compresses(tensors[i]):
+                with raw_ops.placed(options.device_dense):
+                    results[i] = powersgd.synchronise(tensors[i], names[i], options.op, set_id,
+                                                      options.group_size())
             else:
                 whole.append(i)
-        dense_index, dense_grads, dense_names = ([items[i] for i in whole] for items in
-                                                 (dense_index, dense_grads, dense_names))
+        index = whole
         options = dataclasses.replace(options, compression=Compression.none)
-    if not dense_grads:
+    if not index:
         return results
+    grads, grad_names = [tensors[i] for i in index], [names[i] for i in index]
     sampled, restore = [], None
     if sampler:
-        sampled = [i for i, g in enumerate(dense_grads) if g.shape.is_fully_defined()]
-        shares, restore = sampler.sample([dense_grads[i] for i in sampled],
-                                         [dense_names[i] for i in sampled])
+        sampled = [i for i, g in enumerate(grads) if g.shape.is_fully_defined()]
+        shares, restore = sampler.sample([grads[i] for i in sampled],
+                                         [grad_names[i] for i in sampled])
         for i, share in zip(sampled, shares, strict=True):
-            dense_grads[i] = share
+            grads[i] = share
+    summed = _push_pull_compressed(grads, grad_names, options, learning_rate)
+    if restore:
+        for i, full in zip(sampled, restore([summed[i] for i in sampled]), strict=True):
+            summed[i] = full
+    for i, tensor in zip(index, summed, strict=True):
+        results[i] = tensor
+    return results
+
+
+def _push_pull_compressed(grads: list, names: list[str], options: SyncOptions,
+                          learning_rate) -> list:
+    """Compress, fuse, declare, push_pull; then unfuse, decompress, scale."""
+    op, prescale, postscale = options.plan()
+    set_id = options.process_set_id
     tensors, contexts = [], []
-    for grad in dense_grads:
-        compressed, context = options.compression.compress(_scale(grad, prescale))
+    for grad in grads:
+        compressed, context = options.compression.compress(raw_ops.scale(grad, prescale))
         tensors.append(compressed)
         contexts.append(context)
-    wire_names, unfuse = dense_names, None
+    wire_names, unfuse = names, None
     if options.fusion:
-        tensors, wire_names, unfuse = fusion.fuse(tensors, dense_names, options.fusion)
+        tensors, wire_names, unfuse = fusion.fuse(tensors, names, options.fusion)
     elif options.fusion_threshold:
         tensors, wire_names, unfuse = fusion.fuse_small(
-            tensors, dense_names, options.fusion_threshold, options.fusion_bucket_bytes)
-    # Priority follows the model's order (the variables'), not the backward pass's:
+            tensors, names, options.fusion_threshold, options.fusion_bucket_bytes)
+    # Priority follows the order given (the model's variables'), not the backward pass's:
     # the next step's forward pass needs the first layers' sums first.
     basics.declare(wire_names)
     # A core compressor travels with each float32 tensor, fused buffers included (the
     # core compresses those of BYTEPS_MIN_COMPRESS_BYTES or more); its compress() and
-    # decompress() above and below leave the values as they are.
+    # decompress() leave the values as they are.
     specs = tuple(core_spec(options.compression, t.dtype) for t in tensors)
     rate_told = []
     if (learning_rate is not None and isinstance(options.compression, CoreCompressor)
             and options.compression.error_feedback):
-        rate_told = [op for op in [set_compression_learning_rate(learning_rate)] if op is not None]
-    with _placed(options.device_dense), tf.control_dependencies(rate_told):
+        told = raw_ops.set_compression_learning_rate(learning_rate)
+        rate_told = [told] if told is not None else []
+    with raw_ops.placed(options.device_dense), tf.control_dependencies(rate_told):
         if tf.executing_eagerly():
             summed = _push_pull_group(tensors, tuple(wire_names), int(op), set_id, specs)
         else:
-            summed = [_push_pull(t, n, op, set_id=set_id, compression=c)
+            summed = [raw_ops.push_pull(t, n, op, set_id=set_id, compression=c)
                       for t, n, c in zip(tensors, wire_names, specs, strict=True)]
     if unfuse:
         summed = unfuse(summed)
-    summed = [_scale(options.compression.decompress(tensor, context), postscale)
-              for tensor, context in zip(summed, contexts, strict=True)]
-    if restore:
-        for i, full in zip(sampled, restore([summed[i] for i in sampled]), strict=True):
-            summed[i] = full
-    for index, tensor in zip(dense_index, summed, strict=True):
-        results[index] = tensor
-    return results
+    return [raw_ops.scale(options.compression.decompress(tensor, context), postscale)
+            for tensor, context in zip(summed, contexts, strict=True)]
 
 
 class _GradientSync:

@@ -14,8 +14,8 @@ import functools
 import tensorflow as tf
 from tensorflow.python.distribute import values_util
 
-from tf_bps.runtime import basics
-from tf_bps.runtime.ops import Min, _push_pull
+from tf_bps.runtime import basics, raw_ops
+from tf_bps.runtime.raw_ops import Min
 
 _installed = False
 
@@ -52,8 +52,8 @@ def install() -> None:
             return finite
         # Each local replica votes under its own name (several may vote at once).
         replica = values_util.get_current_replica_id_as_int() or 0
-        votes = _push_pull(tf.cast(finite, tf.int32), f"LossScale.finite.{replica}", Min,
-                           set_id=set_id)
+        votes = raw_ops.push_pull(tf.cast(finite, tf.int32), f"LossScale.finite.{replica}",
+                                  Min, set_id=set_id)
         return tf.cast(votes, tf.bool)
 
     LossScaleOptimizer.check_finite = finite_everywhere

@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from tf_bps.runtime import basics, ops
+from tf_bps.runtime import basics, raw_ops
 
 OUTLIER_RATIO = 1.5
 MIN_GAP_S = 0.002  # below this, differences are noise, whatever the ratio
@@ -67,7 +67,7 @@ class StepTimeCheck:
 
         def report():
             mine = tf.reshape(compute / tf.maximum(gaps, 1.0), [1])
-            gathered = ops._allgather(mine, name=f"{self.name}.perf_check")
+            gathered = raw_ops.allgather(mine, name=f"{self.name}.perf_check")
             if basics.rank() == 0:
                 tf.py_function(lambda seconds, step: _print_report(seconds.numpy().tolist(),
                                                                    int(step)),

@@ -25,7 +25,8 @@ import zlib
 
 import tensorflow as tf
 
-from tf_bps.runtime.ops import ReduceOp, Sum, _push_pull
+from tf_bps.runtime import raw_ops
+from tf_bps.runtime.raw_ops import ReduceOp, Sum
 
 
 class PowerSGD:
@@ -102,7 +103,7 @@ class PowerSGD:
 
 
 def _reduced(tensor, name: str, op: ReduceOp, set_id: int, group_size: int) -> tf.Tensor:
-    summed = _push_pull(tensor, name, Sum, set_id=set_id)
+    summed = raw_ops.push_pull(tensor, name, Sum, set_id=set_id)
     return summed / tf.cast(group_size, summed.dtype) if op != Sum else summed
 
 
