@@ -61,6 +61,7 @@ WORKER_SOURCES = [
     "custom_ops/worker/server_link.cc",
     "custom_ops/worker/server_routes.cc",
     "custom_ops/worker/worker.cc",
+    "custom_ops/worker/worker_groups.cc",
     "custom_ops/worker/worker_server_loss.cc",
     "custom_ops/worker/c_api.cc",
     "custom_ops/worker/c_api_formats.cc",

@@ -40,8 +40,8 @@ class SchedulerLink {
   static Status Connect(const SchedulerLinkOptions& options, std::unique_ptr<SchedulerLink>* out);
 
   // Proves the job token both ways (this node first), registers this node (`fields`
-  // add to role, pid, host and proof) and returns the scheduler's address book. Called again when the
-  // job re-forms (a "reform" order), for the next generation's book.
+  // add to role, pid, host and proof) and returns the scheduler's address book. Called
+  // again when the job re-forms (a "reform" order), for the next generation's book.
   Status Register(const std::string& role, const std::string& host, JsonWriter fields, Json* book);
   // Sends a heartbeat when one is due, then waits until the next is due for the
   // scheduler's orders (exit, abort, reform; other messages are dropped) or for

@@ -39,7 +39,8 @@ Status ReadBy(Connection& connection, void* out, size_t bytes, Clock::time_point
   char* into = static_cast<char*>(out);
   size_t got = 0;
   while (got < bytes) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     pollfd readable{connection.fd(), POLLIN, 0};
     const int ready = left.count() > 0 ? ::poll(&readable, 1, static_cast<int>(left.count())) : 0;
     if (ready < 0 && errno == EINTR) continue;
@@ -50,8 +51,8 @@ Status ReadBy(Connection& connection, void* out, size_t bytes, Clock::time_point
       return Status::Error(ErrorKind::kPeerGone, connection.peer() + " closed the connection");
     }
     if (n < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)
-      return Status::Error(ErrorKind::kPeerGone,
-                           "the connection to " + connection.peer() + " failed: " + std::strerror(errno));
+      return Status::Error(ErrorKind::kPeerGone, "the connection to " + connection.peer() +
+                                                     " failed: " + std::strerror(errno));
     if (n > 0) got += static_cast<size_t>(n);
   }
   return Status::OK();

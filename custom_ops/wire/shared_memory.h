@@ -27,7 +27,8 @@ class SharedArena {
   // descriptor (what peers are handed) is opened for reading only.
   static Status Create(size_t bytes, std::shared_ptr<SharedArena>* out);
   // Maps an arena whose descriptor came from a peer, which claims it holds `bytes`,
-  // read-only: it must be a memfd sealed against resizing, and hold what it claims (so a lie cannot fault us later); takes `fd`.
+  // read-only: it must be a memfd sealed against resizing, and hold what it claims (so
+  // a lie cannot fault us later); takes `fd`.
   static Status Map(int fd, size_t bytes, std::shared_ptr<SharedArena>* out);
   ~SharedArena();
 

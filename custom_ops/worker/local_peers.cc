@@ -87,8 +87,8 @@ Status LocalPeers::ConnectToPeer(const std::string& name, const std::string& pee
   Status status = AuthenticateServer(*connection, options_.token, options_.rank,
                                      static_cast<int>(std::max<int64_t>(left.count(), 1)));
   if (!status.ok())
-    return Status::Error(ErrorKind::kPeerGone,
-                         "the local socket of " + peer + " is not that worker's: " + status.message());
+    return Status::Error(ErrorKind::kPeerGone, "the local socket of " + peer +
+                                                   " is not that worker's: " + status.message());
   *out = std::make_unique<SharedMemoryChannel>(std::move(connection), slots_,
                                                SharedMemoryChannel::Side::kWorker);
   return Status::OK();

@@ -142,55 +142,46 @@ void Worker::Declare(const std::vector<std::string>& names) {
   for (const std::string& name : names) EntryLocked(name);
 }
 
-void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
-  const std::string name = spec.op.name;
+Status Worker::Admit(TaskSpec* spec, AllocateFn* allocate, Group* group,
+                     std::shared_ptr<DeviceStaging>* staging) {
+  const std::string& name = spec->op.name;
   Status status = fatal_error();
-  if (!status.ok()) {
-    done(status.WithSuffix(" (tensor '" + name + "')"));
-    return;
-  }
-  if (stopping_) {
-    done(Status::Error(ErrorKind::kShutdown,
-                       "tf_bps is shut down; cannot run tensor '" + name + "'"));
-    return;
-  }
-  Group group;
-  status = GroupOf(spec.op, &group);
-  if (status.ok()) status = CheckTaskSpec(spec, group);
-  if (!status.ok()) {
-    done(status);
-    return;
-  }
-  ChooseWireKind(options_.min_compress_bytes, &spec.op);
-  if (spec.op.kind == OpKind::kAlltoall && spec.splits.empty())
-    spec.splits.assign(group.size(), spec.op.shape[0] / group.size());
-  std::shared_ptr<DeviceStaging> staging;
-  if (spec.place.on_device()) {
-    status = options_.devices
-                 ? DeviceStaging::Prepare(options_.devices, &spec, &allocate, &staging)
-                 : Status::Error(ErrorKind::kInvalidArgument,
-                                 "tensor '" + name +
-                                     "' is in device memory, and no device library is loaded "
-                                     "(bps_device_use)");
-    if (!status.ok()) {
-      done(status);
-      return;
-    }
-  }
-  TensorEntry entry;
-  {
-    std::lock_guard<std::mutex> lock(registry_mutex_);
-    TensorEntry& known = EntryLocked(name);
-    if (known.in_flight) {
-      done(Status::Error(
-          ErrorKind::kInvalidArgument,
-          "tensor '" + name + "' is already in flight; concurrent operations need distinct names"));
-      return;
-    }
-    known.in_flight = true;
-    ++known.round;
-    entry = known;
-  }
+  if (!status.ok()) return status.WithSuffix(" (tensor '" + name + "')");
+  if (stopping_)
+    return Status::Error(ErrorKind::kShutdown,
+                         "tf_bps is shut down; cannot run tensor '" + name + "'");
+  status = GroupOf(spec->op, group);
+  if (status.ok()) status = CheckTaskSpec(*spec, *group);
+  if (!status.ok()) return status;
+  ChooseWireKind(options_.min_compress_bytes, &spec->op);
+  if (spec->op.kind == OpKind::kAlltoall && spec->splits.empty())
+    spec->splits.assign(group->size(), spec->op.shape[0] / group->size());
+  if (!spec->place.on_device()) return Status::OK();
+  if (!options_.devices)
+    return Status::Error(ErrorKind::kInvalidArgument,
+                         "tensor '" + name +
+                             "' is in device memory, and no device library is loaded "
+                             "(bps_device_use)");
+  return DeviceStaging::Prepare(options_.devices, spec, allocate, staging);
+}
+
+Status Worker::NextRound(const std::string& name, TensorEntry* entry) {
+  std::lock_guard<std::mutex> lock(registry_mutex_);
+  TensorEntry& known = EntryLocked(name);
+  if (known.in_flight)
+    return Status::Error(
+        ErrorKind::kInvalidArgument,
+        "tensor '" + name + "' is already in flight; concurrent operations need distinct names");
+  known.in_flight = true;
+  ++known.round;
+  *entry = known;
+  return Status::OK();
+}
+
+std::shared_ptr<Task> Worker::MakeTask(TaskSpec spec, Group group, const TensorEntry& entry,
+                                       AllocateFn allocate,
+                                       std::shared_ptr<DeviceStaging> staging, DoneFn done) {
+  const std::string name = spec.op.name;
   // The operation's whole time, queues included, if a timeline recording takes it.
   const uint32_t traced = timeline_->OperationStarted(entry.round);
   const int64_t traced_from = traced ? Timeline::Now() : 0;
@@ -219,6 +210,24 @@ void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
   task->set_learning_rate(learning_rate_.load(std::memory_order_relaxed));
   task->set_staging(staging);
   if (staging) staged_.Began(staging.get(), task);
+  return task;
+}
+
+void Worker::Enqueue(TaskSpec spec, AllocateFn allocate, DoneFn done) {
+  const std::string name = spec.op.name;
+  Group group;
+  std::shared_ptr<DeviceStaging> staging;
+  TensorEntry entry;
+  Status status = Admit(&spec, &allocate, &group, &staging);
+  if (status.ok()) status = NextRound(name, &entry);
+  if (!status.ok()) {
+    done(status);
+    return;
+  }
+  const OpKind kind = spec.op.kind;
+  const DataType dtype = spec.op.dtype;
+  std::shared_ptr<Task> task = MakeTask(std::move(spec), std::move(group), entry,
+                                        std::move(allocate), staging, std::move(done));
   std::vector<PartitionTask> plan;
   status = Plan(task, &plan);
   if (status.ok()) {
@@ -305,60 +314,6 @@ void Worker::AbandonUnsent(const Task& task, const std::vector<PartitionTask>& p
         .AbandonUnsent(task.tensor_id(), task.round(), item.part, task.kind());
     if (merged) local_->AbandonUnsent(task, item.part);
   }
-}
-
-Group Worker::GlobalGroup() const {
-  Group group;
-  group.ranks.resize(options_.size);
-  for (int r = 0; r < options_.size; ++r) group.ranks[r] = r;
-  group.index = options_.rank;
-  return group;
-}
-
-Status Worker::GroupOf(const Declaration& op, Group* group) {
-  if (op.process_set == 0) {
-    *group = GlobalGroup();
-    return Status::OK();
-  }
-  {
-    std::lock_guard<std::mutex> lock(process_sets_mutex_);
-    auto found = process_sets_.find(op.process_set);
-    if (found == process_sets_.end())
-      return Status::Error(ErrorKind::kInvalidArgument,
-                           "process set " + std::to_string(op.process_set) +
-                               " is not registered (tensor '" + op.name + "')");
-    group->ranks = found->second;
-  }
-  auto mine = std::find(group->ranks.begin(), group->ranks.end(), options_.rank);
-  if (mine == group->ranks.end())
-    return Status::Error(ErrorKind::kInvalidArgument, "rank " + std::to_string(options_.rank) +
-                                                          " is not a member of process set " +
-                                                          std::to_string(op.process_set) +
-                                                          " (tensor '" + op.name + "')");
-  group->index = static_cast<int>(mine - group->ranks.begin());
-  return Status::OK();
-}
-
-Status Worker::SetProcessSet(uint32_t id, std::vector<int32_t> ranks) {
-  if (id == 0) return Status::Error(ErrorKind::kInvalidArgument, "process set 0 is the global one");
-  std::sort(ranks.begin(), ranks.end());
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (ranks[i] < 0 || ranks[i] >= options_.size || (i > 0 && ranks[i] == ranks[i - 1]))
-      return Status::Error(ErrorKind::kInvalidArgument, "process set " + std::to_string(id) +
-                                                            " has an invalid or repeated rank " +
-                                                            std::to_string(ranks[i]));
-  }
-  {
-    std::lock_guard<std::mutex> lock(process_sets_mutex_);
-    if (ranks.empty()) {
-      process_sets_.erase(id);
-    } else {
-      process_sets_[id] = ranks;
-    }
-  }
-  // Every server learns it before any push that names it (same connection, in order).
-  for (auto& link : links_) link->SendProcessSet(id, ranks);
-  return Status::OK();
 }
 
 ServerLink& Worker::LinkFor(uint64_t tensor_id, uint32_t part) {
@@ -453,51 +408,6 @@ void Worker::AbandonAtServers(uint64_t tensor_id, uint32_t round, OpKind kind) {
   for (auto& link : links_) link->Abandon(tensor_id, round, kind);
 }
 
-Status Worker::Join(int* last_rank) {
-  {
-    std::lock_guard<std::mutex> lock(join_mutex_);
-    join_replies_ = 0;
-    join_last_ = -1;
-    join_rounds_.clear();
-  }
-  if (local_) local_->BeginJoin();
-  if (device_merge_) device_merge_->BeginJoin();
-  int servers = 0;  // The job's: an elastic one may have gone on without some.
-  for (size_t i = 0; i < links_.size(); ++i) {
-    if (routes_.removed(static_cast<int>(i))) continue;
-    links_[i]->SendJoin();
-    ++servers;
-  }
-  std::unique_lock<std::mutex> lock(join_mutex_);
-  const bool answered = join_cv_.wait_for(
-      lock, std::chrono::milliseconds(options_.timeout_ms),
-      [&] { return join_replies_ == servers || !fatal_error().ok() || stopping_; });
-  Status fatal = fatal_error();
-  if (!fatal.ok()) return fatal.WithSuffix(" (join)");
-  if (stopping_) return Status::Error(ErrorKind::kShutdown, "tf_bps was shut down during join");
-  if (!answered)
-    return Status::Error(ErrorKind::kTimeout,
-                         "join timed out after " + std::to_string(options_.timeout_ms / 1000) +
-                             " s: not every worker joined (see BYTEPS_OP_TIMEOUT)");
-  // Rounds that went on without this worker: catch up, so that its next operation on
-  // those tensors meets the others' in the same round.
-  {
-    std::lock_guard<std::mutex> registry_lock(registry_mutex_);
-    for (auto& [name, entry] : registry_) {
-      auto found = join_rounds_.find(entry.id);
-      if (found != join_rounds_.end()) entry.round = std::max(entry.round, found->second);
-    }
-    for (const auto& [tensor_id, round] : join_rounds_) {
-      uint32_t& floor = round_floors_[tensor_id];
-      floor = std::max(floor, round);
-    }
-  }
-  if (local_) local_->EndJoin();
-  if (device_merge_) device_merge_->EndJoin();
-  *last_rank = join_last_;
-  return Status::OK();
-}
-
 void Worker::OnStall(uint64_t tensor_id, const std::string& warning) {
   const auto now = std::chrono::steady_clock::now();
   {
@@ -507,24 +417,6 @@ void Worker::OnStall(uint64_t tensor_id, const std::string& warning) {
     logged = now;
   }
   BPS_LOG(kWarning) << "worker rank " << options_.rank << ": stalled: " << warning;
-}
-
-void Worker::OnJoined(int server, int last_rank,
-                      const std::unordered_map<uint64_t, uint32_t>& rounds) {
-  {
-    std::lock_guard<std::mutex> lock(join_mutex_);
-    // Servers may see joins in different orders; the first server's answer is the one
-    // given (the first the job still has).
-    int first = 0;
-    while (routes_.removed(first)) ++first;
-    if (server == first || join_last_ < 0) join_last_ = last_rank;
-    for (const auto& [tensor_id, round] : rounds) {
-      uint32_t& known = join_rounds_[tensor_id];
-      known = std::max(known, round);
-    }
-    ++join_replies_;
-  }
-  join_cv_.notify_all();
 }
 
 void Worker::OnLinkFailure(const std::string& reason) {

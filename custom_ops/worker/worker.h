@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "../common/common.h"
+#include "../control/settings.h"
 #include "../wire/transport.h"
 #include "credits.h"
 #include "device.h"
@@ -41,30 +42,20 @@
 
 namespace bps {
 
-// Set from the job's configuration (c_api.cc, from what config.py read of
-// settings.def); the defaults below serve only code that builds a Worker directly.
+// What a worker is told (bps_worker_init): the job's facts, and the job's variables
+// (settings.def) in `settings`. A variable is read where it is used, from
+// options().settings; the few fields below `settings` are read from it once, by
+// ReadSettings, because every operation or several files use them.
 struct WorkerOptions {
   int rank = 0;
   int size = 1;
   std::vector<ServerAddress> servers;
-  size_t partition_bytes = 0;  // BYTEPS_PARTITION_BYTES
-  // BYTEPS_SCHEDULING_CREDIT: bytes pushed to one server and not yet answered,
-  // at most (credits.h); 0: no limit.
-  size_t credit_bytes = 0;
-  int timeout_ms = 300000;
-  std::string token;     // the job's, proven to every server (wire/auth.h)
-  bool encrypt = false;  // BYTEPS_ENCRYPT: frames to servers are sealed (wire/crypto.h)
+  std::string token;  // the job's, proven to every server (wire/auth.h)
   // The workers of this host, ascending, this one included: with more than one,
   // push_pull partitions are merged among them first (local_merge.h).
   std::vector<int32_t> local_ranks;
   // Names this job's local sockets (the rank is appended); unique per job and host.
   std::string local_socket_prefix;
-  // BYTEPS_DEBUG_SAMPLE_TENSOR: a tensor name or id whose values are logged as they
-  // enter and leave each stage.
-  std::string debug_sample;
-  // PERSEUS_ALLREDUCE_NANCHECK: a floating-point push_pull holding NaN or Inf fails
-  // before anything is sent (the other workers then fail its round too).
-  bool nan_check = false;
   // The job's workers and servers are on more than one host: partitions are cut for
   // a network (task.h, EvenPartitionBytes). Every worker of a job must agree.
   bool across_hosts = false;
@@ -77,17 +68,34 @@ struct WorkerOptions {
   // the scheduler says it is gone from the job, then go to the servers left
   // (MoveLostServer); no step is lost. Otherwise a lost server fails the worker.
   bool move_lost_servers = false;
-  // How long they wait for that before the worker fails (PS_HEARTBEAT_TIMEOUT, by
-  // which the scheduler decides).
-  int lost_server_wait_ms = 10000;
   // A descriptor (the write end of a pipe, non-blocking) that gets a byte whenever a
   // server is lost: the binding's scheduler link wakes on it and reports the loss.
   int notify_fd = -1;
-  // BYTEPS_MIN_COMPRESS_BYTES: a push_pull asking for compression travels whole below
-  // this size (ChooseWireKind).
-  size_t min_compress_bytes = 65536;
   // Where tasks on device memory are staged (device.h); null: host tensors only.
   std::shared_ptr<Devices> devices;
+
+  Settings settings = Settings::Defaults();
+  size_t partition_bytes = 0;  // BYTEPS_PARTITION_BYTES
+  // BYTEPS_SCHEDULING_CREDIT (else PERSEUS_ALLREDUCE_STREAMS) partitions, in bytes:
+  // pushed to one server and not yet answered, at most (credits.h); 0: no limit.
+  size_t credit_bytes = 0;
+  int timeout_ms = 0;  // Settings::OperationTimeout
+  bool encrypt = false;  // BYTEPS_ENCRYPT: frames to servers are sealed (wire/crypto.h)
+  // BYTEPS_DEBUG_SAMPLE_TENSOR: a tensor name or id whose values are logged as they
+  // enter and leave each stage.
+  std::string debug_sample;
+  // PERSEUS_ALLREDUCE_NANCHECK: a floating-point push_pull holding NaN or Inf fails
+  // before anything is sent (the other workers then fail its round too).
+  bool nan_check = false;
+  // How long a lost server's partitions wait for the scheduler's word before the
+  // worker fails (PS_HEARTBEAT_TIMEOUT, by which the scheduler decides).
+  int lost_server_wait_ms = 0;
+  // BYTEPS_MIN_COMPRESS_BYTES: a push_pull asking for compression travels whole below
+  // this size (ChooseWireKind).
+  size_t min_compress_bytes = 0;
+
+  // Sets `settings` and the fields read from it.
+  void ReadSettings(Settings given);
 };
 
 // The worker engine. Its server links and its local merge report to it through
@@ -197,6 +205,17 @@ class Worker : public ServerLink::Owner, public LocalMerge::Owner, public Device
   // The registry's entry for `name`, made (with the next priority) if new. Needs
   // registry_mutex_.
   TensorEntry& EntryLocked(const std::string& name);
+  // Whether a task may start (refusals name its tensor), and what it needs first: its
+  // group, its kind on the wire, an alltoall's even splits, a device tensor's staging.
+  Status Admit(TaskSpec* spec, AllocateFn* allocate, Group* group,
+               std::shared_ptr<DeviceStaging>* staging);
+  // The tensor's next round, now in flight; refused while one is.
+  Status NextRound(const std::string& name, TensorEntry* entry);
+  // The task whose completion records it on the timeline, samples its result, ends
+  // its staging and frees its name before `done` runs.
+  std::shared_ptr<Task> MakeTask(TaskSpec spec, Group group, const TensorEntry& entry,
+                                 AllocateFn allocate, std::shared_ptr<DeviceStaging> staging,
+                                 DoneFn done);
   void WatchdogLoop();
   void OnTaskFinished(const std::string& name, OpKind kind, uint64_t tensor_id, uint32_t round,
                       const Status& status);
@@ -223,11 +242,12 @@ class Worker : public ServerLink::Owner, public LocalMerge::Owner, public Device
   const uint32_t push_window_;
   std::vector<std::unique_ptr<ServerLink>> links_;
   std::unique_ptr<LocalMerge> local_;  // with other workers on this host
-  // Their device tensors, where device memory is in use (made with local_).
   // When each tensor's stall was last logged: the servers holding its partitions warn
   // alike, and once in a while is enough.
   std::mutex stalls_mutex_;
   std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> stalls_logged_;
+  // The host's workers' device tensors merge here, where device memory is in use
+  // (made with local_).
   std::unique_ptr<DeviceMerge> device_merge_;
   // Where pushes to same-host servers and peers are staged: one table of arenas, so
   // that a host's merged partition reaches a same-host server without another copy.

@@ -5,8 +5,8 @@ Start it with `DMLC_ROLE=scheduler bpslaunch` or `python -m tf_bps.control.sched
 
 Membership comes in generations. The first is the job as it starts: DMLC_NUM_WORKER
 workers and DMLC_NUM_SERVER servers. In an elastic job (BYTEPS_ELASTIC=1) a lost
-worker, or one that asks to join, starts the next: every surviving node hears
-"reform", registers again and gets a new address book (survivors keep their order,
+worker, or one that asks to join, starts the next (membership_changes.py): every
+surviving node registers again and gets a new address book (survivors keep their order,
 newcomers come after them); frames carry the generation, so nothing of an older one
 reaches the rounds of a newer one. Without BYTEPS_ELASTIC, any loss ends the job.
 """
@@ -22,21 +22,15 @@ import zmq
 
 from tf_bps.control.inbox import Inbox, quoted
 from tf_bps.control.membership import Gathering, Node, address_books
+from tf_bps.control.membership_changes import JobFailed, MembershipChanges
 from tf_bps.runtime.config import Config, ConfigError, configure_logging
 
 log = logging.getLogger("tf_bps.scheduler")
 
-# Workers the elastic launcher starts together join at one commit: those registered
-# wait for the others this long at most (one that fails to start is reported sooner).
-LAUNCH_WAIT_S = 30.0
 # What a node may advertise as its host: a name or an address, nothing to escape.
 HOST = re.compile(r"[A-Za-z0-9_.:%\[\]-]{1,255}")
 # While a job forms, who is still missing is said this often (after the first wait).
 WAITING_REPORT_S = 5.0
-
-
-class JobFailed(RuntimeError):
-    """The job cannot go on; every node hears why."""
 
 
 class Scheduler:
@@ -44,24 +38,11 @@ class Scheduler:
         self._config = config
         self._nodes: dict[bytes, Node] = {}  # this generation's, by connection
         self._generation = 0
-        # Workers that asked to join an elastic job, waiting for the next generation.
-        self._joining: list[Node] = []
         self._gathering: Gathering | None = None  # while a generation registers
-        # An elastic launcher's connections (--host-discovery-script), and the workers
-        # it let go (by process), which must not register again.
-        self._launchers: set[bytes] = set()
-        self._let_go: set[tuple[str, int]] = set()
-        # Workers the launcher started together while the job runs (by name), not yet
-        # registered: the workers re-form once all of them are in (or LAUNCH_WAIT_S
-        # after the launch), so that a host's workers join at one commit.
-        self._launching: set[str] = set()
-        self._launched_at = 0.0
-        self._announced = False  # the joiners were announced to this generation
-        # Servers the job went on without (by connection): told to stop if they speak.
-        self._dropped: set[bytes] = set()
         # The one socket; connections of no node are read at a bounded rate (inbox.py).
         self._inbox = Inbox(config, is_member=lambda identity: (
-            identity in self._nodes or identity in self._launchers))
+            identity in self._nodes or self._changes.is_launcher(identity)))
+        self._changes = MembershipChanges(config, self._inbox)
 
     def run(self) -> int:
         if not self._config.job_token:
@@ -77,26 +58,15 @@ class Scheduler:
             for node in self._everyone():
                 self._inbox.send(node.identity, {"type": "abort", "reason": str(error)})
             if self._config.elastic:
-                self._turn_away(str(error))
+                self._changes.turn_away(str(error))
             return 1
         finally:
             self._inbox.close()
 
-    def _turn_away(self, reason: str) -> None:
-        """An elastic job's workers may be between two registrations when it fails:
-        for a heartbeat timeout, every connection that proved the job's token and says
-        anything hears why, instead of waiting for an address book that will never come
-        (a stranger hears nothing of it)."""
-        deadline = time.monotonic() + self._config.heartbeat_timeout
-        while (remaining := deadline - time.monotonic()) > 0:
-            received = self._inbox.receive(remaining)
-            if received is not None and self._inbox.proven(received[0]):
-                self._inbox.send(received[0], {"type": "abort", "reason": reason})
-
     def _everyone(self) -> list[Node]:
         """Every node that may still listen: this generation's, those asking to join,
         and while a generation registers, those registered and those still expected."""
-        nodes = [*self._nodes.values(), *self._joining]
+        nodes = [*self._nodes.values(), *self._changes.joining]
         if self._gathering is not None:
             gathering = self._gathering
             nodes += [*gathering.servers, *gathering.workers, *gathering.survivors.values()]
@@ -105,7 +75,8 @@ class Scheduler:
     def _registered(self, identity: bytes) -> bool:
         """Whether the connection `identity` registered for the coming generation."""
         gathering = self._gathering
-        waiting = [*self._joining, *(gathering.servers + gathering.workers if gathering else [])]
+        registering = gathering.servers + gathering.workers if gathering else []
+        waiting = [*self._changes.joining, *registering]
         return any(node.identity == identity for node in waiting)
 
     # -- registration ---------------------------------------------------------------
@@ -144,7 +115,7 @@ class Scheduler:
         node.saw_lost = lost[:300] if isinstance(lost, str) else ""
         node.name = name[:300] if isinstance(name, str) else ""
         node.moves_lost_servers = message.get("moves_lost_servers") is True
-        if node.process in self._let_go:
+        if self._changes.was_let_go(node.process):
             return None, (f"the worker on {host} (pid {pid}) was let go: its host left the "
                           "job (the discovery script no longer lists it)")
         if role == "launcher":
@@ -187,28 +158,28 @@ class Scheduler:
             self._inbox.refuse(identity, refusal)
             return None
         if node.role == "launcher":
-            self._launchers.add(identity)
+            self._changes.launcher_connected(identity)
             self._inbox.send(identity, {"type": "book"})
             return None
-        self._launching.discard(node.name)
+        self._changes.registered(node)
         return node
 
     def _rendezvous(self, gathering: Gathering) -> None:
         """Gathers one generation's registrations and sends its address books."""
         config = self._config
         self._gathering = gathering
-        for node in self._joining:
+        changes = self._changes
+        for node in changes.take_joiners():
             self._admit(gathering, node)
-        self._joining = []
         report_at = time.monotonic() + WAITING_REPORT_S
         while not self._complete(gathering):
-            self._drop_silent_survivors(gathering)
+            changes.drop_silent_survivors(gathering)
             if time.monotonic() >= report_at:
                 self._report_waiting(gathering)
                 report_at = time.monotonic() + WAITING_REPORT_S
             remaining = gathering.deadline - time.monotonic()
             if remaining <= 0:
-                if self._can_form_without_the_missing(gathering):
+                if changes.can_form_without_the_missing(gathering):
                     break
                 raise JobFailed(self._unfinished(gathering))
             received = self._inbox.receive(min(remaining, config.heartbeat_interval,
@@ -216,11 +187,11 @@ class Scheduler:
             if received is None:
                 continue
             identity, message = received
-            if identity in self._launchers:
-                self._from_launcher(message)
+            if changes.is_launcher(identity):
+                changes.from_launcher(message, self._nodes)
                 continue
             if message["type"] != "register":
-                self._hear_from_the_last_generation(identity, message, gathering)
+                changes.hear_from_survivor(identity, message, gathering)
                 continue
             if self._registered(identity):
                 continue  # Said twice; a challenge is good for a minute, not for once.
@@ -228,7 +199,7 @@ class Scheduler:
             if node is None:
                 continue
             if node.rank < 0 and gathering.first:
-                self._joining.append(node)
+                changes.defer(node)
                 continue
             self._admit(gathering, node)
             log.info("registered %s", node.describe() if gathering.first else
@@ -236,9 +207,7 @@ class Scheduler:
                      f"{gathering.number}")
         self._form(gathering)
         self._gathering = None
-        self._announced = False  # The new generation has heard of no joiner yet.
-        if self._joining:
-            self._announce_joiners()
+        changes.formed(self._nodes)
         if config.elastic and len(gathering.workers) < config.elastic_min_workers:
             raise JobFailed(self._unfinished(gathering))
 
@@ -283,18 +252,6 @@ class Scheduler:
         return not gathering.missing() and bool(gathering.servers) and \
             len(gathering.workers) >= config.elastic_min_workers
 
-    def _can_form_without_the_missing(self, gathering: Gathering) -> bool:
-        """At a re-forming's deadline: survivors that did not register again are left
-        behind, if a server and enough workers did."""
-        if gathering.first or not gathering.servers:
-            return False
-        if len(gathering.workers) < self._config.elastic_min_workers:
-            return False
-        for node in gathering.missing():
-            log.warning("%s did not register again within BYTEPS_ELASTIC_TIMEOUT; the job "
-                        "goes on without it", node.describe())
-        return True
-
     def _unfinished(self, gathering: Gathering) -> str:
         config = self._config
         workers, servers = gathering.workers, gathering.servers
@@ -311,49 +268,12 @@ class Scheduler:
                 f"BYTEPS_ELASTIC_MIN_WORKERS={config.elastic_min_workers} worker(s); of the "
                 f"last generation, missing: {missing}")
 
-    def _hear_from_the_last_generation(self, identity: bytes, message: dict,
-                                       gathering: Gathering) -> None:
-        """While the job re-forms, the survivors' links of the last generation still
-        heartbeat until they register again; one that falls silent, says it failed, or
-        that a server names as lost is no use waiting for."""
-        node = next((n for n in gathering.survivors.values() if n.identity == identity), None)
-        if node is None:
-            return
-        kind = message["type"]
-        if kind == "heartbeat":
-            node.last_seen = time.monotonic()
-            self._inbox.send(identity, {"type": "heartbeat_ack"})
-        elif kind == "failure" and node.role == "server":
-            lost = message.get("lost_rank")
-            for key, other in list(gathering.survivors.items()):
-                if other.role == "worker" and other.rank == lost:
-                    log.warning("%s is lost as well", other.describe())
-                    del gathering.survivors[key]
-        elif kind in ("failure", "done") and node.role == "worker":
-            log.warning("%s left while the job re-formed: %s", node.describe(),
-                        quoted(message.get("reason", "it finished")))
-            del gathering.survivors[node.process]
-
-    def _drop_silent_survivors(self, gathering: Gathering) -> None:
-        now = time.monotonic()
-        for node in gathering.missing():
-            silent = now - node.last_seen
-            if silent > self._config.heartbeat_timeout:
-                why = (f"{node.describe()} sent no heartbeat for {silent:.0f} s while the job "
-                       "re-formed; it has probably died")
-                log.warning("%s", why)
-                del gathering.survivors[node.process]
-                servers = [n for n in gathering.survivors.values() if n.role == "server"]
-                if node.role == "server" and not servers and not gathering.servers:
-                    raise JobFailed(f"{why}; it was the job's last server")
-
     def _form(self, gathering: Gathering) -> None:
         """Numbers the generation's nodes and sends their address books."""
         books = address_books(gathering)
         self._generation = gathering.number
         self._nodes = {node.identity: node for node in gathering.servers + gathering.workers}
-        self._inbox.keep_seals_of({*self._nodes, *self._launchers,
-                               *(node.identity for node in self._joining)})
+        self._inbox.keep_seals_of({*self._nodes, *self._changes.connections()})
         now = time.monotonic()
         for node in self._nodes.values():
             node.last_seen = now
@@ -366,37 +286,18 @@ class Scheduler:
             log.warning("job re-formed as generation %d: %d worker(s), %d server(s)",
                         gathering.number, size, servers)
 
-    # -- membership changes (BYTEPS_ELASTIC) ------------------------------------------
+    # -- membership changes (BYTEPS_ELASTIC, membership_changes.py) -----------------
 
     def _lose(self, lost: list[Node], reason: str) -> None:
-        """Workers or servers are gone: the job fails, or an elastic one re-forms
-        without them while it has a server left."""
-        if not self._config.elastic:
-            raise JobFailed(reason)
-        servers = [n for n in self._nodes.values() if n.role == "server" and n not in lost]
-        if not servers:
-            raise JobFailed(f"{reason}; it was the job's last server")
-        workers = [n for n in self._nodes.values() if n.role == "worker"]
-        if lost and all(n.role == "server" for n in lost) and \
-                all(w.moves_lost_servers for w in workers):
-            self._go_on_without(lost, reason)
-            return
-        self._reform(reason, lost)
+        """Workers or servers are gone: the job fails, goes on without lost servers, or
+        re-forms."""
+        self._next(self._changes.lose(self._nodes, self._generation, lost, reason))
 
-    def _go_on_without(self, servers: list[Node], reason: str) -> None:
-        """Servers are gone from a synchronous job: the workers move their partitions
-        to the servers left, which finish the interrupted rounds from what each worker
-        sends again, so the generation goes on and no step is lost."""
-        gone = []
-        for server in servers:
-            del self._nodes[server.identity]
-            self._dropped.add(server.identity)
-            gone.append(f"{server.host}:{server.port}")
-            log.warning("the job goes on without %s: %s", server.describe(), reason)
-        for worker in self._nodes.values():
-            if worker.role == "worker":
-                self._inbox.send(worker.identity, {"type": "server_gone", "servers": gone,
-                                             "reason": reason})
+    def _next(self, gathering: Gathering | None) -> None:
+        """Forms the next generation where a change asks for one."""
+        if gathering is not None:
+            self._nodes = {}
+            self._rendezvous(gathering)
 
     def _server_lost_by(self, worker: Node, address: object) -> None:
         """A worker's connection to a server broke without a word from it: the server
@@ -408,112 +309,27 @@ class Scheduler:
             self._lose(lost, f"{worker.describe()} lost its connection to "
                        f"{lost[0].describe()}")
 
-    def _reform(self, reason: str, lost: list[Node]) -> None:
-        """Starts the next generation: every surviving node hears why, leaves this one
-        and registers again."""
-        limit = self._config.elastic_reset_limit
-        if limit is not None and self._generation + 1 > limit:
-            raise JobFailed(f"{reason}; the job has re-formed {self._generation} time(s), and "
-                            f"BYTEPS_ELASTIC_RESET_LIMIT={limit} (--reset-limit) allows no more")
-        lost_ids = {node.identity for node in lost}
-        survivors = {node.process: node for node in self._nodes.values()
-                     if node.identity not in lost_ids and not node.done and not node.leaving}
-        log.warning("the job re-forms: %s", reason)
-        for node in survivors.values():
-            self._inbox.send(node.identity, {"type": "reform", "reason": reason,
-                                       "generation": self._generation + 1})
-        self._nodes = {}
-        deadline = time.monotonic() + self._config.elastic_timeout
-        self._rendezvous(Gathering(self._generation + 1, deadline, survivors, reason))
-
     def _from_outsider(self, identity: bytes, message: dict) -> None:
         """A message from a connection of no node of this generation: a registration
         that proved the token, say. A job that is not elastic takes no one after it
         started; an elastic one re-forms at once when a survivor of this generation
         registers again (it left it), and at the workers' next commit for a newcomer."""
         kind = message["type"]
-        if identity in self._launchers:
-            self._from_launcher(message)
+        changes = self._changes
+        if changes.is_launcher(identity):
+            changes.from_launcher(message, self._nodes)
             return
-        if identity in self._dropped and kind == "heartbeat":
-            # Frozen a while, or cut off from the workers: the job went on without it.
-            self._inbox.send(identity, {"type": "abort", "reason": "the job went on without this "
-                                  "server: its workers lost their connections to it"})
+        if changes.turned_away(identity, kind):
             return
         if kind != "register" or self._registered(identity):
             return  # Heartbeats and farewells of nodes of an earlier generation.
         if not self._config.elastic:
             self._inbox.refuse(identity, "the job has already started: every node of it has "
-                         "registered")
+                               "registered")
             return
         node = self._accept(identity, message, None)
-        if node is None:
-            return
-        member = next((n for n in self._nodes.values() if n.process == node.process), None)
-        most = self._config.elastic_max_workers
-        workers = sum(n.role == "worker" for n in [*self._nodes.values(), *self._joining])
-        if member is None and node.role == "worker" and most is not None and workers >= most:
-            self._inbox.refuse(identity, f"the job has {workers} worker(s), as many as "
-                         f"BYTEPS_ELASTIC_MAX_WORKERS={most} (--max-np) allows")
-            return
-        self._joining.append(node)
-        if member is not None:
-            lost = [n for n in self._nodes.values()
-                    if n.role == "server" and f"{n.host}:{n.port}" == node.saw_lost]
-            why = f" after {lost[0].describe()} went away" if lost else ""
-            self._lose(lost, f"{member.describe()} left generation {self._generation} and "
-                       f"registered again{why}")
-            return
-        self._announce_joiners()
-
-    def _from_launcher(self, message: dict) -> None:
-        """The elastic launcher's word about the workers it starts and ends."""
-        names = message.get("names")
-        names = {n[:300] for n in names if isinstance(n, str)} if isinstance(names, list) \
-            else set()
-        kind = message["type"]
-        if kind == "let_go":
-            self._let_workers_go(names)
-        elif kind == "launching":
-            self._launching |= names
-            self._launched_at = time.monotonic()
-        elif kind == "launch_ended":
-            self._launching -= names
-            self._announce_joiners()
-
-    def _let_workers_go(self, names: set[str]) -> None:
-        """The launcher's discovery script no longer lists these workers' host: every
-        worker hears that hosts were removed and stops at its next commit, and the job
-        re-forms without them, with no restore and no sync (Horovod's removals)."""
-        leaving = [n for n in self._nodes.values() if n.role == "worker" and n.name in names]
-        for node in leaving:
-            node.leaving = True
-            self._let_go.add(node.process)  # It registers again at the commit: refused.
-            log.warning("%s leaves at the next commit: its host left the job", node.describe())
-        if leaving:
-            for worker in self._nodes.values():
-                if worker.role == "worker":
-                    self._inbox.send(worker.identity, {"type": "hosts_updated", "added": False,
-                                                 "timestamp": time.time()})
-
-    def _announce_joiners(self) -> None:
-        """Workers and servers asking to join are taken in when the job's workers
-        re-form, which they do together at their next commit
-        (elastic.State.check_host_updates), once every worker the launcher started
-        with them has registered too (or LAUNCH_WAIT_S after it started them)."""
-        waited = time.monotonic() - self._launched_at
-        if not self._joining or self._announced or (self._launching and
-                                                    waited < LAUNCH_WAIT_S):
-            return
-        self._announced = True
-        self._launching.clear()
-        for node in self._joining:
-            log.info("a %s on %s (pid %d) asks to join; the workers re-form at their next "
-                     "commit", node.role, node.host, node.pid)
-        for worker in self._nodes.values():
-            if worker.role == "worker":
-                self._inbox.send(worker.identity, {"type": "hosts_updated", "added": True,
-                                             "timestamp": time.time()})
+        if node is not None:
+            self._next(changes.join(node, self._nodes, self._generation))
 
     # -- supervision ----------------------------------------------------------------
 
@@ -527,8 +343,8 @@ class Scheduler:
                         self._inbox.send(node.identity, {"type": "exit"})
                 log.info("all workers finished; job complete")
                 return
-            if self._joining:
-                self._announce_joiners()  # Once the launcher's others are in, or late.
+            # Joiners, once the launcher's others are in, or late.
+            self._changes.announce_joiners(self._nodes)
             received = self._inbox.receive(config.heartbeat_interval)
             now = time.monotonic()
             if received is not None:
