@@ -4,14 +4,16 @@
 
 # One list per layer (custom_ops/<layer>/), as BUILD's libraries are cut:
 #   common   types, Status, logging, the reduce kernels
-#   wire     the frame format, job-token proofs, the transports (socket, shared memory)
+#   wire     the frame format, job-token proofs, the transports (wire/tcp, wire/shm)
 #   worker   the worker engine behind its C API (c_api.h): planning, the partition
 #            pipeline, the local merge, the timeline
 #   rounds   one partition key's rounds (who is in, whether it may end, why it
 #            ended) and what each operation kind does with the data: shared by the
 #            server's engines and the workers' local merge
 #   server   accepting workers and the engine threads that run their keys' rounds
-#   control  the scheduler link in C++ (the server's), settings, JSON
+#   settings the table of variables (settings.def) read and checked as config.py does:
+#            the server's from its environment, the worker's from what config.py read
+#   control  the scheduler link in C++ (the server's), JSON
 #   compression  gradient compressors (onebit, topk, randomk, dithering, fp16) with error
 #            feedback and momentum: a worker's pushes and a server's sums
 COMMON_SOURCES = [
@@ -25,9 +27,14 @@ WIRE_SOURCES = [
     "custom_ops/wire/auth.cc",
     "custom_ops/wire/socket.cc",
     "custom_ops/wire/shared_memory.cc",
-    "custom_ops/wire/shared_memory_channel.cc",
+    "custom_ops/wire/stream_channel.cc",
     "custom_ops/wire/transport.cc",
     "custom_ops/wire/waiting_room.cc",
+    # The transports (wire/<name>/), registered in transports.cc.
+    "custom_ops/wire/transports.cc",
+    "custom_ops/wire/tcp/tcp_transport.cc",
+    "custom_ops/wire/shm/shared_memory_channel.cc",
+    "custom_ops/wire/shm/shm_transport.cc",
 ]
 ROUNDS_SOURCES = [
     "custom_ops/rounds/round.cc",

@@ -41,13 +41,12 @@ bool Server::AcceptNewcomers() {
   // introductions of those already waiting.
   for (int batch = 0; batch < 256; ++batch) {
     std::unique_ptr<Connection> connection;
-    bool local = false;
-    Status status = listener_.Accept(&connection, &local, 0);
+    std::string source;
+    int door = 0;
+    Status status = listener_.Accept(&connection, &source, &door, 0);
     if (status.kind() == ErrorKind::kTimeout) return true;
     if (!status.ok()) return false;
-    // "10.0.0.2" of "10.0.0.2:4000"; the Unix socket's peers are "local".
-    const std::string& peer = connection->peer();
-    room_->Enter(std::move(connection), local ? "local" : peer.substr(0, peer.rfind(':')), local);
+    room_->Enter(std::move(connection), source, door);
   }
   return true;
 }
@@ -55,7 +54,7 @@ bool Server::AcceptNewcomers() {
 void Server::Welcome(WaitingRoom::Proven proven) {
   const uint32_t rank = proven.rank;
   auto conn = std::make_shared<WorkerConn>(
-      listener_.ChannelOf(std::move(proven.connection), proven.local));
+      listener_.ChannelOf(std::move(proven.connection), proven.door));
   std::lock_guard<std::mutex> lock(conns_mutex_);
   if (conns_[rank]) {
     // The scheduler gives each rank to one worker: this is not one of the job's.

@@ -42,7 +42,7 @@ enum class FrameType : uint8_t {
   kChallenge = 14,  // server -> worker, on connecting: payload the server's nonce.
   kWelcome = 15,    // server -> worker: payload the server's proof.
   // Same-host peers, either way: the receiver has read every location sent before
-  // fence number `tensor_id` once it acknowledges it (transport.h, SharedMemoryChannel).
+  // fence number `tensor_id` once it acknowledges it (shm/shared_memory_channel.h).
   kFence = 16,
   kFenceAck = 17,
   // Between the workers of one host (device_merge.h): an operation is ready for a phase

@@ -1,9 +1,8 @@
-// The Channel base and the socket transport, and how a connection gets its channel.
+// The transports' common ground: a payload's reader, a worker's connection by the
+// first transport that carries it, and a server's listening on every transport.
 #include "transport.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -75,42 +74,17 @@ Status DataReader::Skip() {
 }
 
 // ---------------------------------------------------------------------------
-// Channel
+// Connecting
 
-Status Channel::Send(const FrameHeader& header, const void* payload) {
-  std::lock_guard<std::mutex> lock(write_mutex_);
-  SendControlLocked();
-  return conn_->Send(header, payload);
-}
-
-Status Channel::ReceiveFromSocket(FrameHeader* header, DataReader* payload, bool* eof) {
-  Status status = conn_->ReceiveHeader(header, eof);
-  *payload = DataReader::OfStream(conn_.get(), status.ok() ? header->length : 0);
-  return status;
-}
-
-Status SocketChannel::SendData(FrameHeader header, const void* data, const SlotKey&) {
-  return Send(header, data);
-}
-
-Status SocketChannel::Receive(FrameHeader* header, DataReader* payload, bool* eof) {
-  return ReceiveFromSocket(header, payload, eof);
-}
-
-// ---------------------------------------------------------------------------
-// Connecting and listening
-
-namespace {
-
-// The handshake, with the socket shut down if `cancel` fires meanwhile.
-Status AuthenticateCancellably(Connection& connection, const JobSecret& secret, uint32_t rank,
-                               int timeout_ms, Cancellation* cancel) {
+Status ProveServer(Connection& connection, const ConnectRequest& request) {
+  Cancellation* cancel = request.cancel;
   std::string why;
   if (cancel && !cancel->Watch(connection.fd())) {
     cancel->cancelled(&why);
     return Status::Error(ErrorKind::kAborted, why);
   }
-  Status status = AuthenticateServer(connection, secret, rank, timeout_ms);
+  Status status =
+      AuthenticateServer(connection, request.secret, request.rank, request.timeout_ms);
   if (cancel) {
     cancel->Unwatch(connection.fd());
     if (cancel->cancelled(&why)) return Status::Error(ErrorKind::kAborted, why);
@@ -118,65 +92,21 @@ Status AuthenticateCancellably(Connection& connection, const JobSecret& secret, 
   return status;
 }
 
-// The server's Unix socket and shared memory, if a process of a trusted uid listens on
-// it and proves the token within the handshake's one deadline. Anything else (no such
-// socket, another uid, a refusal, garbage, silence) is not taken as our server's word:
-// the caller goes the TCP way, where the real server answers. Null then.
-std::unique_ptr<Channel> ConnectLocally(const ServerAddress& address, const std::string& peer,
-                                        const JobSecret& secret, uint32_t rank, int timeout_ms,
-                                        Cancellation* cancel, std::shared_ptr<SharedSlots> slots,
-                                        uint32_t generation, Status* aborted) {
-  int fd = -1;
-  Status status = ConnectLocal(ServerSocketName(secret.token, address.port), timeout_ms, &fd);
-  if (!status.ok()) {  // None there (the server's host has no Unix socket for us) is no news.
-    if (status.kind() != ErrorKind::kPeerGone)
-      BPS_LOG(kWarning) << "the local socket of " << peer << " is not the server's ("
-                        << status.message() << "); using TCP";
-    return nullptr;
-  }
-  auto connection = std::make_unique<Connection>(fd, peer);
-  connection->set_generation(generation);
-  status = AuthenticateCancellably(*connection, secret, rank, timeout_ms, cancel);
-  if (status.kind() == ErrorKind::kAborted) {
-    *aborted = status;
-    return nullptr;
-  }
-  if (status.kind() == ErrorKind::kPeerGone) {  // Closed before its challenge: a full room.
-    BPS_LOG(kDebug) << peer << " turned this worker away on its local socket ("
-                    << status.message() << "); trying TCP";
-    return nullptr;
-  }
-  if (!status.ok()) {
-    BPS_LOG(kWarning) << "the local socket of " << peer << " did not prove to be the server's ("
-                      << status.message() << "); using TCP";
-    return nullptr;
-  }
-  BPS_LOG(kDebug) << peer << " is on this host: using its Unix socket and shared memory";
-  if (!slots) slots = std::make_shared<SharedSlots>(std::make_shared<ArenaTable>());
-  return std::make_unique<SharedMemoryChannel>(std::move(connection), std::move(slots),
-                                               SharedMemoryChannel::Side::kWorker);
-}
+namespace {
 
-// One try at ConnectToServer. kPeerGone: the server closed the connection before its
+// One try at ConnectToServer: the transports that reach the server, in order, until
+// one connects; a transport that is not required leaves the server to the next one
+// unless the job aborted. kPeerGone: the server closed the connection before its
 // challenge, as it does while too many strangers wait for theirs; worth another try.
-Status ConnectOnce(const ServerAddress& address, const std::string& peer, const JobSecret& secret,
-                   uint32_t rank, int timeout_ms, std::unique_ptr<Channel>* out,
-                   Cancellation* cancel, std::shared_ptr<SharedSlots> slots, uint32_t generation) {
-  if (address.same_host) {
-    Status aborted = Status::OK();
-    *out = ConnectLocally(address, peer, secret, rank, timeout_ms, cancel, slots, generation,
-                          &aborted);
-    if (*out || !aborted.ok()) return aborted;
+Status ConnectOnce(const ConnectRequest& request, std::unique_ptr<Channel>* out) {
+  Status status = Status::Error(ErrorKind::kPeerGone, "no transport reaches " + request.peer);
+  for (const Transport* transport : RegisteredTransports()) {
+    if (!transport->Reaches(request.address)) continue;
+    status = transport->Connect(request, out);
+    if (status.ok() || status.kind() == ErrorKind::kAborted || transport->required())
+      return status;
   }
-  int fd = -1;
-  Status status = ConnectTcp(address.host, address.port, timeout_ms, timeout_ms, &fd, cancel);
-  if (!status.ok()) return status;
-  auto connection = std::make_unique<Connection>(fd, peer);
-  connection->set_generation(generation);
-  status = AuthenticateCancellably(*connection, secret, rank, timeout_ms, cancel);
-  if (!status.ok()) return status;
-  *out = std::make_unique<SocketChannel>(std::move(connection));
-  return Status::OK();
+  return status;
 }
 
 }  // namespace
@@ -186,14 +116,15 @@ Status ConnectToServer(const ServerAddress& address, const std::string& peer,
                        std::unique_ptr<Channel>* out, Cancellation* cancel,
                        std::shared_ptr<SharedSlots> slots, uint32_t generation) {
   using Clock = std::chrono::steady_clock;
+  ConnectRequest request{address, peer, secret, rank, timeout_ms, cancel, std::move(slots),
+                         generation};
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   auto backoff = std::chrono::milliseconds(50);
   for (int tries = 1;; ++tries) {
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    Status status = ConnectOnce(address, peer, secret, rank,
-                                static_cast<int>(std::max<int64_t>(left.count(), 1)), out, cancel,
-                                slots, generation);
+    request.timeout_ms = static_cast<int>(std::max<int64_t>(left.count(), 1));
+    Status status = ConnectOnce(request, out);
     if (status.ok() || status.kind() != ErrorKind::kPeerGone) return status;
     // Turned away: strangers may hold the server's waiting room. They are cut at
     // its deadline, so try again until ours.
@@ -207,22 +138,36 @@ Status ConnectToServer(const ServerAddress& address, const std::string& peer,
   }
 }
 
+// ---------------------------------------------------------------------------
+// Listening
+
 Listener::Listener()
     : shared_results_(std::make_shared<SharedSlots>(std::make_shared<ArenaTable>())) {}
 
 Listener::~Listener() {
   Close();
-  for (int fd : {tcp_fd_, local_fd_})
-    if (fd >= 0) ::close(fd);
+  for (const Door& door : doors_) ::close(door.fd);
 }
 
 Status Listener::Listen(const std::string& host, int port, int send_timeout_ms,
                         const std::string& token, int* bound_port) {
   send_timeout_ms_ = send_timeout_ms;
-  Status status = ListenTcp(host, port, &tcp_fd_, bound_port);
-  if (!status.ok()) return status;
-  status = ListenLocal(ServerSocketName(token, *bound_port), &local_fd_);
-  if (!status.ok()) BPS_LOG(kWarning) << status.message() << "; local workers will use TCP";
+  // The required transports first: they fix the port the others are named after.
+  for (bool required : {true, false}) {
+    for (const Transport* transport : RegisteredTransports()) {
+      if (transport->required() != required) continue;
+      int fd = -1;
+      Status status = transport->Listen(host, &port, token, &fd);
+      if (status.ok()) {
+        doors_.push_back(Door{transport, fd});
+      } else if (required) {
+        return status;
+      } else {
+        BPS_LOG(kWarning) << status.message();
+      }
+    }
+  }
+  *bound_port = port;
   return Status::OK();
 }
 
@@ -233,18 +178,19 @@ void Listener::WarnAtMostEvery10s(const std::string& text) {
   last_refusal_log_ = now;
 }
 
-Status Listener::Accept(std::unique_ptr<Connection>* out, bool* local, int timeout_ms) {
-  pollfd listeners[2] = {{tcp_fd_, POLLIN, 0}, {local_fd_, POLLIN, 0}};
-  const nfds_t count = local_fd_ >= 0 ? 2 : 1;
+Status Listener::Accept(std::unique_ptr<Connection>* out, std::string* source, int* door,
+                        int timeout_ms) {
+  std::vector<pollfd> listeners;
+  for (const Door& each : doors_) listeners.push_back({each.fd, POLLIN, 0});
   while (true) {
-    const int ready = ::poll(listeners, count, timeout_ms);
+    const int ready = ::poll(listeners.data(), listeners.size(), timeout_ms);
     if (ready < 0) {
       if (errno == EINTR) continue;
       return Status::Error(std::string("poll() on the listening sockets failed: ") +
                            std::strerror(errno));
     }
     if (ready == 0) return Status::Error(ErrorKind::kTimeout, "no connection came");
-    for (nfds_t i = 0; i < count; ++i) {
+    for (size_t i = 0; i < listeners.size(); ++i) {
       if (listeners[i].revents & (POLLERR | POLLHUP | POLLNVAL))
         return Status::Error(ErrorKind::kShutdown, "the listener is closed");
       if (!(listeners[i].revents & POLLIN)) continue;
@@ -260,47 +206,34 @@ Status Listener::Accept(std::unique_ptr<Connection>* out, bool* local, int timeo
         }
         continue;
       }
-      *local = addr.ss_family == AF_UNIX;
-      if (*local) {
-        Status trusted = CheckLocalPeer(fd);
-        if (!trusted.ok()) {
-          WarnAtMostEvery10s("refused a connection to the local socket: " + trusted.message());
-          ::close(fd);
-          continue;
-        }
+      std::string peer;
+      Status admitted = doors_[i].transport->Admit(fd, addr, &peer, source);
+      if (!admitted.ok()) {
+        WarnAtMostEvery10s(admitted.message());
+        ::close(fd);
+        continue;
       }
       ConfigureSocket(fd, send_timeout_ms_);
-      std::string peer = *local ? "a worker on this host" : "a worker";
-      if (addr.ss_family == AF_INET) {
-        const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
-        char host[INET_ADDRSTRLEN] = {0};
-        ::inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
-        peer = std::string(host) + ":" + std::to_string(ntohs(in->sin_port));
-      }
       *out = std::make_unique<Connection>(fd, peer);
       (*out)->set_generation(generation_);
+      *door = static_cast<int>(i);
       return Status::OK();
     }
   }
 }
 
-std::unique_ptr<Channel> Listener::ChannelOf(std::unique_ptr<Connection> connection, bool local) {
-  if (local)
-    return std::make_unique<SharedMemoryChannel>(std::move(connection), shared_results_,
-                                                 SharedMemoryChannel::Side::kServer);
-  return std::make_unique<SocketChannel>(std::move(connection));
+std::unique_ptr<Channel> Listener::ChannelOf(std::unique_ptr<Connection> connection, int door) {
+  return doors_.at(door).transport->ServerChannel(std::move(connection), shared_results_);
 }
 
 std::vector<int> Listener::fds() const {
   std::vector<int> open;
-  for (int fd : {tcp_fd_, local_fd_})
-    if (fd >= 0) open.push_back(fd);
+  for (const Door& door : doors_) open.push_back(door.fd);
   return open;
 }
 
 void Listener::Close() {
-  for (int fd : {tcp_fd_, local_fd_})
-    if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+  for (const Door& door : doors_) ::shutdown(door.fd, SHUT_RDWR);
 }
 
 }  // namespace bps

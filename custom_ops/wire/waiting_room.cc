@@ -63,7 +63,7 @@ void RateLimitedLog::Flush() {
 }
 
 void WaitingRoom::Enter(std::unique_ptr<Connection> connection, const std::string& source,
-                        bool local) {
+                        int door) {
   if (!Admits(source)) {
     log_.Warn(source, "refusing a connection from " + connection->peer() +
                           ": others have not said who they are yet (at most " +
@@ -71,7 +71,7 @@ void WaitingRoom::Enter(std::unique_ptr<Connection> connection, const std::strin
                           ", " + std::to_string(options_.max_waiting) + " in all)");
     return;  // Closes it.
   }
-  Waiting waiting{std::move(connection), source, local, Clock::now(), {}, {}};
+  Waiting waiting{std::move(connection), source, door, Clock::now(), {}, {}};
   Status status = ChallengeWorker(*waiting.connection, &waiting.challenge);
   if (!status.ok()) return Drop(waiting, status.message());
   waiting_.push_back(std::move(waiting));
@@ -127,7 +127,7 @@ void WaitingRoom::Introduce(size_t index, std::vector<Proven>* proven) {
   Status status = WelcomeWorker(*waiting.connection, options_.secret, options_.num_workers,
                                 waiting.challenge, &rank);
   if (!status.ok()) return Drop(waiting, status.message());
-  proven->push_back(Proven{std::move(waiting.connection), rank, waiting.local});
+  proven->push_back(Proven{std::move(waiting.connection), rank, waiting.door});
 }
 
 void WaitingRoom::DropOverdue() {

@@ -58,14 +58,15 @@ class WaitingRoom {
   struct Proven {
     std::unique_ptr<Connection> connection;
     uint32_t rank = 0;
-    bool local = false;  // came through the Unix socket
+    int door = 0;  // as it entered
   };
 
   explicit WaitingRoom(Options options) : options_(std::move(options)) {}
 
-  // A connection just accepted (from `source`, "local" for the Unix socket): challenged
-  // and kept waiting, or closed when its source or the room is full.
-  void Enter(std::unique_ptr<Connection> connection, const std::string& source, bool local);
+  // A connection just accepted (from `source`, "local" for this host's): challenged
+  // and kept waiting, or closed when its source or the room is full. `door`: which of
+  // the owner's listeners it came by (Listener::Accept), handed back with its proof.
+  void Enter(std::unique_ptr<Connection> connection, const std::string& source, int door);
   // Appends the descriptors worth polling now to `fds`; Serve() reads their revents.
   void Watch(std::vector<pollfd>* fds);
   // How long the owner's poll may wait before a deadline needs looking at (<= 1 s).
@@ -80,7 +81,7 @@ class WaitingRoom {
   struct Waiting {
     std::unique_ptr<Connection> connection;
     std::string source;
-    bool local = false;
+    int door = 0;
     std::chrono::steady_clock::time_point accepted_at;
     Nonce challenge{};
     // Part of its hello came: it stays readable, so it is looked at again only then

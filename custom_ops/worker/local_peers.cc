@@ -10,6 +10,7 @@
 
 #include "../common/logging.h"
 #include "../wire/auth.h"
+#include "../wire/shm/shared_memory_channel.h"
 #include "../wire/socket.h"
 #include "../wire/waiting_room.h"
 
@@ -131,7 +132,7 @@ Status LocalPeers::AdmitHigherPeers(int index, int listen_fd,
         ::close(fd);
       } else if (fd >= 0) {
         ConfigureSocket(fd, options_.timeout_ms);
-        room.Enter(std::make_unique<Connection>(fd, "a process on this host"), "local", true);
+        room.Enter(std::make_unique<Connection>(fd, "a process on this host"), "local", 0);
       }
     }
     if (higher == 0) break;

@@ -26,6 +26,8 @@
 #include "../../custom_ops/server/server.h"
 #include "../../custom_ops/wire/auth.h"
 #include "../../custom_ops/wire/protocol.h"
+#include "../../custom_ops/wire/shm/shared_memory_channel.h"
+#include "../../custom_ops/wire/tcp/tcp_transport.h"
 #include "../../custom_ops/wire/transport.h"
 #include "../../custom_ops/worker/credits.h"
 #include "../../custom_ops/worker/server_routes.h"

@@ -14,6 +14,7 @@
 
 #include "../../custom_ops/wire/auth.h"
 #include "../../custom_ops/wire/crypto.h"
+#include "../../custom_ops/wire/tcp/tcp_transport.h"
 #include "../../custom_ops/wire/transport.h"
 #include "expect.h"
 
@@ -97,7 +98,7 @@ struct Wiretap {
   }
 
   int tap = -1, feed = -1;
-  std::unique_ptr<Channel> worker, server;
+  std::unique_ptr<SocketChannel> worker, server;
   std::vector<std::thread> deliveries;
 };
 

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "../../custom_ops/wire/shm/shared_memory_channel.h"
 #include "../../custom_ops/wire/transport.h"
 #include "expect.h"
 

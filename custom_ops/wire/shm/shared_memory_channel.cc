@@ -1,4 +1,4 @@
-// The shared-memory transport: tensor data lies in memfd arenas that both sides
+// The shared-memory channel: tensor data lies in memfd arenas that both sides
 // map; the Unix socket carries frames, arena descriptors and data locations.
 #include <unistd.h>
 
@@ -6,13 +6,13 @@
 #include <cstring>
 #include <vector>
 
-#include "transport.h"
+#include "shared_memory_channel.h"
 
 namespace bps {
 
 SharedMemoryChannel::SharedMemoryChannel(std::unique_ptr<Connection> conn,
                                          std::shared_ptr<SharedSlots> slots, Side side)
-    : Channel(std::move(conn)), slots_(std::move(slots)), side_(side) {}
+    : StreamChannel(std::move(conn)), slots_(std::move(slots)), side_(side) {}
 
 SharedMemoryChannel::~SharedMemoryChannel() {
   // The peer is gone or going: what it held is no longer read through this channel.
