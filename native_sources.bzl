@@ -86,8 +86,8 @@ COMPRESSION_SOURCES = [
     "custom_ops/compression/fp16.cc",
     "custom_ops/compression/registry.cc",
 ]
+SETTINGS_SOURCES = ["custom_ops/control/settings.cc"]
 CONTROL_SOURCES = [
-    "custom_ops/control/settings.cc",
     "custom_ops/control/json.cc",
     "custom_ops/control/zmq_dealer.cc",
     "custom_ops/control/scheduler_link.cc",
@@ -96,11 +96,12 @@ CONTROL_SOURCES = [
 # pip's programs and libraries, each whole.
 # The worker engine behind its C API: tf_bps/_bps_core.
 CORE_SOURCES = (COMMON_SOURCES + WIRE_SOURCES + COMPRESSION_SOURCES + ROUNDS_SOURCES +
-                WORKER_SOURCES)
+                SETTINGS_SOURCES + WORKER_SOURCES)
 
 # bps-server, the native executable every server runs (tf_bps/bps_server).
 SERVER_SOURCES = (COMMON_SOURCES + WIRE_SOURCES + COMPRESSION_SOURCES + ROUNDS_SOURCES +
-                  SERVER_ENGINE_SOURCES + CONTROL_SOURCES + ["custom_ops/server/main.cc"])
+                  SETTINGS_SOURCES + SERVER_ENGINE_SOURCES + CONTROL_SOURCES +
+                  ["custom_ops/server/main.cc"])
 
 # The Python binding (pybind11) and the TensorFlow kernels.
 WORKER_MODULE_SOURCES = ["custom_ops/python/worker_module.cc"]
@@ -160,9 +161,8 @@ UNIT_TEST_PIECES = (COMMON_SOURCES + WIRE_SOURCES + COMPRESSION_SOURCES + ROUNDS
     "custom_ops/worker/device_staging.cc",
     "custom_ops/worker/server_routes.cc",
     "custom_ops/worker/local_peers.cc",
-    "custom_ops/control/settings.cc",
     "custom_ops/control/json.cc",
-])
+] + SETTINGS_SOURCES)
 
 # What links the wire's cryptography (custom_ops/wire/crypto.h): OpenSSL's libcrypto,
 # statically, so that a server machine needs no OpenSSL of its own; its symbols stay

@@ -68,15 +68,15 @@ def test_the_core_refuses_shares_it_cannot_use(shares):
     engine = core.worker_engine()
     text = ",".join(map(str, shares))
     with pytest.raises(Exception, match=f"bad server shares '{text}': want 2 integers"):
-        engine.init(0, 1, [("127.0.0.1", 1, False), ("127.0.0.1", 2, False)], 4096000, 0, 1000,
-                    "token", server_shares=shares)
+        engine.init(0, 1, [("127.0.0.1", 1, False), ("127.0.0.1", 2, False)], "token",
+                    server_shares=shares)
 
 
 @pytest.mark.parametrize("shares", [[1], [1, 1, 1]])
 def test_the_binding_wants_one_share_per_server(shares):
     with pytest.raises(ValueError, match="one per server"):
         core.worker_engine().init(0, 1, [("127.0.0.1", 1, False), ("127.0.0.1", 2, False)],
-                                  4096000, 0, 1000, "token", server_shares=shares)
+                                  "token", server_shares=shares)
 
 
 @pytest.mark.parametrize("servers, problem", [
@@ -87,12 +87,12 @@ def test_the_binding_wants_one_share_per_server(shares):
 ])
 def test_the_core_refuses_bad_server_addresses(servers, problem):
     with pytest.raises(Exception, match=problem):
-        core.worker_engine().init(0, 1, servers, 4096000, 0, 1000, "token")
+        core.worker_engine().init(0, 1, servers, "token")
 
 
 def test_the_core_refuses_local_ranks_out_of_order():
     with pytest.raises(Exception, match="local ranks must ascend"):
-        core.worker_engine().init(0, 2, [("127.0.0.1", 1, False)], 4096000, 0, 1000, "token",
+        core.worker_engine().init(0, 2, [("127.0.0.1", 1, False)], "token",
                                   local_ranks=[1, 0])
 
 

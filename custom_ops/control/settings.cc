@@ -34,7 +34,7 @@ struct Entry {
   {Kind::kChoice, name, def, 0, 0, options, (any_case) != 0, ""},
 #define BPS_TEXT(name, def) {Kind::kText, name, def, 0, 0, "", false, ""},
 constexpr Entry kTable[] = {
-#include "../../tf_bps/runtime/settings.def"
+#include "settings.def"
 };
 #undef BPS_INT
 #undef BPS_NUMBER
@@ -114,7 +114,7 @@ bool IsChoice(const char* choices, const std::string& value) {
 const Entry& TableEntry(const char* name) {
   for (const Entry& entry : kTable)
     if (strcmp(entry.name, name) == 0) return entry;
-  fprintf(stderr, "tf_bps: %s is not in tf_bps/runtime/settings.def\n", name);
+  fprintf(stderr, "tf_bps: %s is not in settings.def\n", name);
   abort();
 }
 
@@ -147,6 +147,17 @@ Status VisibleGpus(const Settings::Lookup& lookup, int64_t* count) {
     return Status::OK();
   }
   return Status::OK();
+}
+
+// Variables beside the table's that Read's rules consult.
+constexpr const char* kRuleVariables[] = {"NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"};
+
+bool IsKnown(const std::string& name) {
+  for (const Entry& entry : kTable)
+    if (name == entry.name) return true;
+  for (const char* rule : kRuleVariables)
+    if (name == rule) return true;
+  return false;
 }
 
 }  // namespace
@@ -312,11 +323,48 @@ Status Settings::FromEnvironment(Settings* out) {
   return Read([](const char* name) { return getenv(name); }, out);
 }
 
+Status Settings::FromEntries(const std::vector<std::string>& entries, Settings* out) {
+  std::map<std::string, std::string> given;
+  for (const std::string& entry : entries) {
+    const size_t equals = entry.find('=');
+    const std::string name = entry.substr(0, equals);
+    if (equals == std::string::npos || name.empty())
+      return Status::Error(ErrorKind::kInvalidArgument,
+                           "bad setting " + PythonRepr(entry) + ": expected NAME=value");
+    if (!IsKnown(name))
+      return Status::Error(ErrorKind::kInvalidArgument,
+                           name + " is not a variable of settings.def");
+    if (!given.emplace(name, entry.substr(equals + 1)).second)
+      return Status::Error(ErrorKind::kInvalidArgument, name + " is given twice");
+  }
+  return Read(
+      [&given](const char* name) {
+        auto found = given.find(name);
+        return found == given.end() ? nullptr : found->second.c_str();
+      },
+      out);
+}
+
+Settings Settings::Defaults() {
+  Settings defaults;
+  const Status status = Read([](const char*) -> const char* { return nullptr; }, &defaults);
+  if (!status.ok()) {  // The table's own defaults break its rules: a bug in settings.def.
+    fprintf(stderr, "tf_bps: settings.def's defaults: %s\n", status.message().c_str());
+    abort();
+  }
+  return defaults;
+}
+
+double Settings::OperationTimeout() const {
+  return IsSet("BYTEPS_OP_TIMEOUT") ? Number("BYTEPS_OP_TIMEOUT")
+                                    : Number("GLOO_TIMEOUT_SECONDS");
+}
+
 const Settings::Value& Settings::Get(const std::string& name) const {
   auto found = values_.find(name);
   if (found == values_.end()) {
     // A name missing from settings.def is a bug in the caller, not in the input.
-    fprintf(stderr, "tf_bps: %s is not in tf_bps/runtime/settings.def\n", name.c_str());
+    fprintf(stderr, "tf_bps: %s is not in settings.def\n", name.c_str());
     abort();
   }
   return found->second;

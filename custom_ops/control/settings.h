@@ -1,7 +1,8 @@
-// The variables of tf_bps as the native server reads them: every entry of
-// tf_bps/runtime/settings.def, the table tf_bps/runtime/config.py reads too, checked with the same
-// rules and the same messages, so an operator gets one answer whichever side
-// parses a job's environment.
+// The variables of tf_bps as the native code reads them: every entry of settings.def
+// (beside this file), the table tf_bps/runtime/config.py reads too, checked with the
+// same rules and the same messages, so an operator gets one answer whichever side
+// parses a job's environment. The server reads its environment; a worker engine reads
+// what its config.py read (FromEntries), never the environment itself.
 #ifndef TF_BPS_CONTROL_SETTINGS_H_
 #define TF_BPS_CONTROL_SETTINGS_H_
 
@@ -9,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "../common/common.h"
 
@@ -24,6 +26,16 @@ class Settings {
   // bad one fails with config.py's message for it.
   static Status Read(const Lookup& lookup, Settings* out);
   static Status FromEnvironment(Settings* out);
+  // Reads the table from `entries`, NAME=value each: the variables a process's
+  // config.py read from its environment, handed to the worker engine (which reads no
+  // environment of its own). A name given twice, or one that neither the table nor
+  // its rules read, fails naming it.
+  static Status FromEntries(const std::vector<std::string>& entries, Settings* out);
+  // The table's defaults, as a process with none of its variables set reads them.
+  static Settings Defaults();
+
+  // BYTEPS_OP_TIMEOUT, or else GLOO_TIMEOUT_SECONDS: how long any one wait may last.
+  double OperationTimeout() const;
 
   // The value, or the table's default when unset. Int: -1 for an unset variable
   // without default. Number: seconds too. Text: choices too.

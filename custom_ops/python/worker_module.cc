@@ -29,41 +29,36 @@ std::string Failure() {
   return std::string(buffer, std::min<size_t>(length, sizeof(buffer) - 1));
 }
 
-// bps_worker_init with Python's lists: each server as (host, port, same_host).
+// bps_worker_init with Python's lists: each server as (host, port, same_host), and the
+// job's variables as config.py read them, "NAME=value" each.
 void Init(int rank, int size, const std::vector<std::tuple<std::string, int, bool>>& servers,
-          long long partition_bytes, long long credit_bytes, int timeout_ms,
-          const std::string& token, const std::vector<int>& local_ranks,
-          const std::string& local_socket_prefix, const std::string& debug_sample, bool nan_check,
+          const std::string& token, const std::vector<std::string>& settings,
+          const std::vector<int>& local_ranks, const std::string& local_socket_prefix,
           bool across_hosts, const std::vector<int>& server_shares, unsigned generation,
-          bool move_lost_servers, int lost_server_wait_ms, int notify_fd, bool encrypt,
-          long long min_compress_bytes) {
+          bool move_lost_servers, int notify_fd) {
   std::vector<bps_server_address> addresses;
   for (const auto& [host, port, same_host] : servers)
     addresses.push_back({host.c_str(), port, same_host ? 1 : 0});
   if (!server_shares.empty() && server_shares.size() != servers.size())
     throw std::invalid_argument("server_shares: one per server, or none");
+  std::vector<const char*> entries;
+  for (const std::string& entry : settings) entries.push_back(entry.c_str());
   bps_worker_config config{};
   config.rank = rank;
   config.size = size;
   config.servers = addresses.data();
   config.num_servers = static_cast<int>(addresses.size());
-  config.partition_bytes = partition_bytes;
-  config.credit_bytes = credit_bytes;
-  config.timeout_ms = timeout_ms;
   config.token = token.c_str();
   config.local_ranks = local_ranks.data();
   config.num_local_ranks = static_cast<int>(local_ranks.size());
   config.local_socket_prefix = local_socket_prefix.c_str();
-  config.debug_sample = debug_sample.c_str();
-  config.nan_check = nan_check ? 1 : 0;
   config.across_hosts = across_hosts ? 1 : 0;
   config.server_shares = server_shares.empty() ? nullptr : server_shares.data();
   config.generation = generation;
   config.move_lost_servers = move_lost_servers ? 1 : 0;
-  config.lost_server_wait_ms = lost_server_wait_ms;
   config.notify_fd = notify_fd;
-  config.encrypt = encrypt ? 1 : 0;
-  config.min_compress_bytes = min_compress_bytes;
+  config.settings = entries.data();
+  config.num_settings = static_cast<int>(entries.size());
   int result;
   {
     py::gil_scoped_release unlocked;  // Connecting may take up to the timeout.
@@ -196,15 +191,14 @@ PYBIND11_MODULE(_bps_worker, m) {
   m.def("open_message", &OpenMessage, py::arg("key"), py::arg("sequence"), py::arg("sealed"),
         "The clear text of a sealed control message, or None if it does not authenticate.");
   m.def(
-      "init", &Init, py::arg("rank"), py::arg("size"), py::arg("servers"),
-      py::arg("partition_bytes"), py::arg("credit_bytes"), py::arg("timeout_ms"), py::arg("token"),
-      py::arg("local_ranks") = std::vector<int>{}, py::arg("local_socket_prefix") = "",
-      py::arg("debug_sample") = "", py::arg("nan_check") = false, py::arg("across_hosts") = false,
+      "init", &Init, py::arg("rank"), py::arg("size"), py::arg("servers"), py::arg("token"),
+      py::arg("settings") = std::vector<std::string>{}, py::arg("local_ranks") = std::vector<int>{},
+      py::arg("local_socket_prefix") = "", py::arg("across_hosts") = false,
       py::arg("server_shares") = std::vector<int>{}, py::arg("generation") = 0,
-      py::arg("move_lost_servers") = false, py::arg("lost_server_wait_ms") = 0,
-      py::arg("notify_fd") = -1, py::arg("encrypt") = false, py::arg("min_compress_bytes") = 65536,
+      py::arg("move_lost_servers") = false, py::arg("notify_fd") = -1,
       "Connects to the servers ((host, port, same_host) each) and, with several local "
-      "ranks, to the other workers of this host.");
+      "ranks, to the other workers of this host; `settings` (\"NAME=value\" each, as "
+      "config.py read them) give the job's variables, the table's defaults the rest.");
   m.def(
       "abort", [](const std::string& reason) { bps_worker_abort(reason.c_str()); },
       py::arg("reason"), "Fails every operation in flight and to come with `reason`.");

@@ -2,7 +2,7 @@
 // TensorFlow, for CPU-only server machines. `bps-server`, `python -m tf_bps.control.server`
 // and `DMLC_ROLE=server bpslaunch` all run this program.
 //
-// It reads the job's variables (tf_bps/runtime/settings.def, checked as config.py checks
+// It reads the job's variables (control/settings.def, checked as config.py checks
 // them), listens, registers with the scheduler, serves the workers of its address
 // book, and heartbeats until the scheduler says the job is over (exit 0) or failing
 // (exit 1). A bad variable exits with status 2 and config.py's message.
@@ -263,24 +263,11 @@ int Serve(const Settings& settings) {
     fprintf(stderr, "%s: %s\n", kPrefix, status.message().c_str());
     return status.kind() == ErrorKind::kInvalidArgument ? 2 : 1;
   }
-  double timeout_s = settings.Number("BYTEPS_OP_TIMEOUT");
-  if (!settings.IsSet("BYTEPS_OP_TIMEOUT")) timeout_s = settings.Number("GLOO_TIMEOUT_SECONDS");
+  const double timeout_s = settings.OperationTimeout();
 
   SetTrustedLocalUids(std::move(local_uids));
-  ServerOptions options;
+  ServerOptions options = ServerOptions::From(settings);
   options.host = settings.Flag("BYTEPS_LISTEN_ANY") ? "" : ListenAddress(host);
-  options.engine_threads = static_cast<int>(settings.Int("BYTEPS_SERVER_ENGINE_THREAD"));
-  options.timeout_ms = static_cast<int>(timeout_s * 1000);
-  options.token = settings.Text("BYTEPS_JOB_TOKEN");
-  options.encrypt = settings.Flag("BYTEPS_ENCRYPT");
-  options.max_tensor_bytes = static_cast<uint64_t>(settings.Int("BYTEPS_MAX_TENSOR_BYTES"));
-  options.enable_async = settings.Flag("BYTEPS_ENABLE_ASYNC");
-  if (!settings.Flag("HOROVOD_STALL_CHECK_DISABLE")) {
-    options.stall_check_ms =
-        static_cast<int>(settings.Number("HOROVOD_STALL_CHECK_TIME_SECONDS") * 1000);
-    options.stall_shutdown_ms =
-        static_cast<int>(settings.Number("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS") * 1000);
-  }
 
   SchedulerLinkOptions link_options;
   link_options.host = settings.Text("DMLC_PS_ROOT_URI");

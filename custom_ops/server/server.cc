@@ -20,6 +20,23 @@ constexpr uint64_t kMaxDeclarationBytes = 1 << 20;
 
 }  // namespace
 
+ServerOptions ServerOptions::From(const Settings& settings) {
+  ServerOptions options;
+  options.engine_threads = static_cast<int>(settings.Int("BYTEPS_SERVER_ENGINE_THREAD"));
+  options.timeout_ms = static_cast<int>(settings.OperationTimeout() * 1000);
+  options.token = settings.Text("BYTEPS_JOB_TOKEN");
+  options.encrypt = settings.Flag("BYTEPS_ENCRYPT");
+  options.max_tensor_bytes = static_cast<uint64_t>(settings.Int("BYTEPS_MAX_TENSOR_BYTES"));
+  options.enable_async = settings.Flag("BYTEPS_ENABLE_ASYNC");
+  if (!settings.Flag("HOROVOD_STALL_CHECK_DISABLE")) {
+    options.stall_check_ms =
+        static_cast<int>(settings.Number("HOROVOD_STALL_CHECK_TIME_SECONDS") * 1000);
+    options.stall_shutdown_ms =
+        static_cast<int>(settings.Number("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS") * 1000);
+  }
+  return options;
+}
+
 Server::Server(ServerOptions options) : options_(options) {}
 
 Server::~Server() { Stop(); }

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "../common/common.h"
+#include "../control/settings.h"
 #include "../rounds/declarations.h"
 #include "../rounds/round.h"
 #include "../rounds/round_data.h"
@@ -33,15 +34,18 @@
 
 namespace bps {
 
+// What a server is told. The table's variables (settings.def) come through From();
+// the job's facts (where to listen) are the caller's.
 struct ServerOptions {
   std::string host;  // the address to listen on; empty: every interface.
   int port = 0;      // 0: any free port.
-  int engine_threads = 4;
-  int timeout_ms = 300000;
-  std::string token;     // the job's; every worker must prove it knows it (wire/auth.h)
-  bool encrypt = false;  // BYTEPS_ENCRYPT: frames are sealed (wire/crypto.h)
-  // The largest tensor a worker may declare: bounds every push before it is read.
-  uint64_t max_tensor_bytes = uint64_t{1} << 36;
+  int engine_threads = 0;  // BYTEPS_SERVER_ENGINE_THREAD
+  int timeout_ms = 0;      // Settings::OperationTimeout
+  std::string token;       // the job's; every worker must prove it knows it (wire/auth.h)
+  bool encrypt = false;    // BYTEPS_ENCRYPT: frames are sealed (wire/crypto.h)
+  // BYTEPS_MAX_TENSOR_BYTES, the largest tensor a worker may declare: bounds every push
+  // before it is read.
+  uint64_t max_tensor_bytes = 0;
   // BYTEPS_ENABLE_ASYNC: workers may train asynchronously (OpKind::kAsyncPushPull);
   // without it their asynchronous pushes are refused, naming the variable.
   bool enable_async = false;
@@ -52,6 +56,9 @@ struct ServerOptions {
   // not pushed to after stall_check_ms, and fail it after stall_shutdown_ms; 0: never.
   int stall_check_ms = 0;
   int stall_shutdown_ms = 0;
+
+  // The options the table's variables give, listening on any free port everywhere.
+  static ServerOptions From(const Settings& settings);
 };
 
 class Server : private RoundEngine::Host, private Roster {

@@ -281,26 +281,24 @@ int bps_worker_init_local(void) {
 int bps_worker_init(const bps_worker_config* config) {
   if (!config) return bps::Fail("no worker configuration");
   auto text = [](const char* value) { return std::string(value ? value : ""); };
+  std::vector<std::string> entries;
+  for (int i = 0; config->settings && i < config->num_settings; ++i)
+    entries.push_back(text(config->settings[i]));
+  bps::Settings settings;
+  Status status = bps::Settings::FromEntries(entries, &settings);
+  if (!status.ok()) return bps::Fail(status);
   bps::WorkerOptions options;
-  options.debug_sample = text(config->debug_sample);
+  options.ReadSettings(std::move(settings));
   options.token = text(config->token);
-  options.encrypt = config->encrypt != 0;
   options.local_socket_prefix = text(config->local_socket_prefix);
-  Status status =
-      bps::CopyRanks(config->local_ranks, config->num_local_ranks, &options.local_ranks);
+  status = bps::CopyRanks(config->local_ranks, config->num_local_ranks, &options.local_ranks);
   if (!status.ok()) return bps::Fail(status);
   options.rank = config->rank;
   options.size = config->size;
-  options.partition_bytes = static_cast<size_t>(std::max(1LL, config->partition_bytes));
-  options.credit_bytes = static_cast<size_t>(std::max(0LL, config->credit_bytes));
-  options.timeout_ms = config->timeout_ms;
-  options.nan_check = config->nan_check != 0;
   options.across_hosts = config->across_hosts != 0;
   options.generation = config->generation;
   options.move_lost_servers = config->move_lost_servers != 0;
-  if (config->lost_server_wait_ms > 0) options.lost_server_wait_ms = config->lost_server_wait_ms;
   options.notify_fd = config->notify_fd;
-  options.min_compress_bytes = static_cast<size_t>(std::max(0LL, config->min_compress_bytes));
   status = bps::CopyServers(*config, &options.servers);
   if (!status.ok()) return bps::Fail(status);
   status = bps::CopyShares(config->server_shares, options.servers.size(), &options.server_shares);

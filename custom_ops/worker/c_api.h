@@ -76,17 +76,13 @@ typedef struct bps_server_address {
   int same_host; /* on this host: try its Unix socket and shared memory first */
 } bps_server_address;
 
-/* How a worker joins its servers (bps_worker_init). */
+/* How a worker joins its servers (bps_worker_init): the job's facts, and its
+ * variables in `settings`. */
 typedef struct bps_worker_config {
   int rank;
   int size;
   const bps_server_address* servers; /* in the scheduler's order */
   int num_servers;
-  long long partition_bytes;
-  /* BYTEPS_SCHEDULING_CREDIT in bytes, pushed to one server and not yet answered
-   * (0: no limit). */
-  long long credit_bytes;
-  int timeout_ms;
   const char* token; /* the job's (BYTEPS_JOB_TOKEN), proven to every server and by it */
   /* The workers of this host, ascending; with more than one, push_pull merges among
    * them first, over Unix sockets named `local_socket_prefix` + rank. None: every
@@ -94,9 +90,6 @@ typedef struct bps_worker_config {
   const int* local_ranks;
   int num_local_ranks;
   const char* local_socket_prefix;
-  const char* debug_sample; /* BYTEPS_DEBUG_SAMPLE_TENSOR */
-  /* PERSEUS_ALLREDUCE_NANCHECK: a floating-point push_pull holding NaN or Inf fails. */
-  int nan_check;
   /* The job spans several hosts (the same on every worker): partitions are cut for a
    * network, smaller and more of them. */
   int across_hosts;
@@ -107,18 +100,18 @@ typedef struct bps_worker_config {
    * re-forms): servers of another refuse this worker. */
   unsigned int generation;
   /* An elastic, synchronous job: a lost server's partitions wait for
-   * bps_worker_move_lost_server (at most lost_server_wait_ms) instead of failing. */
+   * bps_worker_move_lost_server (at most PS_HEARTBEAT_TIMEOUT) instead of failing. */
   int move_lost_servers;
-  int lost_server_wait_ms;
   /* The write end of a non-blocking pipe that gets a byte whenever a server is lost;
    * -1: none. */
   int notify_fd;
-  /* BYTEPS_ENCRYPT: every frame to and from the servers is encrypted and authenticated
-   * with keys derived from `token` (which must then be set). */
-  int encrypt;
-  /* BYTEPS_MIN_COMPRESS_BYTES: a push_pull that asks for compression (bps_op's
-   * `compression`) of fewer bytes travels uncompressed. */
-  long long min_compress_bytes;
+  /* The variables of the settings table (settings.def) that the
+   * process's environment sets, as tf_bps/runtime/config.py read them: "NAME=value"
+   * each, besides NVIDIA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES, which the table's
+   * rules read. The others take the table's defaults. They are checked as config.py
+   * checks them; a bad one fails bps_worker_init naming it. */
+  const char* const* settings;
+  int num_settings;
 } bps_worker_config;
 int bps_worker_init(const bps_worker_config* config);
 void bps_worker_abort(const char* reason);

@@ -23,9 +23,11 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "../common/common.h"
+#include "../control/settings.h"
 #include "../wire/transport.h"
 #include "credits.h"
 #include "device.h"
@@ -41,31 +43,39 @@
 
 namespace bps {
 
-// Set from the job's configuration (c_api.cc, from what config.py read of
-// settings.def). The defaults below serve code that builds a Worker directly, and
-// lost_server_wait_ms where the configuration gives no positive wait.
+// What a worker is told (bps_worker_init): the job's facts, and the job's variables
+// (settings.def) in `settings`. A variable is read where it is used, from
+// options().settings; the few fields below `settings` are read from it once, by
+// ReadSettings, because every operation or several files use them.
 struct WorkerOptions {
+  // Where nobody gave any (a Worker built directly), the table's defaults.
+  WorkerOptions() { ReadSettings(Settings::Defaults()); }
+  // Sets `settings` and the fields read from it.
+  void ReadSettings(Settings given) {
+    settings = std::move(given);
+    partition_bytes = static_cast<size_t>(settings.Int("BYTEPS_PARTITION_BYTES"));
+    // AIACC's stream count bounds what is in flight where the credit is not set.
+    const char* credit = settings.IsSet("BYTEPS_SCHEDULING_CREDIT")
+                             ? "BYTEPS_SCHEDULING_CREDIT"
+                             : "PERSEUS_ALLREDUCE_STREAMS";
+    credit_bytes = partition_bytes * static_cast<size_t>(settings.Int(credit));
+    timeout_ms = static_cast<int>(settings.OperationTimeout() * 1000);
+    encrypt = settings.Flag("BYTEPS_ENCRYPT");
+    debug_sample = settings.Text("BYTEPS_DEBUG_SAMPLE_TENSOR");
+    nan_check = settings.Flag("PERSEUS_ALLREDUCE_NANCHECK");
+    lost_server_wait_ms = static_cast<int>(settings.Number("PS_HEARTBEAT_TIMEOUT") * 1000);
+    min_compress_bytes = static_cast<size_t>(settings.Int("BYTEPS_MIN_COMPRESS_BYTES"));
+  }
+
   int rank = 0;
   int size = 1;
   std::vector<ServerAddress> servers;
-  size_t partition_bytes = 0;  // BYTEPS_PARTITION_BYTES
-  // BYTEPS_SCHEDULING_CREDIT: bytes pushed to one server and not yet answered,
-  // at most (credits.h); 0: no limit.
-  size_t credit_bytes = 0;
-  int timeout_ms = 300000;
-  std::string token;     // the job's, proven to every server (wire/auth.h)
-  bool encrypt = false;  // BYTEPS_ENCRYPT: frames to servers are sealed (wire/crypto.h)
+  std::string token;  // the job's, proven to every server (wire/auth.h)
   // The workers of this host, ascending, this one included: with more than one,
   // push_pull partitions are merged among them first (local_merge.h).
   std::vector<int32_t> local_ranks;
   // Names this job's local sockets (the rank is appended); unique per job and host.
   std::string local_socket_prefix;
-  // BYTEPS_DEBUG_SAMPLE_TENSOR: a tensor name or id whose values are logged as they
-  // enter and leave each stage.
-  std::string debug_sample;
-  // PERSEUS_ALLREDUCE_NANCHECK: a floating-point push_pull holding NaN or Inf fails
-  // before anything is sent (the other workers then fail its round too).
-  bool nan_check = false;
   // The job's workers and servers are on more than one host: partitions are cut for
   // a network (task.h, EvenPartitionBytes). Every worker of a job must agree.
   bool across_hosts = false;
@@ -78,17 +88,31 @@ struct WorkerOptions {
   // the scheduler says it is gone from the job, then go to the servers left
   // (MoveLostServer); no step is lost. Otherwise a lost server fails the worker.
   bool move_lost_servers = false;
-  // How long they wait for that before the worker fails (PS_HEARTBEAT_TIMEOUT, by
-  // which the scheduler decides).
-  int lost_server_wait_ms = 10000;
   // A descriptor (the write end of a pipe, non-blocking) that gets a byte whenever a
   // server is lost: the binding's scheduler link wakes on it and reports the loss.
   int notify_fd = -1;
-  // BYTEPS_MIN_COMPRESS_BYTES: a push_pull asking for compression travels whole below
-  // this size (ChooseWireKind).
-  size_t min_compress_bytes = 65536;
   // Where tasks on device memory are staged (device.h); null: host tensors only.
   std::shared_ptr<Devices> devices;
+
+  Settings settings;
+  size_t partition_bytes = 0;  // BYTEPS_PARTITION_BYTES
+  // BYTEPS_SCHEDULING_CREDIT (else PERSEUS_ALLREDUCE_STREAMS) partitions, in bytes:
+  // pushed to one server and not yet answered, at most (credits.h); 0: no limit.
+  size_t credit_bytes = 0;
+  int timeout_ms = 0;    // Settings::OperationTimeout
+  bool encrypt = false;  // BYTEPS_ENCRYPT: frames to servers are sealed (wire/crypto.h)
+  // BYTEPS_DEBUG_SAMPLE_TENSOR: a tensor name or id whose values are logged as they
+  // enter and leave each stage.
+  std::string debug_sample;
+  // PERSEUS_ALLREDUCE_NANCHECK: a floating-point push_pull holding NaN or Inf fails
+  // before anything is sent (the other workers then fail its round too).
+  bool nan_check = false;
+  // How long a lost server's partitions wait for the scheduler's word before the
+  // worker fails (PS_HEARTBEAT_TIMEOUT, by which the scheduler decides).
+  int lost_server_wait_ms = 0;
+  // BYTEPS_MIN_COMPRESS_BYTES: a push_pull asking for compression travels whole below
+  // this size (ChooseWireKind).
+  size_t min_compress_bytes = 0;
 };
 
 // The worker engine. Its server links and its local merge report to it through

@@ -611,7 +611,7 @@ class FakeWorker {
 // A push longer than its sender declared (here: nothing declared at all) costs the
 // sender its connection before the server allocates anything; the process lives on.
 void TestServerRefusesOversizedPushes() {
-  ServerOptions options;
+  ServerOptions options = ServerOptions::From(Settings::Defaults());
   options.token = kToken;
   options.timeout_ms = 5000;
   Server server(options);
@@ -644,7 +644,7 @@ void TestServerRefusesOversizedPushes() {
 // that is not what the declaration's compressor makes (a length for another element
 // count, an index out of range) costs its sender the connection, never the server.
 void TestServerChecksCompressedPushes() {
-  ServerOptions options;
+  ServerOptions options = ServerOptions::From(Settings::Defaults());
   options.token = kToken;
   options.timeout_ms = 5000;
   Declaration declaration;
@@ -708,7 +708,7 @@ void TestSquattedLocalSocketIsNotTrusted() {
     uint32_t rank = 0;
     AuthenticateWorker(fake, "a guess", 1, 2000, &rank);  // Sees a proof it cannot check.
   });
-  ServerOptions options;
+  ServerOptions options = ServerOptions::From(Settings::Defaults());
   options.token = kToken;
   options.port = port;
   Server server(options);
@@ -728,7 +728,7 @@ void TestSquattedLocalSocketIsNotTrusted() {
 // A server of one job generation takes no worker of another, over TCP or its local
 // socket, and the worker hears why; one of its own generation gets in.
 void TestGenerations() {
-  ServerOptions options;
+  ServerOptions options = ServerOptions::From(Settings::Defaults());
   options.token = kToken;
   Server server(options);
   int port = 0;
@@ -748,7 +748,7 @@ void TestGenerations() {
 }
 
 void TestServerRounds() {
-  ServerOptions options;
+  ServerOptions options = ServerOptions::From(Settings::Defaults());
   options.token = kToken;
   options.engine_threads = 2;
   options.timeout_ms = 5000;
@@ -916,6 +916,32 @@ void TestSettingsTable() {
   EXPECT(PythonRepr("a\\b\tc\x7f") == R"('a\\b\tc\x7f')");
 }
 
+// The worker's variables: what config.py read, handed over as NAME=value entries.
+void TestSettingsFromEntries() {
+  Settings settings;
+  EXPECT(Settings::FromEntries({"BYTEPS_PARTITION_BYTES=1024", "BYTEPS_DEBUG_SAMPLE_TENSOR=a=b",
+                                "CUDA_VISIBLE_DEVICES=0,1", "BYTEPS_LOCAL_RANK=1"},
+                               &settings)
+             .ok());
+  EXPECT(settings.Int("BYTEPS_PARTITION_BYTES") == 1024 &&
+         settings.Text("BYTEPS_DEBUG_SAMPLE_TENSOR") == "a=b");
+  EXPECT(settings.Int("BYTEPS_MIN_COMPRESS_BYTES") == 65536);  // The table's default.
+  EXPECT(Settings::FromEntries({"BYTEPS_PARTITION_BYTES=7"}, &settings).message() ==
+         "BYTEPS_PARTITION_BYTES='7' is not valid: expected an integer from 8 to 2147483647");
+  EXPECT(Settings::FromEntries({"BYTEPS_PARTITION_BYTES"}, &settings).message() ==
+         "bad setting 'BYTEPS_PARTITION_BYTES': expected NAME=value");
+  EXPECT(Settings::FromEntries({"BYTEPS_NO_SUCH=1"}, &settings).message() ==
+         "BYTEPS_NO_SUCH is not a variable of settings.def");
+  EXPECT(Settings::FromEntries({"BYTEPS_ENCRYPT=0", "BYTEPS_ENCRYPT=1"}, &settings).message() ==
+         "BYTEPS_ENCRYPT is given twice");
+  // BYTEPS_OP_TIMEOUT, else GLOO_TIMEOUT_SECONDS.
+  EXPECT(Settings::FromEntries({"GLOO_TIMEOUT_SECONDS=7"}, &settings).ok() &&
+         settings.OperationTimeout() == 7);
+  EXPECT(Settings::FromEntries({"GLOO_TIMEOUT_SECONDS=7", "BYTEPS_OP_TIMEOUT=9"}, &settings).ok() &&
+         settings.OperationTimeout() == 9);
+  EXPECT(Settings::Defaults().OperationTimeout() == 300);
+}
+
 }  // namespace bps
 
 namespace bps {
@@ -980,6 +1006,7 @@ int main(int argc, char** argv) {
   bps::TestServerChecksCompressedPushes();
   bps::TestJsonParsing();
   bps::TestSettingsTable();
+  bps::TestSettingsFromEntries();
   bps::TestCompression();
   if (bps::failures) {
     std::cerr << bps::failures << " check(s) failed\n";

@@ -78,7 +78,7 @@ double SecondsUntilClosed(int fd, double limit_s, Clock::time_point since) {
 // `deadline_ms`, whose book names the workers' addresses `named`.
 std::unique_ptr<Server> ServerWithDeadline(int workers, int* port, int deadline_ms = 1500,
                                            std::vector<std::string> named = {}) {
-  ServerOptions options;
+  ServerOptions options = ServerOptions::From(Settings::Defaults());
   options.token = kSecret;
   options.timeout_ms = 5000;
   options.hello_deadline_ms = deadline_ms;

@@ -39,7 +39,8 @@ class Setting:
 
 
 def _read_settings() -> dict[str, Setting]:
-    """The table the native server compiles in too (see settings.def)."""
+    """The table the native code compiles in too: custom_ops/control/settings.def, which
+    this package links to (or, installed, holds a copy of)."""
     table = {}
     text = Path(__file__).with_name("settings.def").read_text()
     for line in text.splitlines():
@@ -206,6 +207,14 @@ def _check_table(env: Mapping[str, str]) -> None:
                               "unset")
 
 
+def table_entries(env: Mapping[str, str]) -> tuple[str, ...]:
+    """NAME=value for each variable of settings.def that `env` sets, and for the GPU
+    lists the table's rules read (visible_gpus), as this module reads them."""
+    names = [*SETTINGS, "NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"]
+    return tuple(f"{name}={env[name].strip()}" for name in names
+                 if env.get(name, "").strip())
+
+
 # Variables of BytePS and AIACC-Training that have no effect here, and why (README lists
 # them); their values are still checked where they have a documented form.
 WITHOUT_EFFECT = {
@@ -338,6 +347,10 @@ class Config:
     # Set when a cluster manager (mpirun, Slurm, TF_CONFIG) placed this process and
     # implied the DMLC_* variables the user did not set (cluster_env.py).
     cluster: Placement | None = None
+    # The variables of settings.def this process's environment sets, as read here
+    # ("NAME=value" each), and the GPU lists the table's rules read: the worker's core
+    # reads its variables from these (custom_ops/worker/c_api.h), not the environment.
+    settings: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
@@ -420,6 +433,7 @@ class Config:
             max_tensor_bytes=_int(env, "BYTEPS_MAX_TENSOR_BYTES"),
             listen_any=_flag(env, "BYTEPS_LISTEN_ANY"),
             cluster=cluster,
+            settings=table_entries(env),
         )
         config.check_rules()
         return config
@@ -448,10 +462,6 @@ class Config:
             raise ConfigError(
                 f"BYTEPS_LOCAL_RANK={self.local_rank} is not valid: expected 0 to "
                 f"BYTEPS_LOCAL_SIZE-1 ({self.local_size - 1})")
-
-    @property
-    def credit_bytes(self) -> int:
-        return self.scheduling_credit * self.partition_bytes
 
     @property
     def size(self) -> int:

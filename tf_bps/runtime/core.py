@@ -124,15 +124,11 @@ def worker_init(rank: int, size: int, servers: list[str], merge_with: list[int],
     prefix = f"tf_bps-{hmac.new(config.job_token.encode(), where, 'sha256').hexdigest()[:32]}-"
     worker_engine().set_local_uids(list(config.local_uids))
     _use_gpus()
-    worker_engine().init(rank, size, addresses, config.partition_bytes, config.credit_bytes,
-                         int(config.op_timeout * 1000), config.job_token, sorted(merge_with),
-                         prefix, config.debug_sample_tensor, config.nan_check,
+    worker_engine().init(rank, size, addresses, config.job_token, list(config.settings),
+                         sorted(merge_with), prefix,
                          across_hosts=len({*worker_hosts, *server_hosts}) > 1,
                          server_shares=shares, generation=generation,
-                         move_lost_servers=moves_lost_servers(config),
-                         lost_server_wait_ms=int(config.heartbeat_timeout * 1000),
-                         notify_fd=notify_fd, encrypt=config.encrypt,
-                         min_compress_bytes=config.min_compress_bytes)
+                         move_lost_servers=moves_lost_servers(config), notify_fd=notify_fd)
 
 
 def moves_lost_servers(config: Config) -> bool:
