@@ -1,7 +1,8 @@
 """Jobs started by cluster managers, with no bpslaunch: each process finds its place in
 the job from the variables its manager sets (tf_bps/runtime/cluster_env.py). A real mpirun
-(Debian's Open MPI) on this machine; Slurm's srun and Kubeflow's TF_CONFIG as they set
-their variables, on hosts made of network namespaces (tests/netbed.py)."""
+(Debian's Open MPI) on this machine; Slurm's srun, Kubeflow's TF_CONFIG and a Kubernetes
+Indexed Job as they set their variables, on hosts made of network namespaces
+(tests/netbed.py); Volcano's variables as placements."""
 
 import json
 import re
@@ -77,6 +78,19 @@ def test_tf_config_chief_worker_and_ps_tasks(procs, bed):
     assert "READY" not in ps, ps
 
 
+def test_kubernetes_indexed_job_pods(procs, bed):
+    # Two pods of an Indexed Job named "train" behind a headless Service: each knows only
+    # its completion index and hostname, and what the manifest gives (the size, pod 0's
+    # address). Pod 0 runs the scheduler; each pod a server beside its worker.
+    started = []
+    for index in range(2):
+        env = base_env(TEST_ROUNDS=5, JOB_COMPLETION_INDEX=index, HOSTNAME=f"train-{index}",
+                       DMLC_NUM_WORKER=2, DMLC_PS_ROOT_URI=bed.address(0))
+        started.append(procs.start(bed.command(index, worker_command("steady_sums.py")), env))
+    for rank, output in enumerate(_all_succeed(started)):
+        assert f"SUMS OK {rank}" in output, output
+
+
 def _config(**env):
     return Config.from_env({k: str(v) for k, v in env.items()})
 
@@ -108,6 +122,28 @@ def test_placements_follow_each_manager():
     assert config.cluster.starts_server and not config.cluster.starts_scheduler
     # DMLC_ROLE set: the job was described by hand, nothing is implied.
     assert _config(DMLC_ROLE="worker", TF_CONFIG=json.dumps(tf_config)).cluster is None
+    # A Kubernetes Indexed Job: the completion index is the rank; pods derive one port
+    # from the job's name (their hostnames without the index).
+    indexed = dict(DMLC_NUM_WORKER=3, DMLC_PS_ROOT_URI="train-0.workers")
+    pod = _config(JOB_COMPLETION_INDEX=2, HOSTNAME="train-2", **indexed)
+    assert (pod.role, pod.rank, pod.size, pod.num_server, pod.root_uri) == \
+        ("worker", 2, 3, 3, "train-0.workers")
+    assert pod.cluster.starts_server and not pod.cluster.starts_scheduler
+    first = _config(JOB_COMPLETION_INDEX=0, HOSTNAME="train-0", **indexed)
+    assert first.cluster.starts_scheduler and first.root_port == pod.root_port
+    # Server pods of their own (DMLC_NUM_SERVER): the worker pods start none.
+    assert not _config(JOB_COMPLETION_INDEX=1, HOSTNAME="train-1", DMLC_NUM_SERVER=2,
+                       **indexed).cluster.starts_server
+    # Volcano: a pod finds its task (worker or ps) by its hostname in VC_<TASK>_HOSTS.
+    volcano = dict(VC_TASK_INDEX=1, VC_WORKER_HOSTS="job-worker-0.job,job-worker-1.job",
+                   VC_PS_HOSTS="job-ps-0.job")
+    worker = _config(HOSTNAME="job-worker-1", **volcano)
+    assert (worker.role, worker.rank, worker.size, worker.num_server, worker.root_uri) == \
+        ("worker", 1, 2, 1, "job-worker-0.job")
+    assert not worker.cluster.starts_server and not worker.cluster.starts_scheduler
+    server = _config(HOSTNAME="job-ps-0", **volcano)
+    assert (server.role, server.num_server, server.root_port) == ("server", 1,
+                                                                   worker.root_port)
 
 
 def test_placements_tf_bps_cannot_run_are_refused():
@@ -124,6 +160,14 @@ def test_placements_tf_bps_cannot_run_are_refused():
          "task type 'evaluator' takes no part"),
         (dict(SLURM_PROCID=0, SLURM_NTASKS=2, SLURM_LOCALID=0, SLURM_NODELIST="n[1-x]"),
          "SLURM_NODELIST='n[1-x]': cannot read '1-x'"),
+        (dict(JOB_COMPLETION_INDEX=0, DMLC_PS_ROOT_URI="t-0.s"),
+         "set DMLC_NUM_WORKER to the job's completions"),
+        (dict(JOB_COMPLETION_INDEX=0, DMLC_NUM_WORKER=2),
+         "set DMLC_PS_ROOT_URI to pod 0's name"),
+        (dict(JOB_COMPLETION_INDEX=2, DMLC_NUM_WORKER=2, DMLC_PS_ROOT_URI="t-0.s"),
+         "JOB_COMPLETION_INDEX=2 is not below DMLC_NUM_WORKER=2"),
+        (dict(VC_TASK_INDEX=0, VC_WORKER_HOSTS="j-worker-0.j", HOSTNAME="other"),
+         "HOSTNAME='other' is none of the Volcano job's"),
     ]
     for env, message in cases:
         with pytest.raises(ConfigError, match=message.replace("[", r"\[")):

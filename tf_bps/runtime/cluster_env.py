@@ -3,8 +3,9 @@ Reads only the variables it is handed; starts nothing (launch/agent.py starts th
 helpers a placement asks for).
 
 MPI launchers (Open MPI's OMPI_COMM_WORLD_*, MPICH and Intel MPI's PMI_*), Slurm's srun
-(SLURM_*) and Kubernetes' TFJob (TF_CONFIG) each tell every process its rank and the
-job's shape in their own variables. `placement` translates them into the DMLC_*/BYTEPS_*
+(SLURM_*), Kubeflow's TFJob (TF_CONFIG), a Kubernetes Indexed Job (JOB_COMPLETION_INDEX)
+and a Volcano job (VC_*) each tell every process its rank and the job's shape in their
+own variables. `placement` translates them into the DMLC_*/BYTEPS_*
 variables tf_bps reads, and says which helper processes this one must start: the
 scheduler (on rank 0, or TF_CONFIG's first task) and a server beside the workers of
 each host (on local rank 0), unless the job names its servers.
@@ -62,6 +63,10 @@ def placement(env: Mapping[str, str]) -> Placement | None:
                        nodes=nodes)
     if env.get("TF_CONFIG", "").strip():
         return _tf_config(env)
+    if "VC_TASK_INDEX" in env and any(name in env for name in _VOLCANO_WORKERS):
+        return _volcano(env)
+    if "JOB_COMPLETION_INDEX" in env:
+        return _indexed_job(env)
     return None
 
 
@@ -151,6 +156,69 @@ def _tf_config(env: Mapping[str, str]) -> Placement:
     if servers:
         implied["DMLC_NUM_SERVER"] = str(len(servers))
     return _with_helpers("TF_CONFIG", env, implied, None, is_first=rank == 0,
+                         is_host_leader=True, colocated_servers=len(workers))
+
+
+def _indexed_job(env: Mapping[str, str]) -> Placement:
+    """A Kubernetes Indexed Job of worker pods (or a JobSet's), one worker each, behind a
+    headless Service: the completion index is the rank. Kubernetes tells a pod neither the
+    job's size nor its Service, so the manifest gives DMLC_NUM_WORKER (the completions)
+    and DMLC_PS_ROOT_URI (pod 0's name in the Service, `<job>-0.<service>`). Pod 0 runs
+    the scheduler, and every pod a server unless the job names its server pods."""
+    manager = "a Kubernetes Indexed Job"
+    index = _number(env, "JOB_COMPLETION_INDEX", manager)
+    if not env.get("DMLC_NUM_WORKER", "").strip():
+        raise ClusterError(f"in {manager}, set DMLC_NUM_WORKER to the job's completions "
+                           "(Kubernetes does not tell a pod how many there are)")
+    size = _number(env, "DMLC_NUM_WORKER", manager)
+    if not 0 <= index < size:
+        raise ClusterError(f"JOB_COMPLETION_INDEX={index} is not below DMLC_NUM_WORKER={size}")
+    if not env.get("DMLC_PS_ROOT_URI", "").strip():
+        raise ClusterError(f"in {manager}, set DMLC_PS_ROOT_URI to pod 0's name in the job's "
+                           "headless Service (<job>-0.<service>), where the scheduler runs")
+    # The pod's hostname is <job>-<index>: the job's name, the same in every pod.
+    job = env.get("HOSTNAME", "").strip().removesuffix(f"-{index}")
+    implied = {"DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(index),
+               "BYTEPS_LOCAL_SIZE": "1", "BYTEPS_LOCAL_RANK": "0"}
+    return _with_helpers(manager, env, implied, job or None, is_first=index == 0,
+                         is_host_leader=True, colocated_servers=size)
+
+
+# Volcano's svc plugin lists each task's pods as VC_<TASK>_HOSTS; the worker tasks are
+# named one of these, the server tasks one of _VOLCANO_SERVERS.
+_VOLCANO_WORKERS = ("VC_WORKER_HOSTS", "VC_CHIEF_HOSTS")
+_VOLCANO_SERVERS = ("VC_SERVER_HOSTS", "VC_PS_HOSTS")
+
+
+def _volcano(env: Mapping[str, str]) -> Placement:
+    """A Volcano job: chief and worker task pods are workers (chief first), server or ps
+    task pods are servers; a pod finds its task by its hostname (<job>-<task>-<index>,
+    the first label of its entry in VC_<TASK>_HOSTS). The first worker runs the
+    scheduler; without server tasks every worker pod runs a server."""
+    def hosts(names) -> list[str]:
+        return [h.strip() for n in names for h in env.get(n, "").split(",") if h.strip()]
+
+    workers = hosts(("VC_CHIEF_HOSTS", "VC_WORKER_HOSTS"))
+    servers = hosts(_VOLCANO_SERVERS)
+    me = env.get("HOSTNAME", "").strip()
+    labels = [host.split(".")[0] for host in workers + servers]
+    if not workers:
+        raise ClusterError("the Volcano job lists no worker pods (VC_WORKER_HOSTS)")
+    if me not in labels:
+        raise ClusterError(f"HOSTNAME={me!r} is none of the Volcano job's worker or server "
+                           f"pods ({', '.join(labels)})")
+    position = labels.index(me)
+    implied = {"DMLC_NUM_WORKER": str(len(workers)), "BYTEPS_LOCAL_SIZE": "1",
+               "DMLC_PS_ROOT_URI": workers[0]}
+    if servers:
+        implied["DMLC_NUM_SERVER"] = str(len(servers))
+    job_id = workers[0].split(".")[0]
+    if position >= len(workers):
+        implied["DMLC_ROLE"] = "server"
+        return _with_helpers("Volcano", env, implied, job_id, is_first=False,
+                             is_host_leader=False, colocated_servers=0)
+    implied.update(DMLC_ROLE="worker", DMLC_WORKER_ID=str(position), BYTEPS_LOCAL_RANK="0")
+    return _with_helpers("Volcano", env, implied, job_id, is_first=position == 0,
                          is_host_leader=True, colocated_servers=len(workers))
 
 
