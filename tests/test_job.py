@@ -154,7 +154,7 @@ SERVER_CHECKS = [
 
 @pytest.mark.parametrize("env", SERVER_CHECKS, ids=lambda env: ",".join(env))
 def test_the_native_server_checks_variables_as_python_does(procs, env):
-    """One table (tf_bps/runtime/settings.def) for both sides: the native server refuses what
+    """One table (custom_ops/control/settings.def) for both sides: the native server refuses what
     config.py refuses, with the same message."""
     job = {"DMLC_ROLE": "server", "DMLC_NUM_SERVER": "1", "DMLC_PS_ROOT_URI": "127.0.0.1",
            "DMLC_PS_ROOT_PORT": "9", **env}

@@ -55,9 +55,7 @@ def _merges(worker: Node, server_hosts: list[str]) -> bool:
     """Whether `worker` merges: always with BYTEPS_LOCAL_MERGE=1; by default only where
     a server is on another host. A merge costs a copy and a hop through the leader, and
     pays for them in the bytes it keeps off a network link; with every server on the
-    workers' host it saves none (push_pull_benchmark.py, 2 workers and 2 servers on
-    one machine, 64 MB, runs alternated: 1.62 and 1.78 GB/s merged, 1.90 and 1.73 GB/s
-    not)."""
+    workers' host it saves none, and push_pull_benchmark.py measures no gain there."""
     if worker.merge_mode == "1":
         return True
     return worker.merge_mode == "auto" and any(host != worker.host for host in server_hosts)
