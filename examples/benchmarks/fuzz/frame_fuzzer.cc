@@ -20,12 +20,16 @@
 #include <thread>
 
 #include "../../../custom_ops/common/logging.h"
+#include "../../../custom_ops/control/settings.h"
 #include "../../../custom_ops/server/server.h"
+#include "../../../custom_ops/wire/auth.h"
 #include "../../../custom_ops/wire/crypto.h"
 #include "../../../custom_ops/wire/protocol.h"
+#include "../../../custom_ops/wire/shm/shared_memory_channel.h"
+#include "../../../custom_ops/wire/stream_channel.h"
+#include "../../../custom_ops/wire/tcp/tcp_transport.h"
 #include "../../../custom_ops/wire/transport.h"
 #include "../../../custom_ops/wire/waiting_room.h"
-#include "../../../custom_ops/wire/auth.h"
 
 namespace {
 
@@ -46,7 +50,7 @@ void ReadFrames(bps::Channel& channel) {
 
 // Seals `channel` with the keys of a connection whose nonces are all zero: the side
 // `server` reads what the other side seals.
-void Seal(bps::Channel& channel, bool server) {
+void Seal(bps::StreamChannel& channel, bool server) {
   bps::ConnectionKeys keys;
   if (!bps::DeriveConnectionKeys(kToken, bps::Nonce{}, bps::Nonce{}, 0, &keys).ok()) abort();
   std::unique_ptr<bps::RecordCipher> sealer, opener;
@@ -62,7 +66,7 @@ void FeedChannel(const uint8_t* data, size_t size, bool shared_memory, bool seal
   int fds[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) return;
   auto conn = std::make_unique<bps::Connection>(fds[0], "fuzzer");
-  std::unique_ptr<bps::Channel> channel;
+  std::unique_ptr<bps::StreamChannel> channel;
   if (shared_memory) {
     channel = std::make_unique<bps::SharedMemoryChannel>(
         std::move(conn), std::make_shared<bps::SharedSlots>(std::make_shared<bps::ArenaTable>()),
@@ -128,7 +132,9 @@ void FeedTamperedSealedFrames(const uint8_t* data, size_t size) {
 
 // A fresh server for each input: a worker proves the token, then sends the bytes.
 void FeedServer(const uint8_t* data, size_t size, bool sealed) {
-  bps::ServerOptions options;
+  // A real server's defaults (the settings table's): a zero max_tensor_bytes would refuse
+  // every declaration, and the rounds behind them would go unfuzzed.
+  bps::ServerOptions options = bps::ServerOptions::From(bps::Settings::Defaults());
   options.engine_threads = 1;
   options.timeout_ms = 2000;
   options.token = kToken;

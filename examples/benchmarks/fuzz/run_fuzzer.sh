@@ -9,26 +9,39 @@ root="$(cd "$(dirname "$0")/../../.." && pwd)"
 seconds="${1:-180}"
 clang="$(command -v clang++ || command -v clang++-14)"
 work="$(mktemp -d)"
-ops="$root/custom_ops"
-# The reduction kernels use _Float16, which this clang lacks on x86, and the compressors
-# vectorised templates (target_clones), which it cannot build: g++ builds those, clang
-# the rest, instrumented.
-g++ -std=c++17 -O2 -c "$ops/common/reduce.cc" -o "$work/reduce.o"
-for source in "$ops"/compression/*.cc; do
-  g++ -std=c++17 -O2 -c "$source" -o "$work/compression_$(basename "$source" .cc).o"
+# The native server's sources less its main, as native_sources.bzl lists them for every
+# build (its list assignments are also Python), so that a source that moves moves here
+# too. The reduction kernels use _Float16, which this clang lacks on x86, and the
+# compressors vectorised templates (target_clones), which it cannot build: g++ builds
+# those, clang the rest, instrumented.
+pieces="$(python3 -c '
+import sys
+lists = {}
+exec(open(sys.argv[1]).read(), {"__builtins__": {}}, lists)
+by_gcc = ["custom_ops/common/reduce.cc"] + lists["COMPRESSION_SOURCES"]
+for source in lists["SERVER_SOURCES"]:
+    if source != "custom_ops/server/main.cc":
+        print("g++" if source in by_gcc else "clang", source)
+' "$root/native_sources.bzl")"
+flags=(-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+       -pthread)
+# Each piece is compiled once; both targets link them all (the whole server links, so
+# every reference resolves).
+mkdir -p "$work/obj"
+objects=()
+while read -r compiler source; do
+  object="$work/obj/${source//\//_}.o"
+  if [[ "$compiler" == g++ ]]; then
+    g++ -std=c++17 -O2 -c "$root/$source" -o "$object"
+  else
+    "$clang" "${flags[@]}" -c "$root/$source" -o "$object"
+  fi
+  objects+=("$object")
+done <<< "$pieces"
+for target in frame_fuzzer control_fuzzer; do
+  "$clang" "${flags[@]}" "$root/examples/benchmarks/fuzz/$target.cc" "${objects[@]}" \
+    -l:libcrypto.a -o "$work/$target"
 done
-"$clang" -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  -pthread "$root/examples/benchmarks/fuzz/frame_fuzzer.cc" "$work/reduce.o" "$work"/compression_*.o \
-  "$ops"/common/{common,logging}.cc \
-  "$ops"/wire/{protocol,socket,shared_memory,transport,shared_memory_channel,auth,crypto}.cc \
-  "$ops"/wire/waiting_room.cc "$ops"/rounds/*.cc \
-  "$ops"/server/{server,acceptor,round_engine}.cc \
-  -l:libcrypto.a \
-  -o "$work/frame_fuzzer"
-"$clang" -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  -pthread "$root/examples/benchmarks/fuzz/control_fuzzer.cc" "$ops"/common/{common,logging}.cc \
-  "$ops"/control/{json,zmq_dealer}.cc "$ops"/wire/{socket,crypto}.cc -l:libcrypto.a \
-  -o "$work/control_fuzzer"
 for target in frame_fuzzer control_fuzzer; do
   mkdir -p "$work/corpus_$target"
   echo "== $target"
