@@ -200,7 +200,14 @@ PYBIND11_MODULE(_bps_worker, m) {
       "ranks, to the other workers of this host; `settings` (\"NAME=value\" each, as "
       "config.py read them) give the job's variables, the table's defaults the rest.");
   m.def(
-      "abort", [](const std::string& reason) { bps_worker_abort(reason.c_str()); },
+      "abort",
+      [](const std::string& reason) {
+        // Called from the heartbeat thread while the main thread may be shutting the
+        // core down: holding the GIL here would keep the main thread from ever
+        // returning from shutdown's join.
+        py::gil_scoped_release unlocked;
+        bps_worker_abort(reason.c_str());
+      },
       py::arg("reason"), "Fails every operation in flight and to come with `reason`.");
   m.def(
       "start_timeline",

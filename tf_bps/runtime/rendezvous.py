@@ -298,6 +298,12 @@ class SchedulerLink:
                 self._wake_send.send_json(farewell)
             self._thread.join(timeout=5)
             self._wake_send.close(linger=0)
+            if self._thread.is_alive():
+                # Its socket stays open, and terminating the context would wait for it
+                # forever: the process's exit takes them both.
+                log.warning("the heartbeat thread to %s did not end within 5 s; leaving "
+                            "without waiting for it", self._endpoint)
+                return
         elif farewell is not None:
             self.send(farewell)
         self._socket.close()
