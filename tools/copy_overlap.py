@@ -30,7 +30,8 @@ def _serial(events):
     return spans
 
 
-def _union(spans):
+def union(spans):
+    """The spans' union: sorted, overlapping ones merged."""
     merged = []
     for begin, end in sorted(spans):
         if merged and begin <= merged[-1][1]:
@@ -40,9 +41,9 @@ def _union(spans):
     return merged
 
 
-def _overlap(span, union):
+def _overlap(span, merged):
     begin, end = span
-    return sum(max(0, min(end, b) - max(begin, a)) for a, b in union)
+    return sum(max(0, min(end, b) - max(begin, a)) for a, b in merged)
 
 
 def copy_overlap(trace_dir: Path, tensor: str | None = None) -> dict:
@@ -57,7 +58,7 @@ def copy_overlap(trace_dir: Path, tensor: str | None = None) -> dict:
             operations[path, event["pid"], event["args"]["step"]][stage].append(event)
     copy_us = hidden_us = 0
     for stages in operations.values():
-        network = _union((e["ts"], e["ts"] + e["dur"])
+        network = union((e["ts"], e["ts"] + e["dur"])
                          for stage in ("PUSH", "PULL") for e in stages.get(stage, []))
         for stage in ("COPY_IN", "COPY_OUT"):
             for span in _serial(stages.get(stage, [])):

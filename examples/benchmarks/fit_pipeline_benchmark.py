@@ -29,6 +29,8 @@ import jobs
 import report
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+from copy_overlap import union  # noqa: E402  (the timeline's tools)
 from netbed import NetBed  # noqa: E402  (the test bed lives with the tests)
 
 WARMUP = 3
@@ -76,16 +78,6 @@ def worker(args) -> None:
         Path(args.out).write_text(json.dumps({"seconds": statistics.median(steps)}))
 
 
-def _union(spans: list[tuple[int, int]]) -> list[list[int]]:
-    merged: list[list[int]] = []
-    for begin, end in sorted(spans):
-        if merged and begin <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([begin, end])
-    return merged
-
-
 def backward_overlap(trace_dir: Path) -> float:
     """Over the traced steps: the share of network time (any partition in PUSH or PULL)
     before the step's last operation started. Eager operations (Keras's, between
@@ -105,7 +97,7 @@ def backward_overlap(trace_dir: Path) -> float:
         if not step["queued"]:
             continue
         last_queued = max(step["queued"])
-        for begin, end in _union(step["network"]):
+        for begin, end in union(step["network"]):
             network += end - begin
             before += max(0, min(end, last_queued) - begin)
     return before / network if network else float("nan")
