@@ -1,6 +1,7 @@
-"""How gradients are synchronised, whatever wraps them (DistributedOptimizer,
-DistributedGradientTape, their partial forms): the arguments Horovod's wrappers share
-(SyncOptions), one step's push_pulls (synchronise_gradients), and what a wrapper keeps
+"""How gradients are synchronised, whatever asks (DistributedOptimizer,
+DistributedGradientTape, their partial forms, ParameterServerStrategy): the arguments
+Horovod's wrappers share (SyncOptions), the one pipeline of a step's push_pulls
+(reduce_dense; synchronise_gradients adds sparse gradients), and what a wrapper keeps
 from step to step (_GradientSync: local variables, down-sampling, the step-time check)."""
 
 from __future__ import annotations
