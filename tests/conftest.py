@@ -13,10 +13,10 @@ def procs():
 
 
 def pytest_collection_modifyitems(items):
-    """Every test is `unit`, `job` or `build` (pytest -m unit: the fast ones). A module
+    """Every test is `unit`, `job`, `build` or `engine` (pytest -m unit: the fast ones). A module
     may mark itself; otherwise a test that starts processes (through `procs`, or a
     module_job fixture) is a job."""
-    kinds = ("unit", "job", "build")
+    kinds = ("unit", "job", "build", "engine")
     for item in items:
         if any(item.get_closest_marker(kind) for kind in kinds):
             continue
