@@ -1,6 +1,6 @@
 """The Python package's layers, as the build enforces the C++ ones: a module imports only
 its own layer and those below it (runtime at the bottom; training and control on it;
-the strategies on training; launch on control)."""
+the strategies on training; launch on control; the engines, ray and spark, on launch)."""
 
 import ast
 from pathlib import Path
@@ -15,6 +15,9 @@ ALLOWED = {
     "control": {"runtime", "control"},
     "strategies": {"runtime", "training", "strategies", "tf_bps"},
     "launch": {"runtime", "control", "launch", "tf_bps"},
+    # The engines start jobs with their own means, on the launcher's pieces.
+    "ray": {"runtime", "control", "launch", "ray", "tf_bps"},
+    "spark": {"runtime", "control", "launch", "spark", "tf_bps"},
 }
 
 
