@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 # without them); with TF_BPS_BAZEL=1, Debian's Bazel for the Bazel build (BUILD) and
 # its test. Installed only where we are root and apt-get exists.
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  packages="libssl-dev openssh-server openmpi-bin"
+  packages="libssl-dev openssh-server openmpi-bin default-jre-headless"
   if [ "${TF_BPS_BAZEL:-0}" = 1 ]; then packages="$packages bazel-bootstrap"; fi
   install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
     $packages >/dev/null; }
@@ -19,7 +19,7 @@ fi
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check \
   "tensorflow==2.21.0" tensorboard "pyzmq>=25" numpy "setuptools>=68" wheel "pybind11>=2.12" \
-  pytest pytest-timeout ruff build matplotlib kubernetes
+  pytest pytest-timeout ruff build matplotlib kubernetes pyspark
 # The examples' real data, offline afterwards: scikit-learn's digits, taken from its
 # wheel rather than installed (Keras imports scikit-learn whenever it is installed, which
 # costs every TensorFlow process 0.7 s). examples/digits_data.py reads the file.
