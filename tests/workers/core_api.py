@@ -96,7 +96,7 @@ class Pending:
         self._callbacks = (ALLOCATE(allocate), DONE(done))
         core.bps_enqueue(ctypes.byref(op), *self._callbacks, None)
 
-    def wait(self, timeout: float = 120):
+    def wait(self, timeout: float | None = 120):
         if not self._event.wait(timeout):
             raise TimeoutError("the core never finished the operation")
         if self._error:
