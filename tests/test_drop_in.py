@@ -245,8 +245,10 @@ def test_bpslaunch_missing_script_ends_the_whole_job(procs):
 
 
 def test_local_rank_with_byteps_variables(procs):
-    job = procs.start_job_by_role(2, 1, str(DROP_IN / "api_surface.py"),
-                                  PYTHONPATH=str(DROP_IN))
+    """Workers started by BytePS's variables (DMLC_ROLE, DMLC_WORKER_ID), not by -np:
+    placement.py, which imports no TensorFlow, reports the local rank and size they
+    worked out together (api_surface.py's run above reports them under -np)."""
+    job = procs.start_job_by_role(2, 1, "placement.py")
     reports = {}
     for label, process in job.items():
         status, output = finish(process, timeout=180)

@@ -208,19 +208,21 @@ def test_bad_variables_are_named(procs):
 
 
 def test_shape_and_dtype_mismatch_name_tensor_and_ranks(procs):
-    status, output = procs.launch(2, "mismatch.py", "shape", num_servers=1)
+    # One job for both kinds (each under a name of its own, one after the other): the
+    # job survives the first, so it can be told the second.
+    status, output = procs.launch(2, "mismatch.py", "shape", "dtype", num_servers=2)
     assert status == 0, output
-    errors = [line for line in output.splitlines() if "ERROR" in line]
+    errors = [line for line in output.splitlines() if "ERROR shape" in line]
     assert len(errors) == 2, output
     for line in errors:
         assert "'weights'" in line and "float32[2,3]" in line and "float32[3,2]" in line, line
         assert "rank 0" in line and "rank 1" in line, line
-    assert output.count("AFTER [2.0, 2.0]") == 2, output
+    assert output.count("AFTER shape [2.0, 2.0]") == 2, output
 
-    status, output = procs.launch(2, "mismatch.py", "dtype", num_servers=2)
-    assert status == 0, output
-    errors = [line for line in output.splitlines() if "ERROR" in line]
+    errors = [line for line in output.splitlines() if "ERROR dtype" in line]
     assert len(errors) == 2 and all("float64[4]" in e and "float32[4]" in e for e in errors)
+    assert output.count("AFTER dtype [2.0, 2.0]") == 2, output
+    assert "NO ERROR" not in output, output
 
 
 def _wait_ready(process, label):
@@ -302,16 +304,18 @@ def test_launcher_returns_first_failure_and_ends_the_rest(procs):
                          ids=["local-size", "nvidia-visible-devices", "cuda-visible-devices"])
 def test_launcher_starts_one_process_per_local_rank(procs, placement):
     # As BytePS's launcher: BYTEPS_LOCAL_SIZE, or else one process per visible GPU.
+    # (placement.py imports no TensorFlow: the launcher's placement is what is checked.)
     common = base_env(DMLC_ROLE="worker", DMLC_NUM_WORKER=1, DMLC_NUM_SERVER=1,
                       DMLC_PS_ROOT_URI="127.0.0.1", **placement)
     common["DMLC_PS_ROOT_PORT"] = str(free_port())
     scheduler = procs.start(LAUNCH, {**common, "DMLC_ROLE": "scheduler"})
     server = procs.start(LAUNCH, {**common, "DMLC_ROLE": "server"})
-    workers = procs.start([*LAUNCH, *worker_command("broadcast_gradient.py")], common)
+    workers = procs.start([*LAUNCH, *worker_command("placement.py")], common)
     status, output = finish(workers, timeout=90)
     assert status == 0, output
     got = reports(output)
     assert sorted(got) == [0, 1] and all(r["size"] == 2 for r in got.values()), output
+    assert all(r["sum"] == [2.0] * 4 for r in got.values()), output
     assert output.count("[0]: REPORT") == 1 and output.count("[1]: REPORT") == 1
     assert finish(scheduler, 20)[0] == 0 and finish(server, 20)[0] == 0
 
