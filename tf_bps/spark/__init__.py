@@ -98,7 +98,11 @@ def _run_stage(context, driver: JobDriver, fn, args, kwargs, num_proc: int,
         rdd = context.parallelize(range(num_proc), num_proc).barrier()
         outcomes = rdd.mapPartitions(barrier_task(plan)).collect()
     except Exception as error:  # py4j's error, which pyspark may wrap
-        reason = driver.cancel_reason or _first_line(error)
+        reason = driver.cancel_reason or f"Spark failed the job: {_first_line(error)}"
+        failures = driver.failures()
+        if failures and not driver.cancel_reason:
+            _, rank, message = failures[0]
+            reason += f" (before that, rank {rank} failed: {message})"
         raise SparkJobError(f"tf_bps.spark.run failed: {reason}") from None
     finally:
         context.removeJobTag(tag)
@@ -124,5 +128,5 @@ def _first_line(error: Exception) -> str:
     text = str(error).strip()
     for line in text.splitlines():
         if "Exception:" in line or "aborted" in line:
-            return line.strip()
+            return line.strip().lstrip(": ")
     return text.splitlines()[0] if text else type(error).__name__
