@@ -386,13 +386,24 @@ def _leave(why: str) -> _Job:
 
 def shutdown() -> None:
     """Leaves the job: servers and the scheduler learn this worker is done."""
+    _leave(failure=None)
+
+
+def leave_failed(reason: str) -> None:
+    """Leaves the job as failed, for a host process in which training raised (an engine's
+    worker that outlives its training function): the scheduler ends the other workers
+    with `reason` at once, instead of their waiting out BYTEPS_OP_TIMEOUT for this one."""
+    _leave(failure=reason)
+
+
+def _leave(failure: str | None) -> None:
     global _job
     with _lock:
         job, _job = _job, None
     if job is None:
         return
     process_sets_module._reset(None, 0)
-    failure = core.worker_failure()
+    failure = failure or core.worker_failure()
     core.worker_shutdown()
     if job.link is not None:
         job.link.close(failure=failure or None)
