@@ -57,11 +57,21 @@ def spark(tmp_path_factory):
             time.sleep(0.2)
         yield context
     finally:
+        app = context.applicationId
         context.stop()
+        # local-cluster's workers keep each executor's files and logs in
+        # $SPARK_HOME/work/<app> (they ignore spark.worker.dir): ours go.
+        shutil.rmtree(Path(_spark_home()) / "work" / app, ignore_errors=True)
         if saved is None:
             os.environ.pop("PYSPARK_PYTHON", None)
         else:
             os.environ["PYSPARK_PYTHON"] = saved
+
+
+def _spark_home() -> str:
+    from pyspark.find_spark_home import _find_spark_home
+
+    return os.environ.get("SPARK_HOME") or _find_spark_home()
 
 
 def _train(steps: int) -> dict:
@@ -209,6 +219,7 @@ def test_lost_executor_fails_run_and_ends_the_job(spark):
                          start_timeout=120, env={"TF_BPS_SPARK_TEST_MARK": mark}, verbose=0)
     killer.join(timeout=5)
     assert killed, "rank 1's executor was not found"
+    assert "Spark failed the job" in str(failure.value), failure.value
     assert "barrier" in str(failure.value), failure.value
     _assert_none_left(mark)
 
