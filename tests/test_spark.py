@@ -114,6 +114,7 @@ def test_run_trains_and_returns_results_in_rank_order(spark):
         assert re.search(rf"^\w{{3}} \w{{3}} +\d+ [\d:]+ \d{{4}} \[{rank}\]<stdout>:rank "
                          rf"{rank} trained$", stdout.getvalue(), re.M), stdout.getvalue()
     assert "attempt 0: 2 process(es) on 1 machine(s)" in stderr.getvalue()
+    assert "oneDNN" not in stderr.getvalue()  # TensorFlow's start-up notices: dropped
     # A run is a job of its own: the next one has another token.
     again = tf_bps.spark.run(_train, args=(1,), num_proc=2, verbose=0)
     assert again[0]["token"] != results[0]["token"]

@@ -54,7 +54,8 @@ def run(fn: Callable, args: tuple = (), kwargs: Mapping[str, Any] | None = None,
         stdout, stderr: where each rank's output lines go on the driver, each as
             `[rank]<stdout>:line`; None leaves them in the executors' logs.
         verbose: 0 silent; 1 (default) the driver says what it starts and why it
-            cancels; 2 also has tf_bps log at INFO.
+            cancels; 2 also has tf_bps log at INFO and forwards TensorFlow's start-up
+            notices, which are dropped otherwise.
         prefix_output_with_timestamp: each forwarded line starts with the time.
 
     Raises:
@@ -76,19 +77,23 @@ def run(fn: Callable, args: tuple = (), kwargs: Mapping[str, Any] | None = None,
     driver = JobDriver(context.getConf().get("spark.driver.host") or "127.0.0.1", job_env,
                        start_timeout, verbose, stdout, stderr, prefix_output_with_timestamp)
     try:
+        # TensorFlow's start-up notices: hidden unless asked for (verbose=2, or a
+        # TF_CPP_MIN_LOG_LEVEL of the user's), as bpslaunch does.
+        asked = verbose >= 2 or "TF_CPP_MIN_LOG_LEVEL" in job_env
         return _run_stage(context, driver, fn, args, dict(kwargs or {}), num_proc, job_env,
-                          stdout is not None, stderr is not None)
+                          stdout is not None, stderr is not None, hide_tf_notices=not asked)
     finally:
         driver.close()
 
 
 def _run_stage(context, driver: JobDriver, fn, args, kwargs, num_proc: int,
-               job_env: dict[str, str], forward_stdout: bool, forward_stderr: bool) -> list:
+               job_env: dict[str, str], forward_stdout: bool, forward_stderr: bool,
+               hide_tf_notices: bool) -> list:
     """The barrier stage, and its outcome turned into results or an error."""
     from pyspark import cloudpickle
 
     plan = TaskPlan(driver.address, driver.secret, cloudpickle.dumps((fn, args, kwargs)),
-                    job_env, forward_stdout, forward_stderr)
+                    job_env, forward_stdout, forward_stderr, hide_tf_notices)
     tag = f"tf_bps-spark-{driver.secret[:12]}"
     driver.cancel_spark = lambda: context.cancelJobsWithTag(tag)
     driver.say(f"running {num_proc} process(es)")

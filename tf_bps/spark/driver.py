@@ -51,6 +51,8 @@ class TaskPlan:
     env: dict[str, str]  # the user's `env`
     forward_stdout: bool
     forward_stderr: bool
+    # Drop TensorFlow's start-up notices from forwarded lines, as bpslaunch does.
+    hide_tf_notices: bool = False
 
 
 @dataclass

@@ -28,6 +28,7 @@ import tempfile
 import threading
 import time
 
+from tf_bps.launch.output import is_tf_start_up_notice
 from tf_bps.spark.driver import TaskPlan
 from tf_bps.spark.layout import SparkLayout, plan_layout
 
@@ -128,7 +129,8 @@ def _run_rank(plan: TaskPlan, layout: SparkLayout, partition: int,
                 {**base, **layout.variables(partition)}, stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE if plan.forward_stdout else None,
                 stderr=subprocess.PIPE if plan.forward_stderr else None)
-            pumps = [threading.Thread(target=_pump, args=(source, name, events), daemon=True)
+            pumps = [threading.Thread(target=_pump, daemon=True,
+                                      args=(source, name, events, plan.hide_tf_notices))
                      for source, name in ((process.stdout, "stdout"), (process.stderr, "stderr"))
                      if source is not None]
             for pump in pumps:
@@ -167,9 +169,10 @@ def _summary(text: str) -> str:
     return lines[-1] if lines else "failed"
 
 
-def _pump(source, stream: str, events: _Events) -> None:
+def _pump(source, stream: str, events: _Events, hide_tf_notices: bool) -> None:
     for line in iter(source.readline, b""):
-        events.event("output", stream=stream, line=line.decode(errors="replace"))
+        if not (hide_tf_notices and is_tf_start_up_notice(line)):
+            events.event("output", stream=stream, line=line.decode(errors="replace"))
 
 
 def _start(command: list[str], env: dict[str, str], **pipes) -> subprocess.Popen:
