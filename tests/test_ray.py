@@ -216,3 +216,40 @@ def test_a_failing_rank_ends_the_job_naming_it_and_leaves_no_process(ray_cluster
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
 
+
+
+def _ray_train_loop(config: dict) -> None:
+    """Ray Train's training function: the strategy places itself from the TF_CONFIG that
+    TensorflowTrainer set, with nothing of tf_bps.ray."""
+    import argparse
+
+    import train
+
+    assert "TF_CONFIG" in os.environ
+    train.train_with_strategy(argparse.Namespace(optimizer="sgd", out=config["out"]))
+
+
+@pytest.mark.engine
+def test_ray_train_tensorflow_trainer_runs_the_strategy_from_tf_config(ray_cluster, procs,
+                                                                        tmp_path):
+    pytest.importorskip("ray.train.tensorflow")
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.tensorflow import TensorflowTrainer
+
+    out, reference_out = tmp_path / "ray_train", tmp_path / "reference"
+    out.mkdir()
+    reference_out.mkdir()
+    trainer = TensorflowTrainer(
+        _ray_train_loop, train_loop_config={"out": str(out)},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="tf_bps", storage_path=str(tmp_path / "results")))
+    result = trainer.fit()
+    assert result.error is None, result.error
+    status, output = procs.run(worker_command("train.py", "--mode", "strategy", "--reference",
+                                              "--workers", "2", "--out", str(reference_out)),
+                               base_env())
+    assert status == 0, output
+    reference = _weights(reference_out / "rank0.npz")
+    for rank in range(2):
+        for ours, theirs in zip(_weights(out / f"rank{rank}.npz"), reference, strict=True):
+            np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
