@@ -386,17 +386,17 @@ def _leave(why: str) -> _Job:
 
 def shutdown() -> None:
     """Leaves the job: servers and the scheduler learn this worker is done."""
-    _leave(failure=None)
+    _finish(failure=None)
 
 
 def leave_failed(reason: str) -> None:
     """Leaves the job as failed, for a host process in which training raised (an engine's
     worker that outlives its training function): the scheduler ends the other workers
     with `reason` at once, instead of their waiting out BYTEPS_OP_TIMEOUT for this one."""
-    _leave(failure=reason)
+    _finish(failure=reason)
 
 
-def _leave(failure: str | None) -> None:
+def _finish(failure: str | None) -> None:
     global _job
     with _lock:
         job, _job = _job, None
