@@ -253,3 +253,87 @@ def test_ray_train_tensorflow_trainer_runs_the_strategy_from_tf_config(ray_clust
     for rank in range(2):
         for ours, theirs in zip(_weights(out / f"rank{rank}.npz"), reference, strict=True):
             np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def _elastic_training(folder: str) -> dict:
+    """Trains in tf_bps.elastic.run until the test writes `stop`: each step push_pulls
+    ones (their sum must be the job's size) and rank 0 appends the size to `sizes`."""
+    import tensorflow as tf
+
+    import tf_bps as bps
+    import tf_bps.elastic as elastic
+
+    bps.init()
+    weight = tf.Variable(0.0)
+    state = elastic.TensorFlowState([weight], step=0)
+    seen = []
+
+    @elastic.run
+    def train(state):
+        while True:
+            total = bps.push_pull(tf.ones([100]), op=bps.Sum, name="elastic_ray")
+            if float(total[0]) != bps.size():
+                raise AssertionError(f"a sum of {float(total[0])} in a job of {bps.size()}")
+            if not seen or seen[-1] != bps.size():
+                seen.append(bps.size())
+                if bps.rank() == 0:
+                    with open(os.path.join(folder, "sizes"), "a") as sizes:
+                        sizes.write(f"{bps.size()}\n")
+            weight.assign_add(1.0)
+            state.step += 1
+            stop = float(os.path.exists(os.path.join(folder, "stop")))
+            if float(bps.push_pull(tf.constant([stop]), op=bps.Sum, name="elastic_stop")[0]):
+                return
+            if state.step % 5 == 0:
+                state.commit()
+            time.sleep(0.05)
+
+    train(state)
+    return {"rank": bps.rank(), "size": bps.size(), "steps": state.step,
+            "weight": float(weight.numpy()), "seen": seen}
+
+
+@pytest.mark.engine
+def test_elastic_ray_job_grows_with_a_node_added_and_shrinks_with_it_removed(ray_cluster,
+                                                                             tmp_path):
+    from tf_bps.ray import ElasticRayExecutor
+
+    def sizes() -> list[int]:
+        path = tmp_path / "sizes"
+        return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+    def wait_for_size(size: int) -> None:
+        deadline = time.monotonic() + 120
+        while (not sizes() or sizes()[-1] != size) and time.monotonic() < deadline:
+            time.sleep(0.25)
+        assert sizes() and sizes()[-1] == size, sizes()
+
+    executor = ElasticRayExecutor(ElasticRayExecutor.create_settings(timeout_s=60),
+                                  min_workers=1, max_workers=3, cpus_per_worker=2)
+    executor.start()
+    import threading
+
+    results = {}
+    runner = threading.Thread(target=lambda: results.update(
+        out=executor.run(_elastic_training, args=(str(tmp_path),))))
+    try:
+        runner.start()
+        wait_for_size(2)  # one worker on each node
+        added = ray_cluster.add_node(node_ip_address="127.0.0.1", num_cpus=2,
+                                     object_store_memory=80 * 2**20)
+        wait_for_size(3)
+        ray_cluster.remove_node(added)
+        wait_for_size(2)
+        (tmp_path / "stop").write_text("")
+        runner.join(timeout=120)
+        assert not runner.is_alive()
+    finally:
+        (tmp_path / "stop").write_text("")
+        runner.join(timeout=60)
+        executor.shutdown()
+    assert sizes() == [2, 3, 2]
+    finished = results["out"]
+    assert sorted(r["rank"] for r in finished) == [0, 1], finished
+    # The two survivors trained together to the end: the same steps and weight.
+    assert len({(r["steps"], r["weight"]) for r in finished}) == 1, finished
+    assert executor.sizes_started[:2] == [2, 3]

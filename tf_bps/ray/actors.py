@@ -50,6 +50,18 @@ class Worker:
             self.executable = executable_cls(*args, **kwargs)
         return self.rank
 
+    def join_and_run(self, variables: dict[str, str], fn, args=(), kwargs=None):
+        """For an elastic job: fn(*args, **kwargs) with the job's `variables` set; fn
+        joins (bps.init()) when it is ready to, and trains in tf_bps.elastic.run."""
+        os.environ.update(variables)
+        from tf_bps.runtime import basics
+
+        try:
+            return fn(*args, **(kwargs or {}))
+        except BaseException as error:
+            basics.leave_failed(f"{type(error).__name__}: {error}")
+            raise
+
     def run(self, fn, args=(), kwargs=None):
         """fn(*args, **kwargs). If it raises, this worker leaves the job as failed, so the
         other workers end at once with the reason instead of waiting for this one."""

@@ -35,7 +35,7 @@ log = logging.getLogger("tf_bps.ray")
 # bpslaunch's environment does; Ray's processes inherit the raylet's, not the driver's.
 _JOB_PREFIXES = ("BYTEPS_", "HOROVOD_", "PS_", "DMLC_INTERFACE", "TF_CPP_MIN_LOG_LEVEL")
 # How long the scheduler and servers get to exit by themselves once the workers left.
-_EXIT_GRACE_S = 10.0
+EXIT_GRACE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ class RayExecutor:
             raise RuntimeError("this executor has started already: shutdown() first")
         try:
             self._place(executable_cls, executable_args, executable_kwargs)
-            self._form_job({**_driver_job_variables(), **(extra_env_vars or {})})
+            self._form_job({**driver_job_variables(), **(extra_env_vars or {})})
         except BaseException:
             self.shutdown()
             raise
@@ -161,10 +161,10 @@ class RayExecutor:
         """Every worker leaves the job, the scheduler and servers end, and the actors and
         their placement group are released. Safe to call more than once."""
         if self._workers:
-            self._get_quietly([w.leave.remote() for w in self._workers], _EXIT_GRACE_S)
+            self._get_quietly([w.leave.remote() for w in self._workers], EXIT_GRACE_S)
         if self._job_processes:
-            self._get_quietly([p.stop.remote(_EXIT_GRACE_S) for p in self._job_processes],
-                              _EXIT_GRACE_S + 10)
+            self._get_quietly([p.stop.remote(EXIT_GRACE_S) for p in self._job_processes],
+                              EXIT_GRACE_S + 10)
         for actor in self._workers + self._job_processes:
             ray.kill(actor)
         if self._group is not None:
@@ -236,5 +236,5 @@ def _free_processors() -> dict[str, float]:
     return {k: v for k, v in ray.available_resources().items() if k in ("CPU", "GPU")}
 
 
-def _driver_job_variables() -> dict[str, str]:
+def driver_job_variables() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(_JOB_PREFIXES)}
