@@ -118,11 +118,15 @@ class ElasticRayExecutor:
                  server.start.remote("server", {**self._job, "DMLC_NODE_HOST": address})],
                 timeout=60)
 
-    def run(self, worker_fn, args=None, kwargs=None) -> list:
+    def run(self, worker_fn, args=None, kwargs=None, callbacks=None) -> list:
         """Runs worker_fn(*args, **kwargs) in every worker, and in every worker started
         later as nodes join, until all have returned; the results of those that finished,
         in the order they were started. Fails only when no worker finished (bpslaunch's
-        elastic rule: a failed worker or a lost node costs its worker, not the job)."""
+        elastic rule: a failed worker or a lost node costs its worker, not the job).
+        Horovod's `callbacks` (fed by its workers' result queue) have no counterpart."""
+        if callbacks:
+            raise ValueError("ElasticRayExecutor.run takes no callbacks: return what the "
+                             "driver needs from worker_fn")
         call = (worker_fn, tuple(args or ()), dict(kwargs or {}))
         self._fill(call)
         stop = threading.Event()
