@@ -13,6 +13,8 @@ from tf_bps.training.elastic import (
     TensorFlowState,
     run,
 )
+from tf_bps.training.preemption import on_preemption
 
 __all__ = ["HorovodInternalError", "HostUpdateResult", "HostsUpdatedInterrupt", "InternalError",
-           "ObjectState", "State", "TensorFlowKerasState", "TensorFlowState", "run"]
+           "ObjectState", "State", "TensorFlowKerasState", "TensorFlowState", "on_preemption",
+           "run"]

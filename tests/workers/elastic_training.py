@@ -41,7 +41,10 @@ restores, syncs = [], []
 restore, sync = state.restore, state.sync
 state.restore = lambda: (restores.append(state.step), restore())
 state.sync = lambda: (syncs.append(state.step), sync())
-print(f"READY rank {bps.rank()}", flush=True)
+# A preemption notice (SIGTERM) makes this worker leave at a commit: it says where.
+elastic.on_preemption(lambda state: print(f"PREEMPTED rank {bps.rank()} step {state.step} "
+                                          f"weight {float(weight.numpy())}", flush=True))
+print(f"READY rank {bps.rank()} pid {os.getpid()}", flush=True)
 
 
 @elastic.run

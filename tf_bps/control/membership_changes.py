@@ -277,14 +277,19 @@ class MembershipChanges:
         return Gathering(generation + 1, deadline, survivors, reason)
 
     def _let_workers_go(self, names: set[str], nodes: dict[bytes, Node]) -> None:
-        """The launcher's discovery script no longer lists these workers' host: every
-        worker hears that hosts were removed and stops at its next commit, and the job
-        re-forms without them, with no restore and no sync (Horovod's removals)."""
-        leaving = [n for n in nodes.values() if n.role == "worker" and n.name in names]
+        """The launcher's discovery script no longer lists these workers' host."""
+        self.let_go([n for n in nodes.values() if n.role == "worker" and n.name in names],
+                    nodes, "its host left the job")
+
+    def let_go(self, leaving: list[Node], nodes: dict[bytes, Node], why: str) -> None:
+        """These workers leave (their host left, or they were told to stop): every worker
+        hears that hosts were removed and stops at its next commit, and the job re-forms
+        without them, with no restore and no sync (Horovod's removals)."""
+        leaving = [node for node in leaving if not node.leaving]
         for node in leaving:
             node.leaving = True
             self._let_go.add(node.process)  # It registers again at the commit: refused.
-            log.warning("%s leaves at the next commit: its host left the job", node.describe())
+            log.warning("%s leaves at the next commit: %s", node.describe(), why)
         if leaving:
             _tell_workers(nodes, self._inbox, {"type": "hosts_updated", "added": False,
                                                "timestamp": time.time()})

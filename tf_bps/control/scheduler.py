@@ -367,6 +367,12 @@ class Scheduler:
                 elif kind == "server_lost" and node.role == "worker":
                     self._server_lost_by(node, message.get("server"))
                     continue
+                elif kind == "preempted" and node.role == "worker" and config.elastic:
+                    # A preemption notice (SIGTERM): the worker finishes its step and
+                    # leaves at the next commit, as if its host had left the job.
+                    self._changes.let_go([node], self._nodes, "it was told to stop "
+                                         f"({quoted(message.get('signal'))})")
+                    continue
             for node in list(self._nodes.values()):
                 silent = now - node.last_seen
                 if not node.done and silent > config.heartbeat_timeout:

@@ -71,6 +71,17 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def describe_exit(returncode: int) -> str:
+    """"status 143 (SIGTERM)" for a process a signal ended, "status 1" otherwise."""
+    if returncode >= 0:
+        return f"status {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    return f"status {exit_status(returncode)} ({name})"
+
+
 class JobSupervisor:
     """Starts processes, prefixes worker output, and ends the job as a whole."""
 
@@ -213,7 +224,8 @@ class JobSupervisor:
                         return 1
                     helper = failed_helper[0]
                     status = exit_status(helper.process.returncode)
-                    self.report(f"{helper.label} exited with status {status}; ending the job")
+                    self.report(f"{helper.label} exited with "
+                                f"{describe_exit(helper.process.returncode)}; ending the job")
                     return status or 1
                 if isinstance(child, str):
                     self.report(f"{child}; ending the job")
@@ -222,12 +234,14 @@ class JobSupervisor:
                 status = exit_status(child.process.returncode)
                 if child.is_worker:
                     if status != 0 and not self.elastic:
-                        self.report(f"{child.label} failed with status {status}; ending the job")
+                        self.report(f"{child.label} failed with "
+                                    f"{describe_exit(child.process.returncode)}; ending the job")
                         return status
                     if self.worker_exited is not None:
                         self.worker_exited(child, status)
                     if status != 0:
-                        self.report(f"{child.label} exited with status {status}; the elastic "
+                        self.report(f"{child.label} exited with "
+                                    f"{describe_exit(child.process.returncode)}; the elastic "
                                     "job goes on without it")
                         worker_failure = worker_failure or status
                     any_succeeded = any_succeeded or status == 0
@@ -241,11 +255,13 @@ class JobSupervisor:
                     continue  # The workers are done; their results stand.
                 if self.elastic and child.label != "scheduler":
                     # Its scheduler re-forms an elastic job without it, or ends it.
-                    self.report(f"{child.label} exited with status {status}; the elastic "
-                                "job goes on without it")
+                    self.report(f"{child.label} exited with "
+                                f"{describe_exit(child.process.returncode)}; the elastic job "
+                                "goes on without it")
                     continue
                 if only_helpers:
-                    self.report(f"{child.label} exited with status {status}; ending the job")
+                    self.report(f"{child.label} exited with "
+                                f"{describe_exit(child.process.returncode)}; ending the job")
                     return status
                 if failed_helper is None:
                     # The workers will see the failure themselves; let them say why.

@@ -319,6 +319,14 @@ def _move_lost_servers(message: dict) -> None:
                 return
 
 
+def tell_scheduler(message: dict) -> None:
+    """Sends `message` to the job's scheduler (a preemption notice, say)."""
+    job = _current()
+    if job.link is None:
+        raise RuntimeError("a job of one process has no scheduler to tell")
+    job.link.tell(message)
+
+
 def add_host_listener(listener) -> None:
     """`listener(timestamp, added)`, a bound method, hears each change of the job's
     hosts for as long as its object lives."""

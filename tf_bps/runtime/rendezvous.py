@@ -279,14 +279,25 @@ class SchedulerLink:
                     for report in watch[1]():
                         self.send(report)
                 if wake in ready:
-                    farewell = wake.recv_json()
-                    if farewell is not None:
-                        self.send(farewell)
+                    word = wake.recv_json()
+                    if isinstance(word, dict) and "forward" in word:  # from tell()
+                        self.send(word["forward"])
+                        continue
+                    if word is not None:
+                        self.send(word)  # the farewell
                     return
         except RendezvousError as error:
             on_abort(str(error))
         finally:
             wake.close(linger=0)
+
+    def tell(self, message: dict) -> None:
+        """Sends `message` to the scheduler from the thread that started the monitor: the
+        monitor's thread owns the socket then, and passes it on."""
+        if self._thread is None or not self._thread.is_alive():
+            raise RendezvousError(f"no connection to the scheduler at {self._endpoint} to "
+                                  f"send {message.get('type')!r} on")
+        self._wake_send.send_json({"forward": message})
 
     def close(self, failure: str | None = None, say_done: bool = True) -> None:
         """Says goodbye: the failure that ended this node, else done (if `say_done`)."""

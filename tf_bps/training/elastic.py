@@ -27,6 +27,7 @@ import re
 import tensorflow as tf
 
 from tf_bps.runtime import basics, ops
+from tf_bps.training import preemption
 
 
 class InternalError(RuntimeError):
@@ -248,6 +249,7 @@ def run_with_reset(func, reset):
 
     @functools.wraps(func)
     def wrapper(state: State, *args, **kwargs):
+        preemption.listen()
         skip_sync = False
         while True:
             try:
@@ -265,6 +267,8 @@ def run_with_reset(func, reset):
                 skip_sync, cause = False, error
             except HostsUpdatedInterrupt as interrupt:
                 skip_sync, cause = interrupt.skip_sync, interrupt
+            if preemption.noticed():
+                preemption.leave(state)
             reset(cause)
             state.on_reset()
 

@@ -1,0 +1,65 @@
+"""Preemption notices (SIGTERM, as spot machines and Kubernetes pod deletions send): in an
+elastic job the worker finishes its step, leaves at the next commit and exits 0, and the
+others go on without a restore or a lost step; in a job that cannot re-form, the signal
+ends every process within seconds, and the launcher names it."""
+
+import os
+import re
+import signal
+import time
+
+from harness import LAUNCH, base_env, finish, marked_json, wait_for_line, worker_command
+
+
+def test_an_elastic_worker_told_to_stop_leaves_at_its_next_commit_and_exits_0(procs):
+    job = procs.start_job_by_role(3, 1, "elastic_training.py", "200", "0.05",
+                                  BYTEPS_ELASTIC=1, BYTEPS_ELASTIC_MIN_WORKERS=2)
+    pids = [int(wait_for_line(job[f"worker{rank}"], r"READY rank \d+ pid (\d+)").group(1))
+            for rank in range(3)]
+    wait_for_line(job["worker2"], r"COMMIT rank \d+ step 10\b")  # training, past a commit
+    os.kill(pids[2], signal.SIGTERM)
+    noticed = time.monotonic()
+    status, output = finish(job["worker2"], timeout=60)
+    left_after = time.monotonic() - noticed
+    assert status == 0, output
+    assert "received SIGTERM" in output and "leaves the job after SIGTERM" in output, output
+    left = re.search(r"PREEMPTED rank 2 step (\d+) weight ([\d.]+)", output)
+    assert left, output
+    assert left_after < 30, output  # within a grace period (the next commit: every 5 steps)
+    left_step = int(left.group(1))
+    assert float(left.group(2)) == left_step  # the hook saw the committed state
+    for rank in (0, 1):
+        status, output = finish(job[f"worker{rank}"], timeout=90)
+        assert status == 0, output
+        [report] = marked_json(output).values()
+        # Re-formed once without the leaver, with no restore and no sync: no step lost.
+        assert report["sizes"] == [3, 2] and report["resets"] == [2], report
+        assert report["restores"] == 0 and report["syncs"] == 1, report  # the first one
+        assert report["weight"] == 200.0 and report["step"] == 200, report
+        resets = [line for line in output.splitlines() if line.startswith("RESET")]
+        assert resets == [f"RESET rank {rank} size 2 step {left_step}"], output
+    status, output = finish(job["scheduler"], timeout=30)
+    assert status == 0 and "told to stop ('SIGTERM')" in output, output
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as listed:
+        return [int(child) for child in listed.read().split()]
+
+
+def test_sigterm_to_a_worker_of_a_job_that_cannot_re_form_ends_it_naming_the_signal(procs):
+    launcher = procs.start([*LAUNCH, "-np", "2", *worker_command("loop.py")], base_env())
+    wait_for_line(launcher, "READY")
+    wait_for_line(launcher, "READY")
+    everyone = _children(launcher.pid)  # the scheduler, the servers and the workers
+    workers = [child for child in everyone if "loop.py" in open(f"/proc/{child}/cmdline").read()]
+    assert len(workers) == 2, everyone
+    os.kill(workers[1], signal.SIGTERM)
+    noticed = time.monotonic()
+    status, output = finish(launcher, timeout=30)
+    assert time.monotonic() - noticed < 10, output
+    assert status == 128 + signal.SIGTERM, output
+    assert re.search(r"worker \d failed with status 143 \(SIGTERM\); ending the job", output), \
+        output
+    for pid in everyone:
+        assert not os.path.exists(f"/proc/{pid}"), f"process {pid} still runs:\n{output}"
