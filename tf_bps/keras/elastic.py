@@ -13,6 +13,7 @@ from tf_bps.training.elastic import (
     TensorFlowKerasState,
     run,
 )
+from tf_bps.training.preemption import on_preemption
 
 
 class KerasState(TensorFlowKerasState):
@@ -93,3 +94,19 @@ class UpdateEpochStateCallback(keras.callbacks.Callback):
 __all__ = ["CommitStateCallback", "HorovodInternalError", "HostsUpdatedInterrupt", "InternalError",
            "KerasState", "ObjectState", "UpdateBatchStateCallback", "UpdateEpochStateCallback",
            "run"]
+
+
+class PreemptionCheckpointCallback(keras.callbacks.Callback):
+    """Saves the model to `filepath` (`model.save`, or `save_weights` with
+    `weights_only`) in a worker that leaves an elastic job after a preemption notice
+    (SIGTERM), with the state of the commit where it leaves, before its process exits.
+    Give it to `model.fit` with the CommitStateCallback."""
+
+    def __init__(self, filepath: str, weights_only: bool = False):
+        super().__init__()
+        self.filepath, self.weights_only = filepath, weights_only
+        on_preemption(self._save)
+
+    def _save(self, state) -> None:
+        if self.model is not None:
+            (self.model.save_weights if self.weights_only else self.model.save)(self.filepath)
