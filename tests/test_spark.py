@@ -196,8 +196,8 @@ def test_more_ranks_than_slots_times_out_clearly(spark):
 def test_lost_executor_fails_run_and_ends_the_job(spark):
     """Killing the executor JVM of rank 1 mid-job: Spark gives up the barrier stage (it
     never retries a barrier result stage) and run says so; every process of the job,
-    on both executors and in the driver, is gone. Last in the module: the cluster
-    starts a new executor meanwhile."""
+    on both executors and in the driver, is gone. (The cluster starts a new executor in
+    its place.)"""
     mark = f"tf_bps_spark_test_{uuid.uuid4().hex}"
     killed = []
 
@@ -222,6 +222,72 @@ def test_lost_executor_fails_run_and_ends_the_job(spark):
     assert killed, "rank 1's executor was not found"
     assert "Spark failed the job" in str(failure.value), failure.value
     assert "barrier" in str(failure.value), failure.value
+    _assert_none_left(mark)
+
+
+def _count_elastically(steps: int, full_size: int) -> dict:
+    """Counts steps inside tf_bps.elastic.run, each summing ones over the job (the sum
+    must be its size), commits every 5, and ends past `steps` once the job is back to
+    `full_size` (every rank sees the same step and size, so they end together)."""
+    import tensorflow as tf
+
+    import tf_bps as bps
+    import tf_bps.elastic as elastic
+
+    bps.init()
+    weight = tf.Variable(0.0)
+    state = elastic.TensorFlowState([weight], step=0)
+    sizes = set()
+    deadline = time.monotonic() + 100
+    print("READY", flush=True)
+
+    @elastic.run
+    def train(state):
+        while state.step < steps or (bps.size() < full_size and time.monotonic() < deadline):
+            total = bps.push_pull(tf.ones([4]), op=bps.Sum, name="count")
+            assert float(total[0]) == bps.size(), (float(total[0]), bps.size())
+            sizes.add(bps.size())
+            weight.assign_add(1.0)
+            state.step += 1
+            if state.step % 5 == 0:
+                state.commit()
+            time.sleep(0.05)
+
+    train(state)
+    return {"step": state.step, "weight": float(weight.numpy()), "sizes": sorted(sizes),
+            "name": os.environ["BYTEPS_ELASTIC_WORKER_NAME"]}
+
+
+def test_run_elastic_survives_a_lost_executor(spark):
+    """Rank 1's executor is killed once the job trains: rank 0 goes on, Spark runs task
+    1 again on the executor the cluster starts in its place, and it joins the job."""
+    mark = f"tf_bps_spark_test_{uuid.uuid4().hex}"
+    stdout = io.StringIO()
+    killed = []
+
+    def kill_task_1_executor():
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and "[1]<stdout>:READY" not in stdout.getvalue():
+            time.sleep(0.2)
+        for found in _job_processes(mark, also="spark-task-1.0\0"):
+            executor = _executor_of(int(found.split(":")[0]))
+            if executor:
+                time.sleep(1)
+                os.kill(executor, signal.SIGKILL)
+                killed.append(executor)
+                return
+
+    killer = threading.Thread(target=kill_task_1_executor, daemon=True)
+    killer.start()
+    results = tf_bps.spark.run_elastic(_count_elastically, args=(100, 2), num_proc=2,
+                                       min_num_proc=1, start_timeout=120, stdout=stdout,
+                                       env={"TF_BPS_SPARK_TEST_MARK": mark}, verbose=0)
+    killer.join(timeout=5)
+    assert killed, "task 1's executor was not found"
+    assert [r["name"] for r in results] == ["spark-task-0.0", "spark-task-1.1"], results
+    assert results[0]["step"] == results[1]["step"] >= 100, results
+    assert results[0]["weight"] == results[1]["weight"] == results[0]["step"], results
+    assert results[0]["sizes"] == [1, 2], results
     _assert_none_left(mark)
 
 

@@ -10,6 +10,8 @@
 
     results = tf_bps.spark.run(train, args=(3,), num_proc=4)   # [0, 1, 2, 3]
 
+`run_elastic` runs an elastic job instead (elastic.py).
+
 Each rank is one task of a barrier stage (`sc.parallelize(range(n), n).barrier()`),
 and its partition id is its rank. The scheduler runs in the driver, one server on each
 executor machine, and each rank's function in a process its task starts with the job's
@@ -25,9 +27,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
 from tf_bps.spark.driver import JobDriver, TaskPlan
+from tf_bps.spark.elastic import run_elastic
 from tf_bps.spark.task import barrier_task
 
-__all__ = ["run", "SparkJobError"]
+__all__ = ["run", "run_elastic", "SparkJobError"]
 
 
 class SparkJobError(RuntimeError):

@@ -81,6 +81,9 @@ class JobDriver:
         self._lock = threading.Condition()
         self._job: _Job | None = None
         self._closed = False
+        # An elastic job goes on when a rank fails; a static one ends (FAILURE_GRACE_S).
+        self.failure_ends_job = True
+        self._helpers: list[subprocess.Popen] = []  # an elastic job's server
         self._timers: list[threading.Timer] = []
         self._pumps: list[threading.Thread] = []
         self._service = _Service(("" if not is_local_address(host) else host, 0), self)
@@ -153,7 +156,7 @@ class JobDriver:
                 self._lock.notify_all()
             elif kind == "failed":
                 self._job.failures.append((time.time(), rank, str(event.get("message"))))
-                if len(self._job.failures) == 1:
+                if len(self._job.failures) == 1 and self.failure_ends_job:
                     self._arm(FAILURE_GRACE_S, self._first_failure_reason)
         if kind == "output":
             self.write(rank, "stderr" if event.get("stream") == "stderr" else "stdout",
@@ -166,16 +169,41 @@ class JobDriver:
             _, rank, message = min(self._job.failures)
         return f"rank {rank} failed: {message}"
 
-    def watch_start(self, num_proc: int) -> None:
-        """Cancels the Spark job unless every rank of an attempt starts in time."""
+    def start_elastic_job(self, num_proc: int, elastic: dict[str, str]) -> dict[str, str]:
+        """An elastic job's scheduler and one server, in the driver for the whole run (as
+        bpslaunch's discovery mode runs them on the launching machine): ranks come and
+        go with Spark's tasks, the job stays."""
+        from tf_bps.runtime.core import server_executable
+
+        with self._lock:
+            variables = {"BYTEPS_JOB_TOKEN": secrets.token_hex(16),
+                         "HOROVOD_START_TIMEOUT": f"{self._start_timeout:g}",
+                         "DMLC_PS_ROOT_URI": self.host, "DMLC_PS_ROOT_PORT": str(_free_port()),
+                         **elastic}
+            scheduler = self._start_scheduler(variables, num_proc, 1)
+            self._job = _Job(0, variables, scheduler)
+            env = {**os.environ, **self._env, **variables, "DMLC_ROLE": "server",
+                   "DMLC_NUM_WORKER": str(num_proc), "DMLC_NUM_SERVER": "1"}
+            self._helpers.append(subprocess.Popen(
+                [str(server_executable())], env=env, stdin=subprocess.DEVNULL,
+                start_new_session=True))
+        self.failure_ends_job = False
+        self.say(f"elastic job: {num_proc} process(es), the scheduler and a server here")
+        return variables
+
+    def watch_start(self, num_proc: int, needed: int | None = None) -> None:
+        """Cancels the Spark job unless `needed` ranks (default all) of an attempt start
+        in time."""
+        needed = num_proc if needed is None else needed
+
         def reason() -> str | None:
             with self._lock:
                 started = len(self._job.started) if self._job else 0
-                if started == num_proc:
+                if started >= needed:
                     return None
             return (f"timed out after {self._start_timeout:g} s waiting for the Spark tasks to "
                     f"start ({started} of {num_proc} started): each process runs in a Spark "
-                    "barrier task, so the cluster needs num_proc free task slots at once; "
+                    "task, and a barrier stage needs num_proc free task slots at once; "
                     "raise start_timeout (or HOROVOD_SPARK_START_TIMEOUT) if executors "
                     "are allocated on demand")
         self._arm(self._start_timeout, reason)
@@ -215,6 +243,8 @@ class JobDriver:
         self._service.shutdown()
         self._service.server_close()
         self._end_scheduler()
+        for helper in self._helpers:
+            _end(helper)
         for pump in self._pumps:
             pump.join(timeout=1)
 

@@ -59,7 +59,8 @@ def barrier_task(plan: TaskPlan):
             if layout.starts_server(partition):
                 server = _start_server({**os.environ, **plan.env, **job["variables"],
                                         **layout.server_variables(partition)})
-            kind, payload = _run_rank(plan, layout, partition, job)
+            kind, payload = run_rank(plan, partition, job["job"],
+                                     {**job["variables"], **layout.variables(partition)})
         except Exception as error:  # noqa: BLE001 - every task must reach the allGather
             kind, payload = "error", f"the Spark task could not start its server: {error!r}"
         # Everyone is done (or failed) before a server goes: kinds tell which.
@@ -115,18 +116,18 @@ class _Events:
             self._sock.close()
 
 
-def _run_rank(plan: TaskPlan, layout: SparkLayout, partition: int,
-              job: dict) -> tuple[str, object]:
-    """Runs the rank; ("ok", pickled result) or ("error", why). Never raises: every task
-    must reach the allGather that follows."""
-    events = _Events(plan, job["job"], partition)
-    base = {**os.environ, **plan.env, **job["variables"]}
+def run_rank(plan: TaskPlan, partition: int, job: int,
+             variables: dict[str, str]) -> tuple[str, object]:
+    """Runs the rank with the job's `variables`; ("ok", pickled result) or ("error",
+    why). Never raises: every task of a barrier stage must reach the allGather that
+    follows."""
+    events = _Events(plan, job, partition)
     try:
         with tempfile.TemporaryDirectory(prefix="tf_bps_spark_") as folder:
             result_file = os.path.join(folder, "result")
             process = _start(
                 [sys.executable, "-m", "tf_bps.spark.worker", result_file],
-                {**base, **layout.variables(partition)}, stdin=subprocess.PIPE,
+                {**os.environ, **plan.env, **variables}, stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE if plan.forward_stdout else None,
                 stderr=subprocess.PIPE if plan.forward_stderr else None)
             pumps = [threading.Thread(target=_pump, daemon=True,
