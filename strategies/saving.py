@@ -18,7 +18,8 @@ worker's own); a checkpoint manager's files are written in turn, lowest rank fir
 that every manager's bookkeeping (its save counter, its list of checkpoints) stays true.
 
 The rest patches Keras 3's private methods (each says why):
-  - BackupAndRestore saves and deletes its backup on rank 0 only;
+  - BackupAndRestore saves and deletes its backup on rank 0 only, and a job of another
+    size that resumes from it keeps the learning rate its script set;
   - TensorBoard's other workers log to a folder of their own, removed at the end.
 """
 
@@ -27,6 +28,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import json
+import logging
 import os
 import shutil
 import threading
@@ -35,6 +38,8 @@ import keras
 import tensorflow as tf
 
 from tf_bps.runtime import basics, ops
+
+log = logging.getLogger("tf_bps")
 
 # Set while this thread is inside a save that is already coordinated (or written by
 # rank 0 alone on purpose): the saves it makes in turn are not coordinated again.
@@ -177,8 +182,38 @@ def _backup_on_rank_0_only() -> None:
     worker, so two workers would write one file at once. Under the strategy only rank 0
     writes, alone (the backup is read when a later run starts, not during this one);
     every worker still reads the backup when training starts, so all of them resume
-    from the same epoch."""
+    from the same epoch. Rank 0 also notes the job's size beside the backup, so that a
+    job of another size that resumes from it keeps its own learning rate."""
     backup = keras.callbacks.BackupAndRestore
+    save_model, load_model = backup._save_model, backup._load_model
+
+    @functools.wraps(save_model)
+    def save_noting_the_size(self):
+        save_model(self)
+        if under_the_strategy(self.model):
+            with open(os.path.join(self.backup_dir, _BACKUP_JOB_FILE), "w") as noted:
+                json.dump({"workers": basics.size()}, noted)
+
+    @functools.wraps(load_model)
+    def load_at_this_size(self):
+        optimizer = getattr(self.model, "optimizer", None)
+        rate = getattr(optimizer, "_learning_rate", None)  # a variable, or a schedule
+        asked = rate.numpy() if isinstance(rate, keras.Variable) else None
+        load_model(self)
+        written_by = _backup_job_size(self.backup_dir)
+        if asked is None or written_by in (None, basics.size()) or \
+                not under_the_strategy(self.model):
+            return
+        # The backup holds the learning rate of a job of another size; the script set
+        # the one it wants for this size (Horovod's scripts scale it by the workers).
+        rate.assign(asked)
+        if basics.rank() == 0:
+            log.warning("BackupAndRestore: the backup in %s was written by a job of %d "
+                        "worker(s), this one has %d: the optimizer keeps the learning rate "
+                        "the script set (%g), not the backup's", self.backup_dir,
+                        written_by, basics.size(), float(asked))
+
+    backup._save_model, backup._load_model = save_noting_the_size, load_at_this_size
     for method in ("_save_model", "on_train_end"):
         original = getattr(backup, method)
 
@@ -190,6 +225,19 @@ def _backup_on_rank_0_only() -> None:
                 return _original(self, *args, **kwargs)
 
         setattr(backup, method, on_rank_0)
+
+
+# Beside a BackupAndRestore backup: the size of the job that wrote it.
+_BACKUP_JOB_FILE = "tf_bps_job.json"
+
+
+def _backup_job_size(backup_dir: str) -> int | None:
+    try:
+        with open(os.path.join(backup_dir, _BACKUP_JOB_FILE)) as noted:
+            workers = json.load(noted).get("workers")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return workers if isinstance(workers, int) else None
 
 
 def _tensorboard_on_rank_0() -> None:
