@@ -77,6 +77,7 @@ SERVER_ENGINE_SOURCES = [
     "custom_ops/server/round_engine.cc",
     "custom_ops/server/server.cc",
     "custom_ops/server/acceptor.cc",
+    "custom_ops/server/straggler_watch.cc",
 ]
 COMPRESSION_SOURCES = [
     "custom_ops/compression/compressor.cc",

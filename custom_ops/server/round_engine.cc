@@ -177,7 +177,12 @@ void RoundEngine::Process(EngineItem item) {
             .Add(&key.data, item.rank,
                  Contribution{std::move(item.block), item.shared, item.length, item.rows},
                  setup_.pool);
-        MaybeFinish(id, &key);
+        const size_t pushed = key.round.contributors().size();
+        const auto opened_at = key.opened_at;
+        if (MaybeFinish(id, &key) && setup_.stragglers != nullptr && pushed > 1) {
+          const auto now = std::chrono::steady_clock::now();
+          setup_.stragglers->RoundEnded(item.rank, now - opened_at, now);
+        }
       }
     }
   }
@@ -267,15 +272,15 @@ void RoundEngine::ProcessAsync(KeyState* key, EngineItem* item, KeyPort* port) {
   }
 }
 
-void RoundEngine::MaybeFinish(const PartitionKey& id, KeyState* key) {
+bool RoundEngine::MaybeFinish(const PartitionKey& id, KeyState* key) {
   KeyPort port(this, id, key);
-  if (key->round.Check(host_->roster(), &port) != Round::Progress::kComplete) return;
+  if (key->round.Check(host_->roster(), &port) != Round::Progress::kComplete) return false;
   const RoundPolicy& policy = PolicyFor(key->data.spec.kind);
   const std::string unfinishable =
       policy.Unfinishable(key->data, port.Tensor(key->round.contributors().front()));
   if (!unfinishable.empty()) {
     key->round.Fail(ErrorKind::kInvalidArgument, unfinishable, &port);
-    return;
+    return false;
   }
   // A shared slot only pays when a same-host worker reads the result.
   ResultContext context{id.part, &key->round.members(), false, key->round.round()};
@@ -290,10 +295,11 @@ void RoundEngine::MaybeFinish(const PartitionKey& id, KeyState* key) {
   if (!result) {
     key->round.Fail(ErrorKind::kInternal,
                     "the server ran out of shared memory: " + host_->failure(), &port);
-    return;
+    return false;
   }
   key->bytes_out += length * Reply(id, *key, result, length);
   key->round.Succeed(&port);
+  return true;
 }
 
 CompressionState* RoundEngine::ResultCompression(const PartitionKey& id, KeyState* key) {

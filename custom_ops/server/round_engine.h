@@ -28,6 +28,7 @@
 #include "../rounds/round_data.h"
 #include "../wire/protocol.h"
 #include "../wire/shared_memory.h"
+#include "straggler_watch.h"
 
 namespace bps {
 
@@ -92,6 +93,8 @@ class RoundEngine {
     // stall_shutdown_ms; 0: never. Each engine checks its own keys between items.
     int stall_check_ms = 0;
     int stall_shutdown_ms = 0;
+    // Hears who ended each round of several workers (null: nobody watches).
+    StragglerWatch* stragglers = nullptr;
   };
 
   RoundEngine(Host* host, Setup setup);
@@ -134,8 +137,8 @@ class RoundEngine {
   void ProcessAsync(KeyState* key, EngineItem* item, KeyPort* port);
   // The key's result compression, made anew when the round's compressor or size changed.
   CompressionState* ResultCompression(const PartitionKey& id, KeyState* key);
-  // Ends the round if every member has contributed or joined.
-  void MaybeFinish(const PartitionKey& id, KeyState* key);
+  // Ends the round if every member has contributed or joined; true if it succeeded.
+  bool MaybeFinish(const PartitionKey& id, KeyState* key);
   // Sends the result to every contributor; those that do not receive it get an
   // acknowledgement. Returns how many received the result.
   size_t Reply(const PartitionKey& id, const KeyState& key, const char* result, size_t length);

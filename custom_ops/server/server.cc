@@ -34,6 +34,8 @@ ServerOptions ServerOptions::From(const Settings& settings) {
     options.stall_shutdown_ms =
         static_cast<int>(settings.Number("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS") * 1000);
   }
+  options.straggler_window_s = settings.Number("BYTEPS_STRAGGLER_WINDOW_SECONDS");
+  options.straggler_threshold_ms = settings.Number("BYTEPS_STRAGGLER_THRESHOLD_MS");
   return options;
 }
 
@@ -77,6 +79,15 @@ Status Server::Serve(const std::vector<int32_t>& host_of_rank, uint32_t generati
   setup.results = &listener_.shared_results();
   setup.stall_check_ms = options_.stall_check_ms;
   setup.stall_shutdown_ms = options_.stall_shutdown_ms;
+  if (options_.straggler_window_s > 0 && num_workers_ > 1) {
+    stragglers_ = std::make_unique<StragglerWatch>(
+        options_.straggler_window_s, options_.straggler_threshold_ms, [this](uint32_t rank) {
+          std::shared_ptr<WorkerConn> worker = ConnOf(rank);
+          return "worker rank " + std::to_string(rank) +
+                 (worker ? " (" + worker->channel->peer() + ")" : std::string());
+        });
+    setup.stragglers = stragglers_.get();
+  }
   for (int i = 0; i < std::max(1, options_.engine_threads); ++i) {
     engines_.push_back(std::make_unique<RoundEngine>(static_cast<RoundEngine::Host*>(this), setup));
     engines_.back()->Start();

@@ -56,6 +56,10 @@ struct ServerOptions {
   // not pushed to after stall_check_ms, and fail it after stall_shutdown_ms; 0: never.
   int stall_check_ms = 0;
   int stall_shutdown_ms = 0;
+  // Stragglers (straggler_watch.h): the window they are judged over (0: nobody
+  // watches), and how late the last arrival must be on average to be named.
+  double straggler_window_s = 0;
+  double straggler_threshold_ms = 0;
 
   // The options the table's variables give, listening on any free port everywhere.
   static ServerOptions From(const Settings& settings);
@@ -163,6 +167,7 @@ class Server : private RoundEngine::Host, private Roster {
   std::thread acceptor_;
   BlockPool pool_;
   DeclarationBook declarations_;
+  std::unique_ptr<StragglerWatch> stragglers_;  // the engines report to it
   std::vector<std::unique_ptr<RoundEngine>> engines_;
 
   mutable std::mutex conns_mutex_;
