@@ -1,10 +1,12 @@
 """The examples run under bpslaunch and alone, and training on real digits reaches a
 held-out accuracy worth the name."""
 
+import os
 import re
+import signal
 import sys
 
-from harness import TESTS, base_env
+from harness import TESTS, base_env, finish, wait_for_line
 
 EXAMPLES = TESTS.parent / "examples"
 
@@ -70,3 +72,27 @@ def test_gradient_tape_example(procs):
     assert accuracy and float(accuracy.group(1)) > 0.85, output
     output = run_example(procs, "custom_loop_gradient_tape.py", "--steps", "20")
     assert "step 19" in output
+
+
+def test_elastic_example_goes_on_when_a_worker_is_told_to_stop(procs, tmp_path):
+    # The worker that gets SIGTERM saves the model as it leaves (the Keras callback) and
+    # exits 0; the other finishes the epochs alone and still learns the digits.
+    checkpoint = tmp_path / "left.keras"
+    launcher = procs.start([sys.executable, "-m", "tf_bps.launch", "-np", "2", "--min-np", "1",
+                            sys.executable, str(EXAMPLES / "keras_elastic_mnist.py"),
+                            "--epochs", "4", "--checkpoint", str(checkpoint)], base_env())
+    wait_for_line(launcher, r"epoch 0: 2 worker\(s\)")
+    [worker, _] = [pid for pid in _children(launcher.pid)
+                   if "keras_elastic_mnist" in open(f"/proc/{pid}/cmdline").read()]
+    os.kill(worker, signal.SIGTERM)
+    status, output = finish(launcher, timeout=240)
+    assert status == 0, output
+    assert "received SIGTERM" in output and checkpoint.stat().st_size > 0, output
+    found = re.search(r"1 worker\(s\) at the end: test loss [\d.]+, test accuracy ([\d.]+)",
+                      output)
+    assert found and float(found.group(1)) > 0.8, output
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as listed:
+        return [int(child) for child in listed.read().split()]

@@ -75,7 +75,10 @@ def _pod_environment(job: dict, index: int) -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize("path", MANIFESTS, ids=[p.name for p in MANIFESTS])
+FIXED_SIZE = [path for path in MANIFESTS if not path.name.startswith("elastic")]
+
+
+@pytest.mark.parametrize("path", FIXED_SIZE, ids=[p.name for p in FIXED_SIZE])
 def test_the_worker_pods_make_one_job(path):
     documents = list(yaml.safe_load_all(path.read_text()))
     [service] = [d for d in documents if d["kind"] == "Service"]
@@ -117,3 +120,44 @@ def test_the_check_finds_what_kubectl_would_refuse():
     assert _check({**job, "spec": spec}, "V1Job", "V1Job") == [
         "V1Job.spec.completion: no such field in V1JobSpec",
         "V1Job.spec.parallelism: a int expected, not '4'"]
+
+
+def test_the_elastic_job_discovers_its_worker_pods_and_may_list_them():
+    documents = list(yaml.safe_load_all((MANIFESTS[0].parent / "elastic-job.yaml").read_text()))
+    by_kind = {d["kind"]: d for d in documents}
+    workers, launcher = by_kind["Deployment"], by_kind["Job"]
+    [container] = launcher["spec"]["template"]["spec"]["containers"]
+    command = container["command"]
+    discovery = command[command.index("--host-discovery-script") + 1].split()
+    assert discovery[:3] == ["python", "-m", "tf_bps.launch.kubernetes_discovery"]
+    selector = dict(pair.split("=") for pair in discovery[discovery.index("-l") + 1].split(","))
+    assert selector == workers["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= workers["spec"]["template"]["metadata"]["labels"].items()
+    # The launcher's account may list pods, which is all the discovery asks.
+    account = launcher["spec"]["template"]["spec"]["serviceAccountName"]
+    binding = by_kind["RoleBinding"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account}]
+    assert binding["roleRef"]["name"] == by_kind["Role"]["metadata"]["name"]
+    assert {"list"} <= set(by_kind["Role"]["rules"][0]["verbs"])
+    # bpslaunch reaches the pods' sshd on the port the workers open.
+    port = workers["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
+    assert command[command.index("--ssh-port") + 1] == str(port)
+
+
+def test_discovery_lists_ready_pods_that_are_not_being_deleted():
+    from tf_bps.launch.kubernetes_discovery import ready_hosts
+
+    models = kubernetes.client
+
+    def pod(name, ip, phase="Running", ready="True", deleting=False):
+        return models.V1Pod(
+            metadata=models.V1ObjectMeta(
+                name=name, deletion_timestamp="2026-11-28T00:00:00Z" if deleting else None),
+            status=models.V1PodStatus(phase=phase, pod_ip=ip, conditions=[
+                models.V1PodCondition(type="Ready", status=ready)]))
+
+    pods = [pod("w-3", "10.0.0.3"), pod("w-1", "10.0.0.1"), pod("w-2", "10.0.0.2",
+                                                              ready="False"),
+            pod("w-4", "10.0.0.4", deleting=True), pod("w-5", None, phase="Pending"),
+            pod("w-6", "10.0.0.6", phase="Succeeded")]
+    assert ready_hosts(pods, slots=2) == ["10.0.0.1:2", "10.0.0.3:2"]
