@@ -135,6 +135,21 @@ def _weights(path: Path) -> list[np.ndarray]:
         return [saved[key] for key in sorted(saved.files, key=lambda k: int(k.split("_")[1]))]
 
 
+def _reference_weights(procs, workers: int, out: Path) -> list[np.ndarray]:
+    """train.py's strategy case as one process on the whole global batch of `workers`."""
+    out.mkdir()
+    status, output = procs.run(worker_command("train.py", "--mode", "strategy", "--reference",
+                                              "--workers", str(workers), "--out", str(out)),
+                               base_env())
+    assert status == 0, output
+    return _weights(out / "rank0.npz")
+
+
+def _assert_close(ours: list[np.ndarray], theirs: list[np.ndarray]) -> None:
+    for mine, other in zip(ours, theirs, strict=True):
+        np.testing.assert_allclose(mine, other, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.engine
 def test_ray_job_trains_as_a_bpslaunch_job_of_the_same_size(four_workers, procs, tmp_path):
     layout = four_workers.layout
@@ -153,24 +168,16 @@ def test_ray_job_trains_as_a_bpslaunch_job_of_the_same_size(four_workers, procs,
                                   str(launch_out), timeout=180)
     assert status == 0, output
     for rank in range(4):
-        for ours, theirs in zip(_weights(ray_out / f"rank{rank}.npz"),
-                                _weights(launch_out / "0" / f"rank{rank}.npz"), strict=True):
-            np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+        _assert_close(_weights(ray_out / f"rank{rank}.npz"),
+                      _weights(launch_out / "0" / f"rank{rank}.npz"))
 
     # The strategy under fit, against one process on the whole global batch.
-    strategy_out, reference_out = tmp_path / "strategy", tmp_path / "reference"
+    strategy_out = tmp_path / "strategy"
     strategy_out.mkdir()
-    reference_out.mkdir()
     four_workers.run(_train, args=("strategy", str(strategy_out)))
-    status, output = procs.run(worker_command("train.py", "--mode", "strategy", "--reference",
-                                              "--workers", "4", "--out", str(reference_out)),
-                               base_env())
-    assert status == 0, output
-    reference = _weights(reference_out / "rank0.npz")
+    reference = _reference_weights(procs, 4, tmp_path / "reference")
     for rank in range(4):
-        for ours, theirs in zip(_weights(strategy_out / f"rank{rank}.npz"), reference,
-                                strict=True):
-            np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+        _assert_close(_weights(strategy_out / f"rank{rank}.npz"), reference)
     # The training function left the job: the executor says so instead of hanging.
     with pytest.raises(RuntimeError, match="not in a job any more"):
         four_workers.run(len, args=([],))
@@ -236,23 +243,17 @@ def test_ray_train_tensorflow_trainer_runs_the_strategy_from_tf_config(ray_clust
     from ray.train import RunConfig, ScalingConfig
     from ray.train.tensorflow import TensorflowTrainer
 
-    out, reference_out = tmp_path / "ray_train", tmp_path / "reference"
+    out = tmp_path / "ray_train"
     out.mkdir()
-    reference_out.mkdir()
     trainer = TensorflowTrainer(
         _ray_train_loop, train_loop_config={"out": str(out)},
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(name="tf_bps", storage_path=str(tmp_path / "results")))
     result = trainer.fit()
     assert result.error is None, result.error
-    status, output = procs.run(worker_command("train.py", "--mode", "strategy", "--reference",
-                                              "--workers", "2", "--out", str(reference_out)),
-                               base_env())
-    assert status == 0, output
-    reference = _weights(reference_out / "rank0.npz")
+    reference = _reference_weights(procs, 2, tmp_path / "reference")
     for rank in range(2):
-        for ours, theirs in zip(_weights(out / f"rank{rank}.npz"), reference, strict=True):
-            np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+        _assert_close(_weights(out / f"rank{rank}.npz"), reference)
 
 
 def _elastic_training(folder: str) -> dict:
