@@ -182,8 +182,8 @@ def _backup_on_rank_0_only() -> None:
     worker, so two workers would write one file at once. Under the strategy only rank 0
     writes, alone (the backup is read when a later run starts, not during this one);
     every worker still reads the backup when training starts, so all of them resume
-    from the same epoch. Rank 0 also notes the job's size beside the backup, so that a
-    job of another size that resumes from it keeps its own learning rate."""
+    from the same epoch. Rank 0 also notes the job's size in the backup's metadata, so
+    that a job of another size that resumes from it keeps its own learning rate."""
     backup = keras.callbacks.BackupAndRestore
     save_model, load_model = backup._save_model, backup._load_model
 
@@ -191,8 +191,12 @@ def _backup_on_rank_0_only() -> None:
     def save_noting_the_size(self):
         save_model(self)
         if under_the_strategy(self.model):
-            with open(os.path.join(self.backup_dir, _BACKUP_JOB_FILE), "w") as noted:
-                json.dump({"workers": basics.size()}, noted)
+            # In Keras's own metadata file (which reads only its fields), so the backup
+            # folder holds what it always holds.
+            metadata = _backup_metadata(self)
+            metadata[_WORKERS_FIELD] = basics.size()
+            with open(self._training_metadata_path, "w") as written:
+                json.dump(metadata, written)
 
     @functools.wraps(load_model)
     def load_at_this_size(self):
@@ -200,8 +204,8 @@ def _backup_on_rank_0_only() -> None:
         rate = getattr(optimizer, "_learning_rate", None)  # a variable, or a schedule
         asked = rate.numpy() if isinstance(rate, keras.Variable) else None
         load_model(self)
-        written_by = _backup_job_size(self.backup_dir)
-        if asked is None or written_by in (None, basics.size()) or \
+        written_by = _backup_metadata(self).get(_WORKERS_FIELD)
+        if asked is None or not isinstance(written_by, int) or written_by == basics.size() or \
                 not under_the_strategy(self.model):
             return
         # The backup holds the learning rate of a job of another size; the script set
@@ -227,17 +231,18 @@ def _backup_on_rank_0_only() -> None:
         setattr(backup, method, on_rank_0)
 
 
-# Beside a BackupAndRestore backup: the size of the job that wrote it.
-_BACKUP_JOB_FILE = "tf_bps_job.json"
+# In a BackupAndRestore backup's metadata: the size of the job that wrote it.
+_WORKERS_FIELD = "tf_bps_workers"
 
 
-def _backup_job_size(backup_dir: str) -> int | None:
+def _backup_metadata(callback) -> dict:
+    """The backup's training metadata (Keras's: epoch and batch), {} without one."""
     try:
-        with open(os.path.join(backup_dir, _BACKUP_JOB_FILE)) as noted:
-            workers = json.load(noted).get("workers")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return workers if isinstance(workers, int) else None
+        with open(callback._training_metadata_path) as written:
+            metadata = json.load(written)
+    except (OSError, ValueError):
+        return {}
+    return metadata if isinstance(metadata, dict) else {}
 
 
 def _tensorboard_on_rank_0() -> None:
