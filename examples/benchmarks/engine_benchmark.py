@@ -4,14 +4,16 @@ local-cluster mode. Prints, for each, the start-up time to the first step and th
 steady steps per second, and each engine's overhead on the steady step next to
 bpslaunch's, measured in the same run.
 
-    python examples/benchmarks/engine_benchmark.py [--steps 60] [--engines bpslaunch,ray,spark]
+    python examples/benchmarks/engine_benchmark.py [--steps 120] [--rounds 3]
+        [--engines bpslaunch,ray,spark]
 
 Start-up runs from the moment the engine is asked for the job (bpslaunch's process
 started; RayExecutor.start() called; spark.run() called, with the SparkSession and the
 Ray cluster already up, as they are for their users) to the end of the first training
 step on the slowest rank. The steady step is the median time between the ends of
 steps 10.. on rank 0. Each job trains the same MLP (about 1.1 M parameters) through
-DistributedOptimizer under model.fit, batch 64 per worker.
+DistributedOptimizer under model.fit, batch 64 per worker, with one server (the engines
+start one per node or executor machine, and all of them are this one).
 """
 
 from __future__ import annotations
@@ -65,8 +67,10 @@ def summary(started: float, ranks: list[dict]) -> dict:
 
 def with_bpslaunch(steps: int) -> dict:
     started = time.time()
+    # One server, as the engines start on one machine (one per node or executor host).
     done = subprocess.run([sys.executable, "-m", "tf_bps.launch", "-np", str(NUM_WORKERS),
-                           sys.executable, __file__, "--worker", "--steps", str(steps)],
+                           "--num-servers", "1", sys.executable, __file__, "--worker",
+                           "--steps", str(steps)],
                           capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"bpslaunch failed:\n{done.stdout}{done.stderr}")
@@ -105,8 +109,11 @@ def with_spark(steps: int) -> dict:
 
     import tf_bps.spark
 
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # the executors' Python: the one with tf_bps
+
     spark = (SparkSession.builder.master(f"local-cluster[2,{NUM_WORKERS // 2},2048]")
-             .config("spark.ui.enabled", "false").appName("engine_benchmark").getOrCreate())
+             .config("spark.ui.enabled", "false")
+             .appName("engine_benchmark").getOrCreate())
     try:
         spark.sparkContext.parallelize(range(NUM_WORKERS), NUM_WORKERS).count()  # executors up
         started = time.time()
@@ -118,17 +125,23 @@ def with_spark(steps: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--engines", default="bpslaunch,ray,spark")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         print("RANK " + json.dumps(workload(args.steps)), flush=True)
         return
     runners = {"bpslaunch": with_bpslaunch, "ray": with_ray, "spark": with_spark}
-    results = {name: runners[name](args.steps) for name in args.engines.split(",")}
+    names = args.engines.split(",")
+    # Rounds of every engine in turn: each figure is the median over the rounds, so that
+    # a slower moment of the machine does not land on one engine alone.
+    rounds = [{name: runners[name](args.steps) for name in names} for _ in range(args.rounds)]
+    results = {name: {figure: round(statistics.median(r[name][figure] for r in rounds), 2)
+                      for figure in rounds[0][name]} for name in names}
     base = results.get("bpslaunch")
-    print(f"{NUM_WORKERS} workers, {args.steps} steps each")
+    print(f"{NUM_WORKERS} workers, {args.steps} steps each, median of {args.rounds} round(s)")
     print(f"{'engine':<10} {'start to 1st step s':>20} {'steady step ms':>15} {'steps/s':>8} "
           f"{'steady overhead':>16}")
     for name, figures in results.items():
