@@ -54,17 +54,10 @@ class Worker:
         """For an elastic job: fn(*args, **kwargs) with the job's `variables` set; fn
         joins (bps.init()) when it is ready to, and trains in tf_bps.elastic.run."""
         os.environ.update(variables)
-        from tf_bps.runtime import basics
-
-        try:
-            return fn(*args, **(kwargs or {}))
-        except BaseException as error:
-            basics.leave_failed(f"{type(error).__name__}: {error}")
-            raise
+        return _failing_the_job(fn, *args, **(kwargs or {}))
 
     def run(self, fn, args=(), kwargs=None):
-        """fn(*args, **kwargs). If it raises, this worker leaves the job as failed, so the
-        other workers end at once with the reason instead of waiting for this one."""
+        """fn(*args, **kwargs) in the job this worker joined."""
         return self._guarded(fn, *args, **(kwargs or {}))
 
     def execute(self, fn):
@@ -77,16 +70,24 @@ class Worker:
             raise RuntimeError(f"worker rank {self.rank} is not in a job any more (its "
                                "training function called bps.shutdown(), or the job failed): "
                                "shut the executor down and start it again")
-        try:
-            return fn(*args, **kwargs)
-        except BaseException as error:
-            basics.leave_failed(f"{type(error).__name__}: {error}")
-            raise
+        return _failing_the_job(fn, *args, **kwargs)
 
     def leave(self) -> None:
         from tf_bps.runtime import basics
 
         basics.shutdown()
+
+
+def _failing_the_job(fn, *args, **kwargs):
+    """fn(*args, **kwargs); if it raises, this worker leaves its job as failed, so the
+    other workers end at once with the reason instead of waiting for this one."""
+    from tf_bps.runtime import basics
+
+    try:
+        return fn(*args, **kwargs)
+    except BaseException as error:
+        basics.leave_failed(f"{type(error).__name__}: {error}")
+        raise
 
 
 class JobProcess:

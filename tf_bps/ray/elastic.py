@@ -106,14 +106,13 @@ class ElasticRayExecutor:
         if self.settings.reset_limit is not None:
             self._job["BYTEPS_ELASTIC_RESET_LIMIT"] = str(self.settings.reset_limit)
         deadline = time.monotonic() + self.settings.timeout_s
-        while len(self._free_slots()) < self.min_workers:
+        while (slots := len(self._free_slots())) < self.min_workers:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the Ray cluster has {len(self._free_slots())} slot(s) of "
-                                   f"{self._cpus} CPU(s), fewer than min_workers="
-                                   f"{self.min_workers}, after {self.settings.timeout_s} s")
+                raise TimeoutError(f"the Ray cluster has {slots} slot(s) of {self._cpus} "
+                                   f"CPU(s), fewer than min_workers={self.min_workers}, "
+                                   f"after {self.settings.timeout_s} s")
             time.sleep(DISCOVERY_INTERVAL_S)
-        self._job["DMLC_NUM_WORKER"] = str(min(len(self._free_slots()),
-                                               self.max_workers or 1 << 30))
+        self._job["DMLC_NUM_WORKER"] = str(min(slots, self.max_workers or 1 << 30))
         ray.get([scheduler.start.remote("scheduler", self._job),
                  server.start.remote("server", {**self._job, "DMLC_NODE_HOST": address})],
                 timeout=60)
