@@ -56,6 +56,7 @@ WORKER_SOURCES = [
     "custom_ops/worker/gather_op.cc",
     "custom_ops/worker/credits.cc",
     "custom_ops/worker/timeline.cc",
+    "custom_ops/worker/stats.cc",
     "custom_ops/worker/device.cc",
     "custom_ops/worker/device_host.cc",
     "custom_ops/worker/device_host_group.cc",

@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -65,6 +66,28 @@ void Init(int rank, int size, const std::vector<std::tuple<std::string, int, boo
     result = bps_worker_init(&config);
   }
   Check(result);
+}
+
+// bps_worker_read_stats, as a dict of the struct's fields.
+py::dict ReadStats() {
+  bps_worker_stats stats;
+  bps_worker_read_stats(&stats);
+  py::list counts;
+  for (const auto& by_latency : stats.push_pull_counts)
+    counts.append(std::vector<unsigned long long>(std::begin(by_latency), std::end(by_latency)));
+  py::dict out;
+  out["steps"] = stats.steps;
+  out["step_seconds_sum"] = stats.step_seconds_sum;
+  out["last_step_seconds"] = stats.last_step_seconds;
+  out["last_step_time"] = stats.last_step_time;
+  out["pushed_bytes"] = stats.pushed_bytes;
+  out["pushed_raw_bytes"] = stats.pushed_raw_bytes;
+  out["pulled_bytes"] = stats.pulled_bytes;
+  out["failed_operations"] = stats.failed_operations;
+  out["push_pull_counts"] = counts;
+  out["push_pull_seconds"] = std::vector<double>(std::begin(stats.push_pull_seconds),
+                                                 std::end(stats.push_pull_seconds));
+  return out;
 }
 
 // bps_control_keys: (node to scheduler, scheduler to node).
@@ -282,6 +305,19 @@ PYBIND11_MODULE(_bps_worker, m) {
         "The canonical text of compressor `spec` (ValueError naming what is wrong).");
   m.def("decompress", &Decompress, py::arg("spec"), py::arg("data"), py::arg("n"),
         "The n float32 elements (bytes) that compressed `data` stands for.");
+  m.def("read_stats", &ReadStats,
+        "What this process's workers have done (bps_worker_stats in c_api.h) as a dict; "
+        "push_pull_counts: per size class, the finished push_pulls per latency bucket.");
+  m.def(
+      "stats_bounds",
+      [] {
+        const unsigned long long* sizes = bps_stats_size_bounds();
+        const double* latencies = bps_stats_latency_bounds();
+        return py::make_tuple(
+            std::vector<unsigned long long>(sizes, sizes + BPS_STATS_SIZE_CLASSES - 1),
+            std::vector<double>(latencies, latencies + BPS_STATS_LATENCY_BUCKETS - 1));
+      },
+      "The upper bounds of the size classes (bytes) and latency buckets (seconds).");
   m.def(
       "shutdown",
       [] {

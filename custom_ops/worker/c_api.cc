@@ -14,6 +14,7 @@
 #include "../common/reduce.h"
 #include "c_api_errors.h"
 #include "device.h"
+#include "stats.h"
 #include "task.h"
 #include "worker.h"
 
@@ -69,6 +70,13 @@ struct WorkerState {
 WorkerState& State() {
   static WorkerState* state = new WorkerState();  // Never destroyed: ops may finish at exit.
   return *state;
+}
+
+// This process's figures, one set for every engine an elastic job makes as it re-forms
+// (stats.h). Never destroyed, as State().
+const std::shared_ptr<WorkerStats>& ProcessStats() {
+  static auto* stats = new std::shared_ptr<WorkerStats>(std::make_shared<WorkerStats>());
+  return *stats;
 }
 
 // The worker bps.init() set up (null on the single-worker local path); false
@@ -299,6 +307,7 @@ int bps_worker_init(const bps_worker_config* config) {
   options.generation = config->generation;
   options.move_lost_servers = config->move_lost_servers != 0;
   options.notify_fd = config->notify_fd;
+  options.stats = bps::ProcessStats();
   status = bps::CopyServers(*config, &options.servers);
   if (!status.ok()) return bps::Fail(status);
   status = bps::CopyShares(config->server_shares, options.servers.size(), &options.server_shares);
@@ -513,3 +522,12 @@ void bps_worker_shutdown(void) {
 }
 
 }  // extern "C"
+
+void bps_worker_read_stats(bps_worker_stats* out) { bps::ProcessStats()->Read(out); }
+
+const unsigned long long* bps_stats_size_bounds(void) {
+  static_assert(sizeof(unsigned long long) == sizeof(uint64_t), "the bounds are read in place");
+  return reinterpret_cast<const unsigned long long*>(bps::WorkerStats::kSizeBounds.data());
+}
+
+const double* bps_stats_latency_bounds(void) { return bps::WorkerStats::kLatencyBounds.data(); }

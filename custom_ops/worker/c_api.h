@@ -125,6 +125,31 @@ int bps_worker_move_lost_server(int server);
 /* Copies why the worker failed (a server died, say; empty when healthy) into buf. */
 int bps_worker_failure(char* buf, int capacity);
 void bps_worker_shutdown(void);
+
+/* What this process's workers have done since it started, across the engines an
+ * elastic job makes (worker/stats.h): the figures of its metrics endpoint. */
+/* push_pull input sizes up to 4 KiB, 64 KiB, 1 MiB, 16 MiB, 256 MiB, and more; and
+ * latencies up to 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250 ms, 0.5, 1, 2.5, 5, 10 s, and more. */
+#define BPS_STATS_SIZE_CLASSES 6
+#define BPS_STATS_LATENCY_BUCKETS 15
+typedef struct bps_worker_stats {
+  unsigned long long steps;  /* rounds of the step tensor, the first one reduced */
+  double step_seconds_sum;   /* between consecutive steps (steps - 1 of them) */
+  double last_step_seconds;
+  double last_step_time;     /* when the last step ended, in seconds since the epoch; 0: none */
+  unsigned long long pushed_bytes;     /* sent to the servers, compressed where compressed */
+  unsigned long long pushed_raw_bytes; /* the same partitions before compression */
+  unsigned long long pulled_bytes;     /* answers from the servers */
+  unsigned long long failed_operations;
+  /* Finished push_pulls by input size class and by latency bucket (not cumulative). */
+  unsigned long long push_pull_counts[BPS_STATS_SIZE_CLASSES][BPS_STATS_LATENCY_BUCKETS];
+  double push_pull_seconds[BPS_STATS_SIZE_CLASSES];
+} bps_worker_stats;
+void bps_worker_read_stats(bps_worker_stats* out);
+/* The upper bounds of the size classes (bytes) and of the latency buckets (seconds):
+ * BPS_STATS_SIZE_CLASSES - 1 and BPS_STATS_LATENCY_BUCKETS - 1 of them. */
+const unsigned long long* bps_stats_size_bounds(void);
+const double* bps_stats_latency_bounds(void);
 /* Horovod's join: blocks until every worker has joined (others' operations go on
  * without this one meanwhile); writes the last rank to join. */
 int bps_worker_join(int* last_rank);

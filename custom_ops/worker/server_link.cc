@@ -157,6 +157,7 @@ bool ServerLink::Push(PartitionTask& partition) {
   // counts from when the push began.
   if (tracer) MarkSent(partition, served_at);
   Status status = SendPartition(partition, data, length, &header);
+  if (status.ok()) owner_->stats()->Pushed(length, partition.push_length);
   if (tracer && status.ok()) {
     const int64_t pushed_at = Timeline::Now();
     tracer->Stage(task.trace_session(), task.name(), task.round(), partition.part, "QUEUE",
@@ -347,6 +348,7 @@ void ServerLink::ReceiveLoop() {
     if (status.ok()) {
       const auto type = static_cast<FrameType>(header.type);
       if (type == FrameType::kReply || type == FrameType::kError) {
+        if (type == FrameType::kReply) owner_->stats()->Pulled(header.length);
         status = HandleReply(header, &payload);
       } else if (type == FrameType::kJoined) {
         status = HandleJoined(header, &payload);

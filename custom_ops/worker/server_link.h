@@ -20,6 +20,7 @@
 #include "credits.h"
 #include "pending.h"
 #include "stage.h"
+#include "stats.h"
 #include "task.h"
 #include "timeline.h"
 
@@ -37,6 +38,8 @@ class ServerLink {
     virtual bool stopping() const = 0;
     // The worker's timeline: never null, recording or not (timeline.h).
     virtual Timeline* timeline() const = 0;
+    // Where the link counts the bytes it moves: never null.
+    virtual WorkerStats* stats() const = 0;
     // The link broke, or its server said why it stops: the worker fails with `reason`.
     virtual void OnLinkFailure(const std::string& reason) = 0;
     // Server `server` went away without a word: it is probably dead. True: the worker

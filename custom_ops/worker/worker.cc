@@ -190,11 +190,13 @@ std::shared_ptr<Task> Worker::MakeTask(TaskSpec spec, Group group, const TensorE
   const DataType dtype = spec.op.dtype;
   const size_t result_bytes = OpPolicyFor(kind).OutputIsInputSized() ? spec.bytes : 0;
   void* const result = spec.output;
+  const size_t input_bytes = spec.bytes;
+  const auto started = WorkerStats::Clock::now();
   auto task = std::make_shared<Task>(
       std::move(spec), std::move(group), entry.id, entry.order, entry.round, options_.timeout_ms,
       std::move(allocate),
-      [this, name, kind, dtype, result, result_bytes, id = entry.id, round = entry.round, traced,
-       traced_from, staging, done = std::move(done)](Status status) {
+      [this, name, kind, dtype, result, result_bytes, input_bytes, started, id = entry.id,
+       round = entry.round, traced, traced_from, staging, done = std::move(done)](Status status) {
         if (traced) timeline_->OperationEnded(traced, name, round, traced_from);
         if (status.ok()) Sample(name, id, round, dtype, "result", result, result_bytes);
         if (staging) {
@@ -202,6 +204,9 @@ std::shared_ptr<Task> Worker::MakeTask(TaskSpec spec, Group group, const TensorE
           Status finished = staging->Finish();
           if (status.ok()) status = finished.WithSuffix(" (tensor '" + name + "')");
         }
+        const bool reduction = IsPushPull(kind) || kind == OpKind::kAsyncPushPull;
+        options_.stats->OperationEnded(reduction, status.ok(), id, input_bytes,
+                                       WorkerStats::Clock::now() - started);
         OnTaskFinished(name, kind, id, round, status);
         if (staging) staged_.Ended(staging.get());
         done(status);

@@ -38,6 +38,7 @@
 #include "server_link.h"
 #include "server_routes.h"
 #include "stage.h"
+#include "stats.h"
 #include "task.h"
 #include "timeline.h"
 
@@ -93,6 +94,8 @@ struct WorkerOptions {
   int notify_fd = -1;
   // Where tasks on device memory are staged (device.h); null: host tensors only.
   std::shared_ptr<Devices> devices;
+  // Where it counts what it did (stats.h): the process's, for its metrics endpoint.
+  std::shared_ptr<WorkerStats> stats = std::make_shared<WorkerStats>();
 
   Settings settings;
   size_t partition_bytes = 0;  // BYTEPS_PARTITION_BYTES
@@ -145,6 +148,7 @@ class Worker : public ServerLink::Owner, public LocalMerge::Owner, public Device
   // its file is written.
   void StopTimeline() { timeline_->Stop(TimelineWait()); }
   Timeline* timeline() const override { return timeline_.get(); }
+  WorkerStats* stats() const override { return options_.stats.get(); }
   // Registers process set `id` (ranks of this job) here and at every server; every
   // worker registers the same sets. No ranks: removes it.
   Status SetProcessSet(uint32_t id, std::vector<int32_t> ranks);

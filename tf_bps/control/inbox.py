@@ -14,6 +14,7 @@ at a bounded rate per source address.
 
 from __future__ import annotations
 
+import collections
 import logging
 import re
 import socket
@@ -89,6 +90,9 @@ class Inbox:
         # The connections that proved the token, with their seals (BYTEPS_ENCRYPT).
         self._seals = SchedulerSeals(config.job_token, config.encrypt)
         self._encrypt = config.encrypt
+        # Messages turned away, by why (malformed, refused, replayed, unopened, flood):
+        # the scheduler's metrics.
+        self.turned_away: collections.Counter[str] = collections.Counter()
 
     def send(self, identity: bytes, message: dict) -> None:
         message = self._seals.seal(identity, message)
@@ -101,6 +105,7 @@ class Inbox:
         """Refuses a registration that proved the token (the node hears why): its
         connection is not the job's."""
         log.warning("refused a registration: %s", refusal)
+        self.turned_away["refused"] += 1
         self.send(identity, {"type": "abort", "reason": refusal})
         self._seals.forget(identity)
 
@@ -115,6 +120,7 @@ class Inbox:
     def _warn(self, source: str, what: str, text: str, *args) -> None:
         """A warning about what `source` sent, at a bounded rate per source and `what`
         (malformed, refused, ...: one kind of trouble does not hide another)."""
+        self.turned_away[what] += 1
         held = self._warnings.allow(f"{what} {source}")
         if held is not None:
             log.warning(text + (" (and %d more from it held back)" if held else ""),
@@ -144,6 +150,7 @@ class Inbox:
                                 "faster", OUTSIDER_MESSAGES_PER_S)
                 self._keep_the_door(pause)
                 if not self._budgets.allow(parts[0]):
+                    self.turned_away["flood"] += 1
                     continue  # Past its connection's budget: dropped unread.
             received = self._take(parts, _source(frames[-1]))
             if received is not None and received[1]["type"] == "register":
@@ -213,6 +220,7 @@ class Inbox:
                       "and the scheduler seals them") + (
                 " (BYTEPS_ENCRYPT): start every node of the job with the same setting")
             log.warning("refused a registration from %s: %s", source, reason)
+            self.turned_away["refused"] += 1
             self._send_clear(identity, {"type": "abort", "reason": reason, "proof": proof(
                 self._token, "scheduler", f"{said}|{reason}")})
             return None

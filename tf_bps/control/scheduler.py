@@ -13,6 +13,7 @@ reaches the rounds of a newer one. Without BYTEPS_ELASTIC, any loss ends the job
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import sys
@@ -23,6 +24,8 @@ import zmq
 from tf_bps.control.inbox import Inbox, quoted
 from tf_bps.control.membership import Gathering, Node, address_books
 from tf_bps.control.membership_changes import JobFailed, MembershipChanges
+from tf_bps.control.scheduler_metrics import Membership, SchedulerCollector
+from tf_bps.runtime import metrics
 from tf_bps.runtime.config import Config, ConfigError, configure_logging
 
 log = logging.getLogger("tf_bps.scheduler")
@@ -43,6 +46,7 @@ class Scheduler:
         self._inbox = Inbox(config, is_member=lambda identity: (
             identity in self._nodes or self._changes.is_launcher(identity)))
         self._changes = MembershipChanges(config, self._inbox)
+        self._membership = Membership()  # what the metrics endpoint reads, replaced whole
 
     def run(self) -> int:
         if not self._config.job_token:
@@ -50,6 +54,8 @@ class Scheduler:
                         "ports can join it (bpslaunch -np sets one; set the same on every "
                         "node of a job started role by role)")
         try:
+            metrics.serve(self._config, SchedulerCollector(
+                lambda: self._membership, lambda: self._inbox.turned_away), "scheduler")
             self._rendezvous(Gathering(0, time.monotonic() + self._config.start_timeout, {}))
             self._supervise()
             return 0
@@ -168,6 +174,7 @@ class Scheduler:
         """Gathers one generation's registrations and sends its address books."""
         config = self._config
         self._gathering = gathering
+        self._membership = dataclasses.replace(self._membership, forming=True)
         changes = self._changes
         for node in changes.take_joiners():
             self._admit(gathering, node)
@@ -280,6 +287,9 @@ class Scheduler:
         for identity, book in books:
             self._inbox.send(identity, book)
         size, servers = len(gathering.workers), len(gathering.servers)
+        self._membership = Membership(
+            workers=size, servers=servers, generation=gathering.number, forming=False,
+            reforms=self._membership.reforms + (0 if gathering.first else 1))
         if gathering.first:
             log.info("job started: %d worker(s), %d server(s)", size, servers)
         else:

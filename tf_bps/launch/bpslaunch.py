@@ -27,6 +27,7 @@ from tf_bps.launch import build_check, remote
 from tf_bps.launch.discovery import DiscoveryError
 from tf_bps.launch.elastic_driver import ElasticDriver, ElasticSettings
 from tf_bps.launch.hosts import Host, HostError, Layout, parse_hosts, plan_layout, read_hostfile
+from tf_bps.launch.metrics_ports import MetricsPorts
 from tf_bps.launch.output import JobOutput
 from tf_bps.launch.remote import SshOptions
 from tf_bps.launch.supervisor import (
@@ -158,6 +159,10 @@ def _plan_processes(layout: Layout, command: list[str], base: dict[str, str],
                                                "task": {"type": "worker", "index": rank}})
             processes.append(ProcessPlan(f"worker {rank}", command, env, is_worker=True,
                                          prefix=f"[{rank}]: "))
+    ports = MetricsPorts(base)
+    for host, processes in plans.items():
+        for process in processes:
+            ports.assign("this machine" if local[host] else host, process.env)
     return plans
 
 
@@ -203,12 +208,15 @@ def _launch_discovered(args: argparse.Namespace, ssh: SshOptions, elastic: dict[
     if args.network_interface:
         job["DMLC_INTERFACE"] = args.network_interface
 
+    ports = MetricsPorts(base)
+
     def worker_plan(host: str, index: int, local: bool) -> ProcessPlan:
         # The first generation numbers its workers by DMLC_WORKER_ID; later ones by
         # their order of arrival, whatever their id.
         env = {**job, "DMLC_ROLE": "worker", "HOROVOD_HOSTNAME": host,
                "BYTEPS_ELASTIC_WORKER_NAME": f"{host}#{index}",
                "DMLC_WORKER_ID": str(index if index < int(job["DMLC_NUM_WORKER"]) else 0)}
+        ports.assign("this machine" if local else host, env)
         return ProcessPlan(f"worker {index} on {host}", args.command, env, is_worker=True,
                            prefix=f"[{host}#{index}]: ", hide_tf_notices=output.hide_tf_notices)
 
@@ -224,6 +232,8 @@ def _launch_discovered(args: argparse.Namespace, ssh: SshOptions, elastic: dict[
                                base.get("DMLC_NODE_HOST") or socket.gethostname())
     helpers = [helper_plan("scheduler", "scheduler", job)]
     helpers += [helper_plan("server", f"server {i}", job) for i in range(args.num_servers or 1)]
+    for helper in helpers:
+        ports.assign("this machine", helper.env)
     supervisor.start_host(helpers, base)
     driver.start_workers(hosts)
     polling = threading.Thread(target=driver.run, name="host-discovery", daemon=True)

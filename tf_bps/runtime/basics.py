@@ -12,7 +12,7 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 
-from tf_bps.runtime import core
+from tf_bps.runtime import core, metrics
 from tf_bps.runtime import process_sets as process_sets_module
 from tf_bps.runtime.cluster_env import Placement
 from tf_bps.runtime.config import Config, configure_logging
@@ -46,6 +46,9 @@ _suspended: _Job | None = None  # bps.suspend() left this job; bps.resume() join
 # The agent running the scheduler or server a cluster manager's placement asked this
 # process for (launch/agent.py --cluster-helpers); it ends them once this process is gone.
 _cluster_helpers = None
+# This process's Prometheus endpoint (BYTEPS_METRICS_PORT), once started: one for the
+# process's life, whatever generations an elastic job goes through.
+_metrics_port: int | None = None
 
 
 def _become_server() -> None:
@@ -81,7 +84,7 @@ def init(comm=None, process_sets=None) -> None:
 
 
 def _join(lost_server: str | None = None) -> None:
-    global _job, _cluster_helpers
+    global _job, _cluster_helpers, _metrics_port
     with _lock:
         if _job is not None:
             return
@@ -97,6 +100,10 @@ def _join(lost_server: str | None = None) -> None:
             raise RuntimeError(f"bps.init() runs in workers, but DMLC_ROLE={config.role!r}")
         configure_logging(config, f"tf_bps worker {config.rank}")
         core.set_logging(config, f"tf_bps worker {config.rank}")
+        if config.metrics_port is not None and _metrics_port is None:
+            # Before joining: a port it cannot have fails init.
+            _metrics_port = metrics.serve(config, metrics.WorkerCollector(_rank_and_size),
+                                          "worker")
         if not config.distributed:
             core.worker_init_local()
             _job = _Job(config, rank=0, size=1, local_rank=0, local_size=1, link=None)
@@ -147,6 +154,12 @@ def _join(lost_server: str | None = None) -> None:
             _pin_gpu(_job.local_rank)
     atexit.unregister(shutdown)  # Once, however often an elastic job re-forms.
     atexit.register(shutdown)
+
+
+def _rank_and_size() -> tuple[int, int]:
+    """This worker's place in the job now (-1 and 0 between two generations)."""
+    job = _job
+    return (job.rank, job.size) if job else (-1, 0)
 
 
 def _timeline_path(config: Config, rank: int, local_rank: int) -> str | None:

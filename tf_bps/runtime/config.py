@@ -314,6 +314,9 @@ class Config:
     timeline_file: str  # HOROVOD_TIMELINE: rank 0's timeline goes here instead
     enable_gdb: bool  # bpslaunch runs each worker under gdb and prints its backtrace
     debug_sample_tensor: str  # a tensor name or id whose values workers log at each stage
+    # BYTEPS_METRICS_PORT: this process's Prometheus endpoint (metrics.py); None: none,
+    # 0: any free port.
+    metrics_port: int | None
     log_level: str
     ps_verbose: int
     node_host: str | None
@@ -409,6 +412,7 @@ class Config:
             timeline_file=_text(env, "HOROVOD_TIMELINE"),
             enable_gdb=_flag(env, "BYTEPS_ENABLE_GDB"),
             debug_sample_tensor=_text(env, "BYTEPS_DEBUG_SAMPLE_TENSOR"),
+            metrics_port=_int(env, "BYTEPS_METRICS_PORT"),
             log_level=_choice(env, "BYTEPS_LOG_LEVEL"),
             ps_verbose=int(_choice(env, "PS_VERBOSE")),
             node_host=_text(env, "DMLC_NODE_HOST") or None,

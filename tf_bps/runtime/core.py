@@ -190,3 +190,15 @@ def worker_join() -> int:
 
 def worker_shutdown() -> None:
     worker_engine().shutdown()
+
+
+def worker_stats() -> dict:
+    """What this process's workers have done since it started (bps_worker_stats in
+    c_api.h): steps, bytes, push_pull latencies by size class and bucket."""
+    return worker_engine().read_stats()
+
+
+def worker_stats_bounds() -> tuple[list[int], list[float]]:
+    """The upper bounds of worker_stats's size classes (bytes) and latency buckets
+    (seconds); the last class and bucket have none."""
+    return worker_engine().stats_bounds()
