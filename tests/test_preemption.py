@@ -1,13 +1,16 @@
 """Preemption notices (SIGTERM, as spot machines and Kubernetes pod deletions send): in an
 elastic job the worker finishes its step, leaves at the next commit and exits 0, and the
 others go on without a restore or a lost step; in a job that cannot re-form, the signal
-ends every process within seconds, and the launcher names it."""
+ends every process within seconds, and the launcher names it. Both through bpslaunch and
+under a cluster manager's start (mpirun)."""
 
 import os
 import re
+import shutil
 import signal
 import time
 
+import pytest
 from harness import LAUNCH, base_env, finish, marked_json, wait_for_line, worker_command
 
 
@@ -63,3 +66,71 @@ def test_sigterm_to_a_worker_of_a_job_that_cannot_re_form_ends_it_naming_the_sig
         output
     for pid in everyone:
         assert not os.path.exists(f"/proc/{pid}"), f"process {pid} still runs:\n{output}"
+
+
+def _mpirun(procs, count: int, script: str, *args: str, **env):
+    """A job of `count` ranks under a real mpirun (Debian's Open MPI), each process finding
+    its place from Open MPI's variables (cluster_env.py): (mpirun, its tree's PIDs once
+    every rank printed READY, the rank processes by rank)."""
+    if not shutil.which("mpirun"):
+        pytest.skip("mpirun is not installed (apt-get install openmpi-bin)")
+    forwarded = [flag for name in env for flag in ("-x", name)]
+    mpirun = procs.start(["mpirun", "-np", str(count), "--oversubscribe", "--bind-to", "none",
+                          "--tag-output", *forwarded, *worker_command(script, *args)],
+                         base_env(OMPI_ALLOW_RUN_AS_ROOT=1, OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1,
+                                  **env))
+    for _ in range(count):
+        wait_for_line(mpirun, "READY")
+    everyone = _tree(mpirun.pid)
+    ranks = {int(open(f"/proc/{pid}/environ").read().split("OMPI_COMM_WORLD_RANK=")[1]
+                 .split("\0")[0]): pid
+             for pid in everyone if script in open(f"/proc/{pid}/cmdline").read()
+             and "mpirun" not in open(f"/proc/{pid}/cmdline").read()}
+    assert sorted(ranks) == list(range(count)), everyone
+    return mpirun, everyone, ranks
+
+
+def _tree(pid: int) -> list[int]:
+    return [pid, *(grandchild for child in _children(pid) for grandchild in _tree(child))]
+
+
+def test_under_mpirun_sigterm_to_a_rank_ends_every_process_naming_it(procs):
+    mpirun, everyone, ranks = _mpirun(procs, 2, "loop.py")
+    os.kill(ranks[1], signal.SIGTERM)
+    noticed = time.monotonic()
+    status, output = finish(mpirun, timeout=30)
+    assert time.monotonic() - noticed < 10, output
+    assert status != 0, output
+    # mpirun names the rank and the signal; the scheduler and servers (which rank 0's
+    # process started) name the worker the job lost.
+    assert re.search(r"process rank 1 .* exited on signal 15", output), output
+    assert "worker rank 1 (a worker on this host) disconnected" in output, output
+    while (running := [pid for pid in everyone if _runs(pid)]) and \
+            time.monotonic() - noticed < 10:
+        time.sleep(0.1)
+    assert not running, output
+
+
+def _runs(pid: int) -> bool:
+    """Whether `pid` is a process that has not exited (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_under_mpirun_an_elastic_worker_told_to_stop_leaves_and_the_others_go_on(procs):
+    mpirun, _, ranks = _mpirun(procs, 3, "elastic_training.py", "120", "0.05",
+                               BYTEPS_ELASTIC=1, BYTEPS_ELASTIC_MIN_WORKERS=2)
+    wait_for_line(mpirun, r",2\]<stdout>:COMMIT rank \d+ step 10\b")
+    os.kill(ranks[2], signal.SIGTERM)
+    status, output = finish(mpirun, timeout=90)
+    assert status == 0, output  # the leaver exits 0 too, and mpirun with it
+    left = re.search(r",2\]<stdout>:PREEMPTED rank 2 step (\d+)", output)
+    assert left, output
+    reports = marked_json(re.sub(r"\[\d+,\d+\]<stdout>:", "\n", output))
+    assert sorted(reports) == [0, 1], output
+    for report in reports.values():
+        assert report["sizes"] == [3, 2] and report["restores"] == 0, report
+        assert report["weight"] == 120.0 and report["step"] == 120, report

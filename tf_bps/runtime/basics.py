@@ -94,7 +94,8 @@ def _join(lost_server: str | None = None) -> None:
             # serves until the job ends and exits, as TensorFlow's ps tasks do in
             # server.join().
             _become_server()
-        if config.cluster is not None:
+        if config.cluster is not None and _cluster_helpers is None:
+            # Once per process: an elastic job's re-forms join again, to the same ones.
             _cluster_helpers = _start_cluster_helpers(config.cluster)
         if config.role not in (None, "worker"):
             raise RuntimeError(f"bps.init() runs in workers, but DMLC_ROLE={config.role!r}")
