@@ -79,6 +79,8 @@ SERVER_ENGINE_SOURCES = [
     "custom_ops/server/server.cc",
     "custom_ops/server/acceptor.cc",
     "custom_ops/server/straggler_watch.cc",
+    "custom_ops/server/server_metrics.cc",
+    "custom_ops/server/metrics_endpoint.cc",
 ]
 COMPRESSION_SOURCES = [
     "custom_ops/compression/compressor.cc",

@@ -22,7 +22,9 @@
 #include "../common/logging.h"
 #include "../control/scheduler_link.h"
 #include "../control/settings.h"
+#include "metrics_endpoint.h"
 #include "server.h"
+#include "server_metrics.h"
 
 namespace bps {
 namespace {
@@ -269,6 +271,30 @@ int Serve(const Settings& settings) {
   ServerOptions options = ServerOptions::From(settings);
   options.host = settings.Flag("BYTEPS_LISTEN_ANY") ? "" : ListenAddress(host);
 
+  // The Prometheus endpoint lives as long as the process, across the job's generations,
+  // and so do its figures: counters never go back. Declared in this order, the endpoint
+  // (whose thread reads the figures) ends before them, and every Server before both.
+  ServerMetrics metrics;
+  options.metrics = &metrics;
+  MetricsEndpoint endpoint;
+  if (settings.IsSet("BYTEPS_METRICS_PORT")) {
+    // It listens where the server does (config.py's listen_host, as the workers' and
+    // the scheduler's endpoints): every interface unless the advertised address is one
+    // of this machine's.
+    const int wanted = static_cast<int>(settings.Int("BYTEPS_METRICS_PORT"));
+    int bound = 0;
+    status = endpoint.Start(options.host, wanted, [&metrics] { return metrics.Render(); },
+                            &bound);
+    if (!status.ok()) {
+      fprintf(stderr,
+              "%s: BYTEPS_METRICS_PORT=%d: the server's Prometheus endpoint cannot listen "
+              "there (%s)\n",
+              kPrefix, wanted, status.message().c_str());
+      return 2;
+    }
+    BPS_LOG(kWarning) << "metrics at http://" << host << ":" << bound << "/metrics";
+  }
+
   SchedulerLinkOptions link_options;
   link_options.host = settings.Text("DMLC_PS_ROOT_URI");
   link_options.port = static_cast<int>(settings.Int("DMLC_PS_ROOT_PORT"));
@@ -329,6 +355,7 @@ constexpr char kUsage[] =
     "  HOROVOD_START_TIMEOUT               how long it waits for the job to form\n"
     "  BYTEPS_ENABLE_ASYNC, BYTEPS_ELASTIC  the training mode\n"
     "  BYTEPS_LOG_LEVEL, PS_VERBOSE         how much it says\n"
+    "  BYTEPS_METRICS_PORT                  its Prometheus endpoint (0: any free port)\n"
     "README.md, \"Configuration\", lists every variable.\n";
 
 // --help and --version answer; anything else on the command line is a mistake (the

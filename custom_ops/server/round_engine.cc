@@ -52,7 +52,11 @@ class RoundEngine::KeyPort : public RoundAnswers, public ResultMemory {
 
 RoundEngine::RoundEngine(Host* host, Setup setup) : host_(host), setup_(setup) {}
 
-RoundEngine::~RoundEngine() { Stop(); }
+RoundEngine::~RoundEngine() {
+  Stop();
+  std::lock_guard<std::mutex> lock(mutex_);
+  setup_.metrics->Queued(-static_cast<int64_t>(queue_.size()));
+}
 
 void RoundEngine::Start() {
   thread_ = std::thread([this] { Loop(); });
@@ -62,6 +66,7 @@ void RoundEngine::Enqueue(EngineItem item) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back(std::move(item));
+    setup_.metrics->Queued(1);
   }
   cv_.notify_one();
 }
@@ -70,6 +75,7 @@ void RoundEngine::EnqueueFirst(EngineItem item) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_front(std::move(item));
+    setup_.metrics->Queued(1);
   }
   cv_.notify_one();
 }
@@ -114,6 +120,7 @@ void RoundEngine::Loop() {
       if (stopping_) return;
       item = std::move(queue_.front());
       queue_.pop_front();
+      setup_.metrics->Queued(-1);
     }
     switch (item.kind_of_item) {
       case EngineItem::Kind::kFailRounds:
@@ -172,6 +179,8 @@ void RoundEngine::Process(EngineItem item) {
       const std::vector<uint32_t> single{item.rank};
       const auto& counts_for = item.host_merged ? (*setup_.host_ranks)[item.rank] : single;
       if (key.round.Add(arrival, counts_for, item.part, &port)) {
+        // The round's first push opened it just now: it is 0 late.
+        setup_.ranks[item.rank]->PushArrived(std::chrono::steady_clock::now() - key.opened_at);
         key.bytes_in += item.wire_length;
         PolicyFor(key.data.spec.kind)
             .Add(&key.data, item.rank,
@@ -299,6 +308,7 @@ bool RoundEngine::MaybeFinish(const PartitionKey& id, KeyState* key) {
   }
   key->bytes_out += length * Reply(id, *key, result, length);
   key->round.Succeed(&port);
+  setup_.metrics->RoundFinished();
   return true;
 }
 

@@ -28,6 +28,7 @@
 #include "../rounds/round_data.h"
 #include "../wire/protocol.h"
 #include "../wire/shared_memory.h"
+#include "server_metrics.h"
 #include "straggler_watch.h"
 
 namespace bps {
@@ -95,6 +96,10 @@ class RoundEngine {
     int stall_shutdown_ms = 0;
     // Hears who ended each round of several workers (null: nobody watches).
     StragglerWatch* stragglers = nullptr;
+    // The process's figures (never null), and its entry of each worker rank (by rank):
+    // the engine counts rounds, its queue and how late each push arrives.
+    ServerMetrics* metrics = nullptr;
+    std::vector<ServerMetrics::Rank*> ranks;
   };
 
   RoundEngine(Host* host, Setup setup);
@@ -103,7 +108,8 @@ class RoundEngine {
   void Enqueue(EngineItem item);
   // Ahead of everything queued (the job is failing).
   void EnqueueFirst(EngineItem item);
-  // Ends the thread; items still queued are dropped.
+  // Ends the thread; items still queued are dropped (and counted out of the queue's
+  // depth once the engine is destroyed, when no reader can queue more).
   void Stop();
   // Adds each tensor's traffic (bytes in, bytes out) to `by_tensor`; after Stop().
   void AddTraffic(std::map<uint64_t, std::pair<uint64_t, uint64_t>>* by_tensor) const;

@@ -39,7 +39,10 @@ ServerOptions ServerOptions::From(const Settings& settings) {
   return options;
 }
 
-Server::Server(ServerOptions options) : options_(options) {}
+Server::Server(ServerOptions options)
+    : options_(options),
+      own_metrics_(options.metrics ? nullptr : std::make_unique<ServerMetrics>()),
+      metrics_(options.metrics ? options.metrics : own_metrics_.get()) {}
 
 Server::~Server() { Stop(); }
 
@@ -79,12 +82,21 @@ Status Server::Serve(const std::vector<int32_t>& host_of_rank, uint32_t generati
   setup.results = &listener_.shared_results();
   setup.stall_check_ms = options_.stall_check_ms;
   setup.stall_shutdown_ms = options_.stall_shutdown_ms;
+  rank_metrics_ = metrics_->Ranks(num_workers_);
+  setup.metrics = metrics_;
+  setup.ranks = rank_metrics_;
   if (options_.straggler_window_s > 0 && num_workers_ > 1) {
     stragglers_ = std::make_unique<StragglerWatch>(
-        options_.straggler_window_s, options_.straggler_threshold_ms, [this](uint32_t rank) {
+        options_.straggler_window_s, options_.straggler_threshold_ms,
+        [this](uint32_t rank) {
           std::shared_ptr<WorkerConn> worker = ConnOf(rank);
           return "worker rank " + std::to_string(rank) +
                  (worker ? " (" + worker->channel->peer() + ")" : std::string());
+        },
+        [this](const std::vector<uint32_t>& named) {
+          // The straggler gauge shows the last window's verdict: only atomics, no lock.
+          for (size_t r = 0; r < rank_metrics_.size(); ++r)
+            rank_metrics_[r]->straggler.store(std::count(named.begin(), named.end(), r) > 0);
         });
     setup.stragglers = stragglers_.get();
   }
@@ -107,6 +119,7 @@ void Server::ReadLoop(std::shared_ptr<WorkerConn> worker) {
     FrameHeader header;
     DataReader payload;
     status = conn.Receive(&header, &payload, &closed);
+    if (status.ok()) metrics_->Received(header.length);
     if (status.ok() && header.type == static_cast<uint8_t>(FrameType::kBye)) {
       {
         std::lock_guard<std::mutex> lock(conns_mutex_);
@@ -433,16 +446,20 @@ bool Server::SharesMemory(uint32_t rank) {
 
 void Server::Send(uint32_t rank, const FrameHeader& header, const void* payload) {
   std::shared_ptr<WorkerConn> worker = ConnOf(rank);
+  if (!worker) return;
+  Status status = worker->channel->Send(header, payload);
+  if (status.ok()) metrics_->Sent(header.length);
   // A failed send needs no handling here: that worker's reader sees the broken
   // connection and fails the job with the reason.
-  Status status = worker ? worker->channel->Send(header, payload) : Status::OK();
   if (!status.ok()) BPS_LOG(kDebug) << status.message();
 }
 
 void Server::SendResult(uint32_t rank, const FrameHeader& header, const void* data) {
   std::shared_ptr<WorkerConn> worker = ConnOf(rank);
   const SlotKey slot{PartitionKey{header.tensor_id, header.part}};
-  Status status = worker ? worker->channel->SendData(header, data, slot) : Status::OK();
+  if (!worker) return;
+  Status status = worker->channel->SendData(header, data, slot);
+  if (status.ok()) metrics_->Sent(header.length);
   if (!status.ok()) BPS_LOG(kDebug) << status.message();  // As in Send.
 }
 

@@ -31,6 +31,7 @@
 #include "../wire/transport.h"
 #include "../wire/waiting_room.h"
 #include "round_engine.h"
+#include "server_metrics.h"
 
 namespace bps {
 
@@ -60,6 +61,9 @@ struct ServerOptions {
   // watches), and how late the last arrival must be on average to be named.
   double straggler_window_s = 0;
   double straggler_threshold_ms = 0;
+  // The figures the process's Prometheus endpoint shows (server_metrics.h), which must
+  // outlive the server; null: the server counts into figures of its own, unseen.
+  ServerMetrics* metrics = nullptr;
 
   // The options the table's variables give, listening on any free port everywhere.
   static ServerOptions From(const Settings& settings);
@@ -168,6 +172,9 @@ class Server : private RoundEngine::Host, private Roster {
   BlockPool pool_;
   DeclarationBook declarations_;
   std::unique_ptr<StragglerWatch> stragglers_;  // the engines report to it
+  std::unique_ptr<ServerMetrics> own_metrics_;  // when the options give none
+  ServerMetrics* const metrics_;
+  std::vector<ServerMetrics::Rank*> rank_metrics_;  // by rank, from Serve()
   std::vector<std::unique_ptr<RoundEngine>> engines_;
 
   mutable std::mutex conns_mutex_;

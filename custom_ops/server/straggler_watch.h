@@ -15,6 +15,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace bps {
 
@@ -22,8 +23,11 @@ class StragglerWatch {
  public:
   using Clock = std::chrono::steady_clock;
   // `describe(rank)` names a worker in the warning ("worker rank 1 (10.0.0.2:41234)").
+  // `judged(ranks)`, if given, hears the ranks named at the end of each window (none,
+  // often), under the watch's lock: it must not call back into the watch.
   StragglerWatch(double window_s, double threshold_ms,
-                 std::function<std::string(uint32_t)> describe);
+                 std::function<std::string(uint32_t)> describe,
+                 std::function<void(const std::vector<uint32_t>&)> judged = nullptr);
 
   // A round ended; `last_rank` completed it, `late` after the round's first push.
   void RoundEnded(uint32_t last_rank, Clock::duration late, Clock::time_point now);
@@ -39,6 +43,7 @@ class StragglerWatch {
   const Clock::duration window_;
   const double threshold_ms_;
   const std::function<std::string(uint32_t)> describe_;
+  const std::function<void(const std::vector<uint32_t>&)> judged_;
   std::mutex mutex_;
   Clock::time_point window_start_;
   uint64_t rounds_ = 0;
