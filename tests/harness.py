@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,20 @@ def wait_for_line(process: subprocess.Popen, pattern: str) -> re.Match:
         if found:
             return found
     raise AssertionError(f"{process.args} ended before printing {pattern!r}")
+
+
+def scrape(port: int, timeout: float = 10) -> dict:
+    """{(name, labels...): value} of the samples a Prometheus endpoint on this machine
+    serves (BYTEPS_METRICS_PORT), parsed by prometheus-client's own parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as answer:
+        assert answer.headers["Content-Type"].startswith("text/plain; version=")
+        text = answer.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, *sorted(sample.labels.items()))] = sample.value
+    return samples
 
 
 def worker_command(script: str, *args: str) -> list[str]:

@@ -14,27 +14,15 @@ import urllib.error
 import urllib.request
 
 import pytest
-from harness import LAUNCH, base_env, module_job, worker_command
+from harness import LAUNCH, base_env, module_job, scrape, worker_command
 
-parser = pytest.importorskip("prometheus_client.parser")
+pytest.importorskip("prometheus_client")
 
 ELEMENTS = 50000  # float32: 200 KB a push_pull, one partition, in the "1MiB" size class
 ROUNDS = 60
 DEADLINE_S = 2.0  # a request's, at every endpoint (metrics.py, MetricsEndpoint)
 ENDPOINT = re.compile(r"tf_bps (scheduler|server|worker)( \d+)?\b.* metrics at "
                       r"http://[^:]+:(\d+)/metrics")
-
-
-def scrape(port: int, timeout: float = 10) -> dict:
-    """{(name, labels...): value} of one endpoint's samples."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as answer:
-        assert answer.headers["Content-Type"].startswith("text/plain; version=")
-        text = answer.read().decode()
-    samples = {}
-    for family in parser.text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples[(sample.name, *sorted(sample.labels.items()))] = sample.value
-    return samples
 
 
 def scrape_when(port: int, ready, timeout: float = 60) -> dict:

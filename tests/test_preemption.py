@@ -11,12 +11,23 @@ import signal
 import time
 
 import pytest
-from harness import LAUNCH, base_env, finish, marked_json, wait_for_line, worker_command
+from harness import (
+    LAUNCH,
+    base_env,
+    finish,
+    marked_json,
+    scrape,
+    wait_for_line,
+    worker_command,
+)
 
 
 def test_an_elastic_worker_told_to_stop_leaves_at_its_next_commit_and_exits_0(procs):
     job = procs.start_job_by_role(3, 1, "elastic_training.py", "200", "0.05",
-                                  BYTEPS_ELASTIC=1, BYTEPS_ELASTIC_MIN_WORKERS=2)
+                                  BYTEPS_ELASTIC=1, BYTEPS_ELASTIC_MIN_WORKERS=2,
+                                  BYTEPS_METRICS_PORT=0)
+    metrics = int(wait_for_line(job["scheduler"], r"scheduler metrics at http://[^:]+:(\d+)/")
+                  .group(1))
     pids = [int(wait_for_line(job[f"worker{rank}"], r"READY rank \d+ pid (\d+)").group(1))
             for rank in range(3)]
     wait_for_line(job["worker2"], r"COMMIT rank \d+ step 10\b")  # training, past a commit
@@ -29,6 +40,11 @@ def test_an_elastic_worker_told_to_stop_leaves_at_its_next_commit_and_exits_0(pr
     left = re.search(r"PREEMPTED rank 2 step (\d+) weight ([\d.]+)", output)
     assert left, output
     assert left_after < 30, output  # within a grace period (the next commit: every 5 steps)
+    # The scheduler's endpoint counts the re-form; its figures outlive generations.
+    scheduler = scrape(metrics)
+    assert scheduler[("tf_bps_scheduler_generation",)] == 1, scheduler
+    assert scheduler[("tf_bps_scheduler_reforms_total",)] == 1, scheduler
+    assert scheduler[("tf_bps_scheduler_workers",)] == 2, scheduler
     left_step = int(left.group(1))
     assert float(left.group(2)) == left_step  # the hook saw the committed state
     for rank in (0, 1):
@@ -79,8 +95,9 @@ def _mpirun(procs, count: int, script: str, *args: str, **env):
                           "--tag-output", *forwarded, *worker_command(script, *args)],
                          base_env(OMPI_ALLOW_RUN_AS_ROOT=1, OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1,
                                   **env))
-    for _ in range(count):
-        wait_for_line(mpirun, "READY")
+    ready = 0
+    while ready < count:  # mpirun may pass two ranks' lines as one
+        ready += next(mpirun.stdout).count("READY")
     everyone = _tree(mpirun.pid)
     ranks = {int(open(f"/proc/{pid}/environ").read().split("OMPI_COMM_WORLD_RANK=")[1]
                  .split("\0")[0]): pid
