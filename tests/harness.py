@@ -4,6 +4,7 @@ by test modules (conftest.py holds only pytest's hooks and fixtures)."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -75,6 +76,29 @@ def scrape(port: int, timeout: float = 10) -> dict:
     return samples
 
 
+def runs(pid: int) -> bool:
+    """Whether process `pid` has not exited (a zombie, which nobody reaped yet, has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes `pid` started, and theirs, as they are now."""
+    found = []
+    for task in glob.glob(f"/proc/{pid}/task/*/children"):
+        try:
+            with open(task) as listed:
+                children = [int(child) for child in listed.read().split()]
+        except FileNotFoundError:
+            continue
+        for child in children:
+            found += [child, *descendants(child)]
+    return found
+
+
 def worker_command(script: str, *args: str) -> list[str]:
     return [sys.executable, str(WORKERS / script), *args]
 
@@ -133,11 +157,19 @@ class Processes:
 
     @staticmethod
     def end(process: subprocess.Popen) -> None:
+        """Ends the process, its group, and whatever it started in groups of their own
+        (mpirun's ranks, say), by PID."""
         if process.poll() is None:
+            started = descendants(process.pid)
             try:
                 os.killpg(process.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+            for pid in started:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         process.wait()
 
     def end_all(self) -> None:

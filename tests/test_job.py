@@ -3,12 +3,22 @@
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
 
 import pytest
-from harness import LAUNCH, base_env, finish, free_port, module_job, worker_command
+from harness import (
+    LAUNCH,
+    base_env,
+    descendants,
+    finish,
+    free_port,
+    module_job,
+    runs,
+    worker_command,
+)
 from harness import marked_json as reports
 
 from tf_bps.runtime.config import Config, ConfigError
@@ -266,6 +276,23 @@ def test_killed_worker_fails_the_others_quickly(procs):
         assert "worker rank 1" in output and "tensor 'loop" in output, output
     assert finish(job["scheduler"], timeout=20)[0] == 1
     assert finish(job["server0"], timeout=20)[0] == 1
+
+
+def test_a_launcher_killed_outright_takes_its_whole_job_with_it(procs):
+    # Each child has a session of its own (so that the launcher can end it by group),
+    # and dies with the launcher however the launcher ends: nothing is left to run on.
+    launcher = procs.start([*LAUNCH, "-np", "2", *worker_command("loop.py")], base_env())
+    for _ in range(2):
+        _wait_ready(launcher, "a worker")
+    job = descendants(launcher.pid)
+    assert len(job) >= 4, job  # the scheduler, the servers, two workers
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.wait()
+    deadline = time.monotonic() + 10
+    while (left := [pid for pid in job if runs(pid)]) and \
+            time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, left
 
 
 @pytest.mark.parametrize("merge,waits_for", [("1", "worker rank 1"), ("0", "server 0")],

@@ -14,8 +14,10 @@ import pytest
 from harness import (
     LAUNCH,
     base_env,
+    descendants,
     finish,
     marked_json,
+    runs,
     scrape,
     wait_for_line,
     worker_command,
@@ -61,16 +63,11 @@ def test_an_elastic_worker_told_to_stop_leaves_at_its_next_commit_and_exits_0(pr
     assert status == 0 and "told to stop ('SIGTERM')" in output, output
 
 
-def _children(pid: int) -> list[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as listed:
-        return [int(child) for child in listed.read().split()]
-
-
 def test_sigterm_to_a_worker_of_a_job_that_cannot_re_form_ends_it_naming_the_signal(procs):
     launcher = procs.start([*LAUNCH, "-np", "2", *worker_command("loop.py")], base_env())
     wait_for_line(launcher, "READY")
     wait_for_line(launcher, "READY")
-    everyone = _children(launcher.pid)  # the scheduler, the servers and the workers
+    everyone = descendants(launcher.pid)  # the scheduler, the servers and the workers
     workers = [child for child in everyone if "loop.py" in open(f"/proc/{child}/cmdline").read()]
     assert len(workers) == 2, everyone
     os.kill(workers[1], signal.SIGTERM)
@@ -98,17 +95,13 @@ def _mpirun(procs, count: int, script: str, *args: str, **env):
     ready = 0
     while ready < count:  # mpirun may pass two ranks' lines as one
         ready += next(mpirun.stdout).count("READY")
-    everyone = _tree(mpirun.pid)
+    everyone = [mpirun.pid, *descendants(mpirun.pid)]
     ranks = {int(open(f"/proc/{pid}/environ").read().split("OMPI_COMM_WORLD_RANK=")[1]
                  .split("\0")[0]): pid
              for pid in everyone if script in open(f"/proc/{pid}/cmdline").read()
              and "mpirun" not in open(f"/proc/{pid}/cmdline").read()}
     assert sorted(ranks) == list(range(count)), everyone
     return mpirun, everyone, ranks
-
-
-def _tree(pid: int) -> list[int]:
-    return [pid, *(grandchild for child in _children(pid) for grandchild in _tree(child))]
 
 
 def test_under_mpirun_sigterm_to_a_rank_ends_every_process_naming_it(procs):
@@ -122,19 +115,11 @@ def test_under_mpirun_sigterm_to_a_rank_ends_every_process_naming_it(procs):
     # process started) name the worker the job lost.
     assert re.search(r"process rank 1 .* exited on signal 15", output), output
     assert "worker rank 1 (a worker on this host) disconnected" in output, output
-    while (running := [pid for pid in everyone if _runs(pid)]) and \
+    while (running := [pid for pid in everyone if runs(pid)]) and \
             time.monotonic() - noticed < 10:
         time.sleep(0.1)
     assert not running, output
 
-
-def _runs(pid: int) -> bool:
-    """Whether `pid` is a process that has not exited (a zombie has)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_under_mpirun_an_elastic_worker_told_to_stop_leaves_and_the_others_go_on(procs):

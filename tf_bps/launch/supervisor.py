@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tf_bps.launch import affinity
+from tf_bps.launch.lifeline import dies_with_this_process
 from tf_bps.launch.output import JobOutput, folder_for, is_tf_start_up_notice
 from tf_bps.runtime.config import Config, ConfigError
 
@@ -130,9 +131,12 @@ class JobSupervisor:
         pipe = subprocess.PIPE if piped else None
         pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
         try:
+            # Each in a session of its own, ended by its group (terminate); and with
+            # this process, if it is killed outright (lifeline.py).
             process = subprocess.Popen(command, env=env, stdout=pipe, stderr=pipe,
                                        stdin=subprocess.PIPE if stdin is not None else None,
-                                       start_new_session=True, preexec_fn=pin)
+                                       start_new_session=True,
+                                       preexec_fn=dies_with_this_process(pin))
         except OSError as error:
             self.terminate()
             raise LaunchError(f"cannot start {label} ({command[0]!r}): "

@@ -6,15 +6,13 @@ process and runs the user's functions there, so the job lives as long as the act
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import socket
 import subprocess
-import sys
 
 import ray
 
+from tf_bps.launch.lifeline import dies_with_this_process
 from tf_bps.launch.supervisor import helper_plan
 from tf_bps.ray.layout import WorkerNode
 
@@ -110,7 +108,7 @@ class JobProcess:
         plan = helper_plan(role, role, job)
         self._process = subprocess.Popen(plan.command, env={**os.environ, **plan.env},
                                          stdin=subprocess.DEVNULL,
-                                         preexec_fn=_die_with_parent)
+                                         preexec_fn=dies_with_this_process())
         return self._process.pid
 
     def exit_status(self) -> int | None:
@@ -130,10 +128,3 @@ class JobProcess:
         except subprocess.TimeoutExpired:
             self._process.kill()
             return self._process.wait()
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: the kernel sends it SIGKILL when the actor's process
-    ends, however it ends (PR_SET_PDEATHSIG, Linux)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG

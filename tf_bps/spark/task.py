@@ -16,7 +16,6 @@ was lost), nothing of the job is left behind on that executor.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import pickle
@@ -28,6 +27,7 @@ import tempfile
 import threading
 import time
 
+from tf_bps.launch.lifeline import dies_with_this_process
 from tf_bps.launch.output import is_tf_start_up_notice
 from tf_bps.spark.driver import TaskPlan
 from tf_bps.spark.layout import SparkLayout, plan_layout
@@ -38,7 +38,6 @@ SERVER_EXIT_GRACE_S = 30.0
 SERVER_FAILURE_GRACE_S = 2.0
 TERMINATE_GRACE_S = 3.0
 CONNECT_TIMEOUT_S = 30.0
-_PR_SET_PDEATHSIG = 1
 
 
 def barrier_task(plan: TaskPlan):
@@ -179,18 +178,7 @@ def _pump(source, stream: str, events: _Events, hide_tf_notices: bool) -> None:
 def _start(command: list[str], env: dict[str, str], **pipes) -> subprocess.Popen:
     """A process that dies with this task (Linux), in a session of its own."""
     return subprocess.Popen(command, env=env, start_new_session=True,
-                            preexec_fn=_die_with(os.getpid()), **pipes)
-
-
-def _die_with(parent: int):
-    libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-
-    def preexec() -> None:
-        if libc is not None:
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # The task died while this started.
-            os._exit(1)
-    return preexec
+                            preexec_fn=dies_with_this_process(), **pipes)
 
 
 def _start_server(env: dict[str, str]) -> subprocess.Popen:
