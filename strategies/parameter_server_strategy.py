@@ -23,7 +23,9 @@ replicas, as a local MirroredStrategy would, so that nothing waits for other wor
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import threading
 
 import tensorflow as tf
 from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
@@ -97,11 +99,14 @@ class PushPullCrossDeviceOps(tf.distribute.CrossDeviceOps):
                                                            value_destination_pairs, strict=True)]
 
     @staticmethod
-    def _batch_names(count: int) -> list[str]:
+    def _batch_names(count: int, prefix: str = "PushPull") -> list[str]:
+        # A prefix per kind of batch: a conditional's branch is a graph of its own, whose
+        # unique names may be those of the step's graph around it.
         if tf.executing_eagerly():
-            return [f"EagerGradient.{index}" for index in range(count)]
+            eager = "EagerGradient" if prefix == "PushPull" else f"{prefix}.eager"
+            return [f"{eager}.{index}" for index in range(count)]
         graph = tf.compat.v1.get_default_graph()
-        return [graph.unique_name("PushPull") for _ in range(count)]
+        return [graph.unique_name(prefix) for _ in range(count)]
 
     def broadcast_implementation(self, tensor, destinations):
         return cross_device_ops_lib.simple_broadcast(tensor, destinations, always_mirrored=True)
@@ -123,13 +128,29 @@ class PushPullCrossDeviceOps(tf.distribute.CrossDeviceOps):
         return self._finish(reduce_op, total, len(local), destinations)
 
     def _finish(self, reduce_op, total, local_count: int, destinations):
-        with tf.device(total.device):
-            if reduce_op == tf.distribute.ReduceOp.MEAN:
-                # A plain tensor is one value per worker; a PerReplica, one per replica.
-                count = local_count * self._workers
-                total = (total // count if total.dtype.is_integer
-                         else total / tf.cast(count, total.dtype))
+        total = self._averaged(reduce_op, total, local_count)
         return cross_device_ops_lib.simple_broadcast(total, destinations, always_mirrored=True)
+
+    def _averaged(self, reduce_op, total, local_count: int):
+        if reduce_op != tf.distribute.ReduceOp.MEAN:
+            return total
+        with tf.device(total.device):
+            # A plain tensor is one value per worker; a PerReplica, one per replica.
+            count = local_count * self._workers
+            return (total // count if total.dtype.is_integer
+                    else total / tf.cast(count, total.dtype))
+
+    def _all_reduce(self, reduce_op, value, replica_id, options):
+        """The all-reduce of a replica that makes no merge_call (the strategy's
+        `_bps_updates_in_the_replica`): the worker's one replica holds the worker's
+        values, which go straight to push_pull, each in its own graph (a conditional's
+        branch too), under names of their own."""
+        flat = [tf.convert_to_tensor(item) for item in nest.flatten(value)]
+        if self._workers > 1:
+            flat = gradient_sync.reduce_dense(
+                flat, self._batch_names(len(flat), prefix="ReplicaAllReduce"), self._gradients)
+        return nest.pack_sequence_as(value, [self._averaged(reduce_op, total, 1)
+                                             for total in flat])
 
 
 class _ParameterServerExtended(mirrored_strategy.MirroredExtended):
@@ -141,6 +162,8 @@ class _ParameterServerExtended(mirrored_strategy.MirroredExtended):
         self._bps_async = config.enable_async and bps.is_distributed()
         self._bps_exchange = AsyncExchange()
         self._bps_async_names = {}
+        # Per thread: where a replica is in _bps_updates_in_the_replica.
+        self._bps_in_the_replica = threading.local()
         cross_device_ops = PushPullCrossDeviceOps(not self._bps_async, compression)
         super().__init__(container_strategy, devices=devices, cross_device_ops=cross_device_ops)
 
@@ -194,17 +217,59 @@ class _ParameterServerExtended(mirrored_strategy.MirroredExtended):
         return self._cross_device_ops.batch_reduce(reduce_op, value_destination_pairs,
                                                    options=options)
 
+    @contextlib.contextmanager
+    def _bps_updates_in_the_replica(self):
+        """Inside, the replica reduces and updates variables itself, without merge_call:
+        with one replica in the worker its values are the worker's. TensorFlow refuses a
+        merge_call in a conditional's branch, and Keras applies gradient_accumulation_steps
+        in one (optimizer_hooks.install_accumulation)."""
+        if len(self._devices) > 1:
+            raise ValueError(
+                f"gradient_accumulation_steps under ParameterServerStrategy needs one replica "
+                f"per worker; this worker has {len(self._devices)} ({', '.join(self._devices)}):"
+                " pass devices=[one device], or use bps.DistributedOptimizer's "
+                "backward_passes_per_step")
+        self._bps_in_the_replica.active = True
+        try:
+            yield
+        finally:
+            self._bps_in_the_replica.active = False
+
+    # Private: TensorFlow asks it before each reduction or update in a replica (Keras
+    # through tf.__internal__.distribute.interim.maybe_merge_call); False sends them to
+    # _replica_ctx_all_reduce (PushPullCrossDeviceOps._all_reduce) and _replica_ctx_update.
+    def _use_merge_call(self):
+        if getattr(self._bps_in_the_replica, "active", False):
+            return False
+        return super()._use_merge_call()
+
     # Private: with BYTEPS_ENABLE_ASYNC, each update of a trainable variable (Keras's
     # optimizer step, weight decay) is followed by the exchange of its weights.
     def _update(self, var, fn, args, kwargs, group):
-        if not (self._bps_async and getattr(var, "trainable", False)):
-            return super()._update(var, fn, args, kwargs, group)
+        update = super()._update
+        if not self._bps_exchanges(var):
+            return update(var, fn, args, kwargs, group)
+        return self._bps_exchanged(var, lambda: update(var, fn, args, kwargs, group))
+
+    # Private: the update a replica makes itself (_bps_updates_in_the_replica); with
+    # merge_call it comes back through _update.
+    def _replica_ctx_update(self, var, fn, args, kwargs, group):
+        update = super()._replica_ctx_update
+        if self._use_merge_call() or not self._bps_exchanges(var):
+            return update(var, fn, args, kwargs, group)
+        return self._bps_exchanged(var, lambda: update(var, fn, args, kwargs, group))
+
+    def _bps_exchanges(self, var) -> bool:
+        return self._bps_async and getattr(var, "trainable", False)
+
+    def _bps_exchanged(self, var, run_update):
+        """Runs the update of `var`, then exchanges its weights with the servers."""
         if id(var) not in self._bps_async_names:  # Numbered in first-update order.
             index = len(self._bps_async_names)
             self._bps_async_names[id(var)] = f"AsyncParameter.{index}.{var.name}"
         copies, names = [list(var.values)], [self._bps_async_names[id(var)]]
         before = AsyncExchange.snapshot(copies)
-        result = super()._update(var, fn, args, kwargs, group)
+        result = run_update()
         self._bps_exchange.exchange(copies, before, names)
         return result
 
@@ -328,6 +393,7 @@ class ParameterServerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
                                          and compression.error_feedback)
         if self._bps_tells_learning_rate:
             optimizer_hooks.install()
+        optimizer_hooks.install_accumulation()  # gradient_accumulation_steps
         loss_scale.install()  # mixed_float16: every worker skips the same steps
 
     def reduce(self, reduce_op, value, axis):
