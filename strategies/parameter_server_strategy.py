@@ -227,8 +227,8 @@ class _ParameterServerExtended(mirrored_strategy.MirroredExtended):
             raise ValueError(
                 f"gradient_accumulation_steps under ParameterServerStrategy needs one replica "
                 f"per worker; this worker has {len(self._devices)} ({', '.join(self._devices)}):"
-                " pass devices=[one device], or use bps.DistributedOptimizer's "
-                "backward_passes_per_step")
+                " pass devices=[one device], or train without the strategy, with "
+                "bps.DistributedOptimizer(..., backward_passes_per_step=N)")
         self._bps_in_the_replica.active = True
         try:
             yield
