@@ -5,7 +5,7 @@ without it. Used by the tests and by examples/benchmarks.
 
     with NetBed(hosts=3, mbit=400) as bed:
         subprocess.run(bed.command(0, ["python", "-c", "..."]))
-        bed.address(1)  # "10.77.x.2"
+        bed.address(1)  # "10.x.y.2"
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ class NetBed:
         tag = os.getpid() % 100000
         self._bridge = f"bpsbr{tag}"
         self._namespaces = [f"bps{tag}h{i}" for i in range(hosts)]
-        self._subnet = f"10.77.{tag % 250}"
+        # Beds of processes with nearby PIDs (pytest -n's workers) never share a subnet.
+        self._subnet = f"10.{64 + tag // 250 % 64}.{tag % 250}"
         self._made: list[list[str]] = []  # undo commands, run in reverse
 
     def address(self, host: int) -> str:

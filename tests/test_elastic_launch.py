@@ -110,8 +110,8 @@ def test_losing_the_host_of_rank_0_leaves_the_other_host_training(procs, tmp_pat
 
 def test_a_failed_host_is_blacklisted_for_its_cooldown_and_then_used_again(procs, tmp_path):
     job = DiscoveredJob(procs, tmp_path, "localhost:1,127.0.0.1:1", "--min-np", "1",
-                        "--blacklist-cooldown-range", "2", "2", steps=250,
-                        ELASTIC_DIE="127.0.0.1@20")
+                        "--blacklist-cooldown-range", "2", "2", steps=60,
+                        ELASTIC_DIE="127.0.0.1@20", ELASTIC_FINISH_AT_SIZE=2)
     job.wait_for("DYING")
     job.wait_for("host 127.0.0.1 is blacklisted")
     status, output = job.finish()
@@ -120,9 +120,10 @@ def test_a_failed_host_is_blacklisted_for_its_cooldown_and_then_used_again(procs
     got = reports(output)
     assert sorted(got) == [0, 1], output
     # The survivor went on alone, and took in a new worker on the host once its
-    # cooldown ended; that one started from the survivor's state.
-    assert got[0]["sizes"] == [2, 1, 2] and got[0]["weight"] == 250.0, got
-    assert got[1]["sizes"] == [2] and got[1]["weight"] == 250.0, got
+    # cooldown ended (the survivor's last steps wait for it); that one started from the
+    # survivor's state.
+    assert got[0]["sizes"] == [2, 1, 2] and got[0]["weight"] == 60.0, got
+    assert got[1]["sizes"] == [2] and got[1]["weight"] == 60.0, got
 
 
 def test_every_worker_failing_ends_the_job_with_a_message(procs, tmp_path):

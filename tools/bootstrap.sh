@@ -19,7 +19,7 @@ fi
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check \
   "tensorflow==2.21.0" tensorboard "pyzmq>=25" numpy "setuptools>=68" wheel "pybind11>=2.12" \
-  pytest pytest-timeout ruff build matplotlib kubernetes pyspark "ray[train]" prometheus-client
+  pytest pytest-timeout pytest-xdist ruff build matplotlib kubernetes pyspark "ray[train]" prometheus-client
 # The examples' real data, offline afterwards: scikit-learn's digits, taken from its
 # wheel rather than installed (Keras imports scikit-learn whenever it is installed, which
 # costs every TensorFlow process 0.7 s). examples/digits_data.py reads the file.

@@ -5,7 +5,9 @@ size, steps, the weight, resets and the sizes seen.
 
 ELASTIC_DIE="1@20,2@40": the worker bpslaunch started as rank 1 exits with status 1
 at its step 20, rank 2 at step 40; with a discovery script, workers are named by host
-("127.0.0.1@20")."""
+("127.0.0.1@20").
+ELASTIC_FINISH_AT_SIZE=2: the last 5 steps wait, committing, until the job has 2 workers
+again (one that comes back takes however long its start takes)."""
 
 import json
 import os
@@ -27,6 +29,7 @@ seen = []
 NAME = os.environ.get("HOROVOD_RANK") or os.environ.get("HOROVOD_HOSTNAME")
 DIES_AT = dict(item.split("@") for item in os.environ.get("ELASTIC_DIE", "").split(",")
                if item).get(NAME)
+FINISH_AT_SIZE = int(os.environ.get("ELASTIC_FINISH_AT_SIZE", "0"))
 
 
 def on_reset():
@@ -50,6 +53,10 @@ print(f"READY rank {bps.rank()} pid {os.getpid()}", flush=True)
 @elastic.run
 def train(state):
     while state.step < STEPS:
+        if state.step == STEPS - 5 and bps.size() < FINISH_AT_SIZE:
+            state.commit()  # where a worker that joins is taken in
+            time.sleep(PAUSE)
+            continue
         total = bps.push_pull(tf.ones([1000]), op=bps.Sum, name="elastic_training")
         size = bps.size()
         if float(total[0]) != size or float(total[-1]) != size:
