@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from harness import base_env, worker_command
+from harness import base_env, finish, worker_command
 
 from tf_bps.ray.layout import WorkerNode, plan_job
 
@@ -135,12 +135,15 @@ def _weights(path: Path) -> list[np.ndarray]:
         return [saved[key] for key in sorted(saved.files, key=lambda k: int(k.split("_")[1]))]
 
 
-def _reference_weights(procs, workers: int, out: Path) -> list[np.ndarray]:
+def _start_reference(procs, workers: int, out: Path):
     """train.py's strategy case as one process on the whole global batch of `workers`."""
     out.mkdir()
-    status, output = procs.run(worker_command("train.py", "--mode", "strategy", "--reference",
-                                              "--workers", str(workers), "--out", str(out)),
-                               base_env())
+    return procs.start(worker_command("train.py", "--mode", "strategy", "--reference",
+                                      "--workers", str(workers), "--out", str(out)), base_env())
+
+
+def _reference_weights(reference, out: Path) -> list[np.ndarray]:
+    status, output = finish(reference, timeout=120)
     assert status == 0, output
     return _weights(out / "rank0.npz")
 
@@ -151,33 +154,30 @@ def _assert_close(ours: list[np.ndarray], theirs: list[np.ndarray]) -> None:
 
 
 @pytest.mark.engine
-def test_ray_job_trains_as_a_bpslaunch_job_of_the_same_size(four_workers, procs, tmp_path):
+def test_ray_job_trains_as_one_process_on_the_global_batch(four_workers, procs, tmp_path):
     layout = four_workers.layout
     assert layout.local_size == 2 and len(layout.nodes) == 2, layout
     ranks = four_workers.execute(lambda made: (__import__("tf_bps").rank(), made))
     assert ranks == [(rank, {"made_by": "start"}) for rank in range(4)]
     assert four_workers.execute_single(lambda _: __import__("tf_bps").local_rank()) == 0
+    # One process on the whole global batch of 4 workers: where both ways of training
+    # below must end (tests/test_training.py holds bpslaunch jobs to the same).
+    reference = _start_reference(procs, 4, tmp_path / "reference")
 
-    # DistributedOptimizer under fit, through Ray and through bpslaunch -np 4.
-    ray_out, launch_out = tmp_path / "ray", tmp_path / "launch"
-    ray_out.mkdir()
-    results = four_workers.run(_train, args=("fit", str(ray_out)))
+    # DistributedOptimizer under fit.
+    fit_out = tmp_path / "fit"
+    fit_out.mkdir()
+    results = four_workers.run(_train, args=("fit", str(fit_out)))
     assert [r["rank"] for r in results] == [0, 1, 2, 3]
     assert len({r["pid"] for r in results}) == 4
-    status, output = procs.launch(4, "train.py", "--cases", "fit/sgd/1/none", "--out",
-                                  str(launch_out), timeout=180)
-    assert status == 0, output
-    for rank in range(4):
-        _assert_close(_weights(ray_out / f"rank{rank}.npz"),
-                      _weights(launch_out / "0" / f"rank{rank}.npz"))
-
-    # The strategy under fit, against one process on the whole global batch.
+    # The strategy under fit.
     strategy_out = tmp_path / "strategy"
     strategy_out.mkdir()
     four_workers.run(_train, args=("strategy", str(strategy_out)))
-    reference = _reference_weights(procs, 4, tmp_path / "reference")
+    expected = _reference_weights(reference, tmp_path / "reference")
     for rank in range(4):
-        _assert_close(_weights(strategy_out / f"rank{rank}.npz"), reference)
+        _assert_close(_weights(fit_out / f"rank{rank}.npz"), expected)
+        _assert_close(_weights(strategy_out / f"rank{rank}.npz"), expected)
     # The training function left the job: the executor says so instead of hanging.
     with pytest.raises(RuntimeError, match="not in a job any more"):
         four_workers.run(len, args=([],))
@@ -224,7 +224,6 @@ def test_a_failing_rank_ends_the_job_naming_it_and_leaves_no_process(ray_cluster
             os.kill(pid, 0)
 
 
-
 def _ray_train_loop(config: dict) -> None:
     """Ray Train's training function: the strategy places itself from the TF_CONFIG that
     TensorflowTrainer set, with nothing of tf_bps.ray."""
@@ -245,15 +244,16 @@ def test_ray_train_tensorflow_trainer_runs_the_strategy_from_tf_config(ray_clust
 
     out = tmp_path / "ray_train"
     out.mkdir()
+    reference = _start_reference(procs, 2, tmp_path / "reference")
     trainer = TensorflowTrainer(
         _ray_train_loop, train_loop_config={"out": str(out)},
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(name="tf_bps", storage_path=str(tmp_path / "results")))
     result = trainer.fit()
     assert result.error is None, result.error
-    reference = _reference_weights(procs, 2, tmp_path / "reference")
+    expected = _reference_weights(reference, tmp_path / "reference")
     for rank in range(2):
-        _assert_close(_weights(out / f"rank{rank}.npz"), reference)
+        _assert_close(_weights(out / f"rank{rank}.npz"), expected)
 
 
 def _elastic_training(folder: str) -> dict:
