@@ -1,5 +1,5 @@
 """A job that saved with BackupAndRestore under the strategy resumes at another size: at
-4 workers, then 2, then 4 again, from one backup folder. Each resumes at the epoch the
+2 workers, then 1, then 2 again, from one backup folder. Each resumes at the epoch the
 last one finished, from its weights, with the learning rate its script sets for its own
 size (0.01 x workers), not the one the backup holds."""
 
@@ -18,7 +18,7 @@ def _lines(output: str, marker: str) -> list[dict]:
 def test_a_backup_resumes_at_half_and_then_at_twice_the_size(procs, tmp_path):
     backup = str(tmp_path / "backup")
     seen = []
-    for workers, stop_after in ((4, 1), (2, 2), (4, 0)):  # 0: to the end
+    for workers, stop_after in ((2, 1), (1, 2), (2, 0)):  # 0: to the end
         status, output = procs.launch(workers, "resize_resume.py", backup, "4", str(stop_after),
                                       num_servers=1, timeout=240)
         assert status == 0, output
@@ -27,7 +27,7 @@ def test_a_backup_resumes_at_half_and_then_at_twice_the_size(procs, tmp_path):
     first, second, third = seen
     assert [r["epoch"] for r in (first["RESUMED"][0], second["RESUMED"][0],
                                  third["RESUMED"][0])] == [0, 1, 2]
-    for run, workers, epochs in ((first, 4, [0]), (second, 2, [1]), (third, 4, [2, 3])):
+    for run, workers, epochs in ((first, 2, [0]), (second, 1, [1]), (third, 2, [2, 3])):
         assert [e["epoch"] for e in run["EPOCH"]] == epochs, run
         assert {e["size"] for e in run["EPOCH"]} == {workers}
         # The script's learning rate for this size, at resuming and at every epoch.
