@@ -1,9 +1,9 @@
 """The hierarchical local merge through real jobs: two hosts of two workers each
 (BYTEPS_LOCAL_SIZE=2) and two servers, the hosts emulated by distinct DMLC_NODE_HOST
 addresses or made of network namespaces (tests/netbed.py: TCP between hosts, links
-limited by tc). The same job runs with the merge and without it (BYTEPS_LOCAL_MERGE=0):
-the results must be numpy's and identical, and the servers must receive half the
-push_pull bytes."""
+limited by tc). The results must be numpy's and the servers must receive one copy per
+host; on emulated hosts, the same job without the merge (BYTEPS_LOCAL_MERGE=0) must give
+the same results with twice the bytes."""
 
 import re
 
@@ -50,24 +50,9 @@ def _run_two_hosts(procs, out, merge: bool, bed: NetBed | None = None):
     return results, received
 
 
-@pytest.fixture(params=["node-host", "namespaces"])
-def hosts(request):
-    """None: hosts told apart by DMLC_NODE_HOST; else a NetBed of 3 hosts at 200 Mbit/s."""
-    if request.param == "node-host":
-        yield None
-        return
-    try:
-        with NetBed(hosts=HOSTS + 1, mbit=200) as bed:
-            yield bed
-    except NetBedUnavailable as why:
-        pytest.skip(str(why))
-
-
-def test_two_hosts_merge_locally_with_the_flat_results_and_half_the_bytes(procs, tmp_path,
-                                                                          hosts):
-    merged, merged_bytes = _run_two_hosts(procs, tmp_path / "merged", merge=True, bed=hosts)
-    flat, flat_bytes = _run_two_hosts(procs, tmp_path / "flat", merge=False, bed=hosts)
-
+def _assert_numpy_results(merged: dict) -> None:
+    """Each rank's sums, average, grouped sums, broadcast and allgather are numpy's, and
+    every rank ends with the same values (its Keras model's weights too)."""
     pattern = np.arange(300_000, dtype=np.float32) % 97
     for rank in range(SIZE):
         got = merged[rank]
@@ -82,16 +67,42 @@ def test_two_hosts_merge_locally_with_the_flat_results_and_half_the_bytes(procs,
                                     for r in range(SIZE)])
         np.testing.assert_array_equal(got["allgather"], want_rows)
         for name, value in got.items():
-            # Every worker ends with the same model, the one the flat job trains (up to
-            # the order in which float gradients were summed).
             np.testing.assert_array_equal(value, merged[0][name], err_msg=f"{rank} {name}")
+
+
+def _assert_one_copy_per_host(merged_bytes: dict) -> None:
+    """The servers received one copy of a merged tensor per host, not one per worker."""
+    assert merged_bytes["big"] == 3 * HOSTS * 300_000 * 4, merged_bytes
+    assert merged_bytes["avg"] == HOSTS * 1000 * 4, merged_bytes
+
+
+def test_two_hosts_merge_locally_with_the_flat_results_and_half_the_bytes(procs, tmp_path):
+    """Hosts told apart by DMLC_NODE_HOST, the same job with and without the merge."""
+    merged, merged_bytes = _run_two_hosts(procs, tmp_path / "merged", merge=True)
+    flat, flat_bytes = _run_two_hosts(procs, tmp_path / "flat", merge=False)
+    _assert_numpy_results(merged)
+    for rank in range(SIZE):
+        for name, value in merged[rank].items():
+            # The flat job trains the same model (up to the order in which float
+            # gradients were summed).
             np.testing.assert_allclose(value, flat[rank][name], rtol=1e-5, atol=1e-7,
                                        err_msg=name)
-
-    # One copy per host reaches the servers instead of one per worker...
+    _assert_one_copy_per_host(merged_bytes)
     for tensor in ("big", "avg"):
         assert merged_bytes[tensor] * LOCAL_SIZE == flat_bytes[tensor], (merged_bytes, flat_bytes)
-    assert merged_bytes["big"] == 3 * HOSTS * 300_000 * 4, merged_bytes
-    # ...while what does not merge (a broadcast, an allgather) moves as before.
+    # What does not merge (a broadcast, an allgather) moves as before.
     for tensor in ("bcast", "rows"):
         assert merged_bytes[tensor] == flat_bytes[tensor], (merged_bytes, flat_bytes)
+
+
+def test_hosts_of_network_namespaces_merge_locally_across_tcp(procs, tmp_path):
+    """The merged job on hosts of their own (a NetBed of 3 hosts at 200 Mbit/s: two of
+    workers, one of the scheduler and servers), where only TCP joins the hosts."""
+    try:
+        with NetBed(hosts=HOSTS + 1, mbit=200) as bed:
+            merged, merged_bytes = _run_two_hosts(procs, tmp_path / "merged", merge=True,
+                                                  bed=bed)
+    except NetBedUnavailable as why:
+        pytest.skip(str(why))
+    _assert_numpy_results(merged)
+    _assert_one_copy_per_host(merged_bytes)
