@@ -12,7 +12,7 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 
-from tf_bps.runtime import core, metrics
+from tf_bps.runtime import core, heap, metrics
 from tf_bps.runtime import process_sets as process_sets_module
 from tf_bps.runtime.cluster_env import Placement
 from tf_bps.runtime.config import Config, configure_logging
@@ -78,6 +78,7 @@ def init(comm=None, process_sets=None) -> None:
     if comm is not None:
         raise ValueError("comm= is not supported: tf_bps jobs are described by DMLC_* "
                          "variables or started by bpslaunch, not by MPI")
+    heap.keep_top_pad()
     _join()
     for process_set in process_sets or ():
         process_sets_module.add_process_set(process_set)
