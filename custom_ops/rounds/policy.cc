@@ -13,16 +13,14 @@ void ByRankPolicy::Add(RoundData* data, uint32_t rank, Contribution push, BlockP
 
 const RoundPolicy& PolicyFor(OpKind kind) {
   switch (kind) {
-    case OpKind::kBroadcast:
-      return BroadcastPolicy();
-    case OpKind::kAllgather:
-    case OpKind::kAlltoall:
-      return GatherPolicy();
-    case OpKind::kCompressedPushPull:
-      return CompressedSumPolicy();
-    default:
-      return ReducePolicy();
+#define BPS_OP_KIND(name, c_name, value, text, worker_policy, server_policy) \
+  case OpKind::k##name:                                                       \
+    return server_policy();
+#include "../wire/op_kinds.def"
+#undef BPS_OP_KIND
   }
+  // Only a byte that IsValidOpKind refused could get here, and none is let in.
+  return ReducePolicy();
 }
 
 }  // namespace bps

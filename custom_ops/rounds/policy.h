@@ -66,16 +66,18 @@ class ByRankPolicy : public RoundPolicy {
   void Add(RoundData* data, uint32_t rank, Contribution push, BlockPool* pool) const override;
 };
 
-// Push_pull and reducescatter: an element-wise reduction of every push.
-const RoundPolicy& ReducePolicy();
-// Compressed push_pull: the sum of the (decompressed) pushes, compressed for the reply.
-const RoundPolicy& CompressedSumPolicy();
-// The root's push is the result, for every other worker.
-const RoundPolicy& BroadcastPolicy();
-// Allgather and alltoall: every worker's rows, in rank order, behind a table of sizes.
-const RoundPolicy& GatherPolicy();
+// Each kind's policy, named in its row of op_kinds.def: ReducePolicy (push_pull and
+// reducescatter: an element-wise reduction of every push), CompressedSumPolicy (the sum
+// of the decompressed pushes, compressed for the reply), BroadcastPolicy (the root's push
+// is the result, for every other worker), GatherPolicy (allgather and alltoall: every
+// worker's rows, in rank order, behind a table of sizes).
+#define BPS_OP_KIND(name, c_name, value, text, worker_policy, server_policy) \
+  const RoundPolicy& server_policy();
+#include "../wire/op_kinds.def"
+#undef BPS_OP_KIND
 
-// The policy of a synchronous operation kind (kAsyncPushPull has none: AsyncStore).
+// The policy of a synchronous operation kind (kAsyncPushPull's goes unused: AsyncStore
+// runs it).
 const RoundPolicy& PolicyFor(OpKind kind);
 
 }  // namespace bps

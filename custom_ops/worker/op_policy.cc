@@ -39,19 +39,13 @@ size_t RowBytes(const Declaration& op) {
 
 const OpPolicy& OpPolicyFor(OpKind kind) {
   switch (kind) {
-    case OpKind::kBroadcast:
-      return BroadcastOpPolicy();
-    case OpKind::kReduceScatter:
-      return ReduceScatterPolicy();
-    case OpKind::kAllgather:
-      return AllgatherPolicy();
-    case OpKind::kAlltoall:
-      return AlltoallPolicy();
-    case OpKind::kPushPull:
-    case OpKind::kCompressedPushPull:
-    case OpKind::kAsyncPushPull:
-      break;
+#define BPS_OP_KIND(name, c_name, value, text, worker_policy, server_policy) \
+  case OpKind::k##name:                                                       \
+    return worker_policy();
+#include "../wire/op_kinds.def"
+#undef BPS_OP_KIND
   }
+  // Only a byte that IsValidOpKind refused could get here, and none is let in.
   return PushPullPolicy();
 }
 

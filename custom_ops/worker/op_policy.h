@@ -46,15 +46,15 @@ class OpPolicy {
                           const PlanSetup& setup, std::vector<PartitionTask>* plan) const;
 };
 
-// Push_pull, compressed and asynchronous push_pull: every partition from every worker.
-const OpPolicy& PushPullPolicy();
-// The root's partitions cross once; the others only receive.
-const OpPolicy& BroadcastOpPolicy();
-// Reducescatter: a reduction whose partitions each go back to one rank.
-const OpPolicy& ReduceScatterPolicy();
-// Allgather and alltoall: the sizes first, then the rows.
-const OpPolicy& AllgatherPolicy();
-const OpPolicy& AlltoallPolicy();
+// Each kind's policy, named in its row of op_kinds.def: PushPullPolicy (push_pull,
+// compressed and asynchronous: every partition from every worker), BroadcastOpPolicy
+// (the root's partitions cross once; the others only receive), ReduceScatterPolicy (a
+// reduction whose partitions each go back to one rank), AllgatherPolicy and
+// AlltoallPolicy (the sizes first, then the rows).
+#define BPS_OP_KIND(name, c_name, value, text, worker_policy, server_policy) \
+  const OpPolicy& worker_policy();
+#include "../wire/op_kinds.def"
+#undef BPS_OP_KIND
 
 const OpPolicy& OpPolicyFor(OpKind kind);
 
