@@ -2,7 +2,10 @@
 launcher's word, and the survivors of a generation while the next one registers.
 
 A lost worker, or one that asks to join, starts the next generation: every surviving
-node hears "reform" and registers again. A synchronous job whose workers move a lost
+node hears "reform" and registers again. Workers told that the hosts changed stop
+together at their next commit and register again by themselves: the job re-forms once
+every one of them has left the generation, so none is cut off in the commit's last
+collective by a faster one's re-forming. A synchronous job whose workers move a lost
 server's partitions goes on without the server instead. Without BYTEPS_ELASTIC, any
 loss ends the job.
 
@@ -50,6 +53,13 @@ class MembershipChanges:
         # Workers and servers that asked to join, waiting for the next generation.
         self._joining: list[Node] = []
         self._announced = False  # the joiners were announced to this generation
+        # This generation's workers were told the hosts changed: they stop at their next
+        # commit. Those that left it there (by process: registered again, or refused as
+        # let go), since when, and the registrations of those that registered again.
+        self._stopping = False
+        self._left: set[tuple[str, int]] = set()
+        self._first_left_at = 0.0
+        self._held: list[Node] = []
         # An elastic launcher's connections (--host-discovery-script), and the workers
         # it let go (by process), which must not register again.
         self._launchers: set[bytes] = set()
@@ -73,7 +83,17 @@ class MembershipChanges:
         return identity in self._launchers
 
     def was_let_go(self, process: tuple[str, int]) -> bool:
-        return process in self._let_go
+        """Whether `process` was let go; asked as it registers again, which is where it
+        leaves its generation."""
+        if process in self._let_go:
+            self._left_at_commit(process)
+            return True
+        return False
+
+    def has_left(self, node: Node) -> bool:
+        """Whether `node` left this generation at the commit where the workers stop:
+        its heartbeats ended with it."""
+        return node.process in self._left
 
     def connections(self) -> set[bytes]:
         """The connections heard besides a generation's nodes: launchers and joiners."""
@@ -99,7 +119,8 @@ class MembershipChanges:
 
     def formed(self, nodes: dict[bytes, Node]) -> None:
         """A generation formed: it has heard of no joiner yet."""
-        self._announced = False
+        self._announced = self._stopping = False
+        self._left.clear()
         self.announce_joiners(nodes)
 
     def from_launcher(self, message: dict, nodes: dict[bytes, Node]) -> None:
@@ -126,7 +147,7 @@ class MembershipChanges:
         if not self._joining or self._announced or (self._launching and
                                                     waited < LAUNCH_WAIT_S):
             return
-        self._announced = True
+        self._announced = self._stopping = True
         self._launching.clear()
         for node in self._joining:
             log.info("a %s on %s (pid %d) asks to join; the workers re-form at their next "
@@ -154,11 +175,15 @@ class MembershipChanges:
             self._inbox.refuse(node.identity, f"the job has {workers} worker(s), as many as "
                                f"BYTEPS_ELASTIC_MAX_WORKERS={most} (--max-np) allows")
             return None
+        lost = _server_at(nodes, node.saw_lost)
+        if member is not None and self._stopping and not lost:
+            self._held.append(node)
+            self._left_at_commit(node.process)
+            return self.reform_once_all_left(nodes, generation)
         self._joining.append(node)
         if member is None:
             self.announce_joiners(nodes)
             return None
-        lost = _server_at(nodes, node.saw_lost)
         why = f" after {lost[0].describe()} went away" if lost else ""
         return self.lose(nodes, generation, lost, f"{member.describe()} left generation "
                          f"{generation} and registered again{why}")
@@ -180,6 +205,25 @@ class MembershipChanges:
             self._go_on_without(nodes, lost, reason)
             return None
         return self._reform(nodes, generation, reason, lost)
+
+    def reform_once_all_left(self, nodes: dict[bytes, Node], generation: int
+                             ) -> Gathering | None:
+        """Once a worker left generation `generation` at the commit where the workers
+        stop, the next generation's gathering when every other worker has left it too
+        (registered again, finished, or let go), or a heartbeat timeout after the first
+        left, when the ones still in it hear "reform"; None before."""
+        if not self._left:
+            return None
+        staying = [n for n in nodes.values() if n.role == "worker" and not n.done and
+                   n.process not in self._left]
+        waited = time.monotonic() - self._first_left_at
+        if staying and waited < self._config.heartbeat_timeout:
+            return None
+        reason = f"its workers left generation {generation} at a commit: the hosts changed"
+        if staying:
+            reason += (f"; {', '.join(n.describe() for n in staying)} did not within "
+                       f"{waited:.0f} s")
+        return self.lose(nodes, generation, [], reason)
 
     def turn_away(self, reason: str) -> None:
         """An elastic job's workers may be between two registrations when it fails:
@@ -266,6 +310,9 @@ class MembershipChanges:
         if limit is not None and generation + 1 > limit:
             raise JobFailed(f"{reason}; the job has re-formed {generation} time(s), and "
                             f"BYTEPS_ELASTIC_RESET_LIMIT={limit} (--reset-limit) allows no more")
+        self._joining.extend(self._held)
+        self._held.clear()
+        self._left.clear()
         lost_ids = {node.identity for node in lost}
         survivors = {node.process: node for node in nodes.values()
                      if node.identity not in lost_ids and not node.done and not node.leaving}
@@ -288,8 +335,22 @@ class MembershipChanges:
         leaving = [node for node in leaving if not node.leaving]
         for node in leaving:
             node.leaving = True
-            self._let_go.add(node.process)  # It registers again at the commit: refused.
+            self._let_go.add(node.process)  # Should it register again: refused.
             log.warning("%s leaves at the next commit: %s", node.describe(), why)
-        if leaving:
-            _tell_workers(nodes, self._inbox, {"type": "hosts_updated", "added": False,
-                                               "timestamp": time.time()})
+        if not leaving:
+            return
+        self._stopping = True
+        timestamp = time.time()
+        for node in nodes.values():
+            if node.role == "worker":
+                # Those leaving hear so: they end at the commit instead of registering.
+                self._inbox.send(node.identity, {"type": "hosts_updated", "added": False,
+                                                 "timestamp": timestamp,
+                                                 **({"leaving": why} if node.leaving else {})})
+
+    def _left_at_commit(self, process: tuple[str, int]) -> None:
+        if not self._stopping:
+            return
+        if not self._left:
+            self._first_left_at = time.monotonic()
+        self._left.add(process)

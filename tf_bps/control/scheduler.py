@@ -355,6 +355,8 @@ class Scheduler:
                 return
             # Joiners, once the launcher's others are in, or late.
             self._changes.announce_joiners(self._nodes)
+            # Workers that stopped at a commit, once all did (or some are late).
+            self._next(self._changes.reform_once_all_left(self._nodes, self._generation))
             received = self._inbox.receive(config.heartbeat_interval)
             now = time.monotonic()
             if received is not None:
@@ -385,7 +387,8 @@ class Scheduler:
                     continue
             for node in list(self._nodes.values()):
                 silent = now - node.last_seen
-                if not node.done and silent > config.heartbeat_timeout:
+                if not node.done and not self._changes.has_left(node) and \
+                        silent > config.heartbeat_timeout:
                     self._lose([node], f"{node.describe()} sent no heartbeat for {silent:.0f} "
                                "s (PS_HEARTBEAT_TIMEOUT); it has probably died")
                     break

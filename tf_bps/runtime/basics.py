@@ -42,6 +42,9 @@ _job: _Job | None = None
 # Called as (timestamp, added) when the scheduler says the job's hosts changed
 # (elastic.State listens, to interrupt training at the next commit).
 _host_listeners: list = []
+# Why the scheduler let this worker go (its host left the job): it leaves at its next
+# commit instead of registering again.
+_let_go: str | None = None
 _suspended: _Job | None = None  # bps.suspend() left this job; bps.resume() joins again
 # The agent running the scheduler or server a cluster manager's placement asked this
 # process for (launch/agent.py --cluster-helpers); it ends them once this process is gone.
@@ -311,6 +314,9 @@ def _on_notice(message: dict) -> None:
     if message["type"] == "server_gone":
         _move_lost_servers(message)
         return
+    if message.get("leaving"):
+        global _let_go
+        _let_go = str(message["leaving"])[:300]
     _host_listeners[:] = [ref for ref in _host_listeners if ref() is not None]
     for ref in list(_host_listeners):
         listener = ref()
@@ -346,6 +352,11 @@ def add_host_listener(listener) -> None:
     """`listener(timestamp, added)`, a bound method, hears each change of the job's
     hosts for as long as its object lives."""
     _host_listeners.append(weakref.WeakMethod(listener))
+
+
+def let_go_reason() -> str | None:
+    """Why the scheduler let this worker go at its next commit, or None."""
+    return _let_go
 
 
 def reform() -> None:

@@ -11,7 +11,8 @@ arguments (epoch=0, batch=0, ...) are tracked the same way.
 broken by a lost peer raises InternalError, a change of hosts HostsUpdatedInterrupt;
 `run` restores the last commit after the first, and then re-forms the job: this
 worker registers again with the scheduler, which numbers the survivors anew (older
-workers keep the low ranks) and adds workers that asked to join. A job started
+workers keep the low ranks) and adds workers that asked to join. The workers then
+sync from rank 0 unless every one of them only saw hosts removed at a commit. A job started
 without BYTEPS_ELASTIC=1 cannot re-form: `run` then ends with an InternalError that
 names the failure, as any job does when it loses a worker.
 """
@@ -243,6 +244,16 @@ def _reform(cause: Exception) -> None:
     basics.reform()
 
 
+def _sync_needed(here: bool) -> bool:
+    """Whether any worker needs the state synced from rank 0 as the job (re-)forms: one
+    that starts or joins, restored a commit, or saw workers added. A collective: a
+    worker's own reason need not be the others' (one cut off in a commit's last
+    collective restores, while those that finished it saw only hosts removed)."""
+    wanted = ops.push_pull(tf.constant([int(here)], tf.int32), op=ops.Max,
+                           name="ElasticSyncNeeded")
+    return bool(int(wanted[0]))
+
+
 def run_with_reset(func, reset):
     """`run`, with the re-forming of the job given: `reset(cause)` re-forms it after
     `cause` (an InternalError or a HostsUpdatedInterrupt), or raises."""
@@ -255,7 +266,7 @@ def run_with_reset(func, reset):
             try:
                 try:
                     # The sync too: a peer may be lost before the first step.
-                    if not skip_sync:
+                    if _sync_needed(not skip_sync):
                         state.sync()
                     return func(state, *args, **kwargs)
                 except tf.errors.OpError as error:

@@ -6,7 +6,8 @@ step it is in, and leaves at the next commit, where every worker stops alike (th
 scheduler lets it go as if its host had left: the others re-form without a restore or a
 sync, and lose no step). There the hooks given to on_preemption run, with the state just
 committed (the place to save a checkpoint), the worker leaves the job, and its process
-exits with status 0.
+exits with status 0. A worker whose host left the job (the scheduler tells it so)
+leaves at that commit the same way, without the hooks.
 
 Only a handler of ours replaces Python's default one, and only in an elastic job's main
 thread: a job that cannot re-form keeps the default, so SIGTERM ends its process at once
@@ -44,7 +45,9 @@ def listen() -> None:
 
 
 def noticed() -> bool:
-    return _notice is not None
+    """Whether this worker leaves the job at this commit: it got a preemption notice,
+    or the scheduler let it go (its host left the job)."""
+    return _notice is not None or basics.let_go_reason() is not None
 
 
 def _on_signal(signum, frame) -> None:
@@ -61,9 +64,14 @@ def _on_signal(signum, frame) -> None:
 
 
 def leave(state) -> None:
-    """At the commit after the notice: the hooks, then out of the job and the process."""
-    for hook in _hooks:
-        hook(state)
-    log.warning("worker rank %d leaves the job after %s; exiting", basics.rank(), _notice)
+    """At the commit after the notice: the hooks (for a preemption), then out of the
+    job and the process."""
+    if _notice is not None:
+        for hook in _hooks:
+            hook(state)
+        why = f"after {_notice}"
+    else:
+        why = f"as {basics.let_go_reason()}"
+    log.warning("worker rank %d leaves the job %s; exiting", basics.rank(), why)
     basics.shutdown()
     raise SystemExit(0)
