@@ -333,14 +333,18 @@ def test_a_server_that_asks_to_join_takes_its_share_at_the_next_commit(procs):
 
 def test_asynchronous_training_survives_a_lost_server(procs):
     # The servers hold the parameters here: the job re-forms on the other server, whose
-    # store is seeded again by rank 0's first push, and training goes on.
+    # store is seeded again with rank 0's parameters (not with its next delta), and
+    # training goes on from where it was.
     job, got = _fit_through_a_loss(procs, 2, 2, "server1", BYTEPS_ENABLE_ASYNC=1)
     for report in got.values():
         assert report["shapes"] == [[2, 12, 20], [2, 12, 20]], report
-        # Asynchronous updates of this model learn more slowly than synchronous ones
-        # (about half the loss in 4 epochs, with or without the fault): it learned on.
         assert report["epoch"] == 4, report
-        assert report["loss"] < 0.8 * report["initial_loss"], report
+        # Nothing learned was lost at the re-form: each epoch of the fit after it began
+        # with a lower loss than the one before (servers seeded with a delta would send
+        # it back near the start).
+        losses = report["epoch_losses"][-1]
+        assert all(b < a for a, b in zip(losses, losses[1:], strict=False)), report
+        assert report["loss"] < 0.05 * report["initial_loss"], report
     status, output = finish(job["scheduler"], timeout=30)
     assert status == 0 and "re-formed as generation 1: 2 worker(s), 1 server(s)" in output, output
 

@@ -1,7 +1,8 @@
 """model.fit inside elastic.run, as Horovod's Keras elastic example writes it, in a job
 that loses a worker: the per-worker batch and steps follow the job's size (a global
 batch of 24), the learning rate is scaled at each reset, and the epoch resumes from
-the last commit. Prints EPOCH lines as epochs begin and a REPORT at the end.
+the last commit. Prints EPOCH lines as epochs begin and a REPORT at the end (with the
+loss on all the data as each epoch of each fit began).
 
 ELASTIC_FIT_STRATEGY=1: the model is built under tf_bps.ParameterServerStrategy,
 which shards fit's input by worker and counts the replicas of the job as it is now."""
@@ -51,8 +52,12 @@ def scale_learning_rate():
 state.register_reset_callbacks([scale_learning_rate])
 
 
+epoch_losses = []  # of each fit: the loss at each epoch's beginning
+
+
 class Announce(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
+        epoch_losses[-1].append(loss_on_all_data())
         print(f"EPOCH {state.epoch} rank {bps.rank()} size {bps.size()}", flush=True)
 
 
@@ -60,6 +65,7 @@ class Announce(keras.callbacks.Callback):
 def train(state):
     size, rank = bps.size(), bps.rank()
     steps = SAMPLES // GLOBAL_BATCH
+    epoch_losses.append([])
     if STRATEGY:
         # The global batch; the strategy gives each worker its share.
         shapes.append([size, STRATEGY.num_replicas_in_sync, steps])
@@ -78,6 +84,7 @@ train(state)
 loss = loss_on_all_data()
 print("REPORT " + json.dumps({"rank": bps.rank(), "shapes": shapes, "epoch": state.epoch,
                               "loss": loss, "initial_loss": initial_loss,
+                              "epoch_losses": epoch_losses,
                               "weights": [w.tolist() for w in model.get_weights()]}),
       flush=True)
 bps.shutdown()

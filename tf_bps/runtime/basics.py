@@ -42,6 +42,8 @@ _job: _Job | None = None
 # Called as (timestamp, added) when the scheduler says the job's hosts changed
 # (elastic.State listens, to interrupt training at the next commit).
 _host_listeners: list = []
+# Weak methods called whenever this worker joined a later generation of the job.
+_generation_listeners: list = []
 # Why the scheduler let this worker go (its host left the job): it leaves at its next
 # commit instead of registering again.
 _let_go: str | None = None
@@ -159,6 +161,16 @@ def _join(lost_server: str | None = None) -> None:
             _pin_gpu(_job.local_rank)
     atexit.unregister(shutdown)  # Once, however often an elastic job re-forms.
     atexit.register(shutdown)
+    _call_each(_generation_listeners)
+
+
+def _call_each(listeners: list, *args) -> None:
+    """Calls the live ones of `listeners` (weak methods) and forgets the dead."""
+    listeners[:] = [ref for ref in listeners if ref() is not None]
+    for ref in list(listeners):
+        listener = ref()
+        if listener is not None:
+            listener(*args)
 
 
 def _rank_and_size() -> tuple[int, int]:
@@ -317,11 +329,7 @@ def _on_notice(message: dict) -> None:
     if message.get("leaving"):
         global _let_go
         _let_go = str(message["leaving"])[:300]
-    _host_listeners[:] = [ref for ref in _host_listeners if ref() is not None]
-    for ref in list(_host_listeners):
-        listener = ref()
-        if listener is not None:
-            listener(float(message.get("timestamp", 0)), bool(message.get("added")))
+    _call_each(_host_listeners, float(message.get("timestamp", 0)), bool(message.get("added")))
 
 
 def _move_lost_servers(message: dict) -> None:
@@ -352,6 +360,13 @@ def add_host_listener(listener) -> None:
     """`listener(timestamp, added)`, a bound method, hears each change of the job's
     hosts for as long as its object lives."""
     _host_listeners.append(weakref.WeakMethod(listener))
+
+
+def add_generation_listener(listener) -> None:
+    """`listener()`, a bound method, is called each time this worker has joined a new
+    generation of the job, for as long as its object lives: the servers of a new
+    generation start with nothing of the last one's."""
+    _generation_listeners.append(weakref.WeakMethod(listener))
 
 
 def let_go_reason() -> str | None:

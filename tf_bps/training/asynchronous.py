@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from tf_bps.runtime import raw_ops
+from tf_bps.runtime import basics, raw_ops
 
 
 class AsyncExchange:
@@ -27,6 +27,13 @@ class AsyncExchange:
 
     def __init__(self):
         self._started: dict[str, tf.Variable] = {}
+        basics.add_generation_listener(self._forget_servers)
+
+    def _forget_servers(self) -> None:
+        """The job re-formed: its servers hold no parameters, so each variable's next
+        exchange hands them rank 0's value again, not a delta."""
+        for started in self._started.values():
+            started.assign(False)
 
     @staticmethod
     def snapshot(copies: Sequence[Sequence[tf.Variable]]) -> list[tf.Tensor]:
