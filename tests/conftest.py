@@ -1,7 +1,14 @@
 """pytest's fixtures and hooks for the suite; the helpers live in harness.py."""
 
+import os
+
 import pytest
 from harness import JOB_FIXTURES, Processes
+
+# Every process the suite starts inherits this. numpy's OpenBLAS otherwise starts a
+# thread per core that spins while the process imports TensorFlow (0.2 s of CPU each, on
+# 2 cores, in some 250 processes); no test does linear algebra big enough to need them.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 @pytest.fixture

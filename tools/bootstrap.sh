@@ -19,7 +19,9 @@ fi
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check \
   "tensorflow==2.21.0" tensorboard "pyzmq>=25" numpy "setuptools>=68" wheel "pybind11>=2.12" \
-  pytest pytest-timeout pytest-xdist ruff build matplotlib kubernetes pyspark "ray[train]" prometheus-client
+  pytest pytest-timeout pytest-xdist ruff build kubernetes pyspark "ray[train]" prometheus-client
+# Not matplotlib (the benchmarks' --plot asks for it): Keras imports it whenever it is
+# installed, 0.35 s of CPU in every TensorFlow process the suite starts.
 # The examples' real data, offline afterwards: scikit-learn's digits, taken from its
 # wheel rather than installed (Keras imports scikit-learn whenever it is installed, which
 # costs every TensorFlow process 0.7 s). examples/digits_data.py reads the file.
