@@ -1,6 +1,8 @@
 """Builds and runs the core's C++ unit tests (tests/cpp): reduce kernels, the wire
 format, partitioning rules, request checks, a pipeline stage and its credits, the timeline, and the
-server's round policies, in one process and without TensorFlow."""
+server's round policies, in one process and without TensorFlow. Where bazel is
+installed, test_bazel.py's `bazel test //...` builds and runs the same tests instead:
+compiling them twice would cost a cold run a minute of both cores."""
 
 import hashlib
 import os
@@ -33,6 +35,9 @@ def crypto_linkopts() -> list[str]:
 OBJECTS = ROOT / "build" / "core_unit_objects"
 
 
+@pytest.mark.skipif(shutil.which("bazel") is not None,
+                    reason="bazel is installed: test_bazel.py builds and runs these same unit "
+                    "tests (//:core_unit_test, from native_sources.bzl's lists)")
 def test_core_unit_tests(tmp_path):
     binary = tmp_path / "core_unit_test"
     compiler = os.environ.get("CXX", "g++")
