@@ -12,9 +12,9 @@ broken by a lost peer raises InternalError, a change of hosts HostsUpdatedInterr
 `run` restores the last commit after the first, and then re-forms the job: this
 worker registers again with the scheduler, which numbers the survivors anew (older
 workers keep the low ranks) and adds workers that asked to join. The workers then
-sync from rank 0 unless every one of them only saw hosts removed at a commit. A job started
-without BYTEPS_ELASTIC=1 cannot re-form: `run` then ends with an InternalError that
-names the failure, as any job does when it loses a worker.
+sync from rank 0 unless every one of them only saw hosts removed at a commit. A job
+started without BYTEPS_ELASTIC=1 cannot re-form: `run` then ends with an InternalError
+that names the failure, as any job does when it loses a worker.
 """
 
 from __future__ import annotations
