@@ -18,8 +18,11 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 fi
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check \
-  "tensorflow==2.21.0" tensorboard "pyzmq>=25" numpy "setuptools>=68" wheel "pybind11>=2.12" \
-  pytest pytest-timeout pytest-xdist ruff build kubernetes pyspark "ray[train]" prometheus-client
+  "tensorflow==2.21.0" "ml_dtypes<0.7" tensorboard "pyzmq>=25" numpy "setuptools>=68" wheel \
+  "pybind11>=2.12" pytest pytest-timeout pytest-xdist ruff build kubernetes pyspark "ray[train]" \
+  prometheus-client
+# ml_dtypes below 0.7 (TensorFlow asks for >=0.5.1): 0.7.0's extension takes 0.55 s of CPU
+# to load, against 0.02 s for 0.6.0, and TensorFlow loads it in every process.
 # Not matplotlib (the benchmarks' --plot asks for it): Keras imports it whenever it is
 # installed, 0.35 s of CPU in every TensorFlow process the suite starts.
 # The examples' real data, offline afterwards: scikit-learn's digits, taken from its
