@@ -82,9 +82,9 @@ class MembershipChanges:
     def is_launcher(self, identity: bytes) -> bool:
         return identity in self._launchers
 
-    def was_let_go(self, process: tuple[str, int]) -> bool:
-        """Whether `process` was let go; asked as it registers again, which is where it
-        leaves its generation."""
+    def let_go_registers_again(self, process: tuple[str, int]) -> bool:
+        """Whether `process`, registering again, was let go (to be refused); if so, it has
+        left its generation."""
         if process in self._let_go:
             self._left_at_commit(process)
             return True

@@ -121,7 +121,7 @@ class Scheduler:
         node.saw_lost = lost[:300] if isinstance(lost, str) else ""
         node.name = name[:300] if isinstance(name, str) else ""
         node.moves_lost_servers = message.get("moves_lost_servers") is True
-        if self._changes.was_let_go(node.process):
+        if self._changes.let_go_registers_again(node.process):
             return None, (f"the worker on {host} (pid {pid}) was let go: its host left the "
                           "job (the discovery script no longer lists it)")
         if role == "launcher":

@@ -278,7 +278,7 @@ def run_with_reset(func, reset):
                 skip_sync, cause = False, error
             except HostsUpdatedInterrupt as interrupt:
                 skip_sync, cause = interrupt.skip_sync, interrupt
-            if preemption.noticed():
+            if preemption.leaves_at_commit():
                 preemption.leave(state)
             reset(cause)
             state.on_reset()

@@ -44,7 +44,7 @@ def listen() -> None:
         signal.signal(signal.SIGTERM, _on_signal)
 
 
-def noticed() -> bool:
+def leaves_at_commit() -> bool:
     """Whether this worker leaves the job at this commit: it got a preemption notice,
     or the scheduler let it go (its host left the job)."""
     return _notice is not None or basics.let_go_reason() is not None
