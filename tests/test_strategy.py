@@ -1,6 +1,6 @@
 """ParameterServerStrategy beyond fit: initial values, input, evaluate, predict."""
 
-from harness import module_job
+from harness import base_env, marked_json, module_job, worker_command
 
 
 @module_job
@@ -36,3 +36,15 @@ def test_evaluate_and_predict_cover_all_workers(got):
 def test_distributed_optimizer_under_the_strategy_is_refused(got):
     for report in got.values():
         assert "average the gradients twice" in report["double_sync"]
+
+
+def test_one_cpu_replica_reads_its_input_without_a_multi_device_iterator(procs):
+    """Such an iterator reads through a GeneratorDataset, whose kernel sets glibc's
+    M_TRIM_THRESHOLD for the whole process and so makes every step map its larger
+    tensors afresh: with one replica on the CPU, the batches are already where it runs."""
+    status, output = procs.run(worker_command("strategy_input.py"), base_env())
+    assert status == 0, output
+    report = marked_json(output)[0]
+    assert report["readers"] == ["OwnedIterator"], report
+    assert report["steps"] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]], report
+    assert "M_TRIM_THRESHOLD" not in output, output
