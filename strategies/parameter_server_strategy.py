@@ -332,9 +332,9 @@ class _ParameterServerExtended(mirrored_strategy.MirroredExtended):
         With one CPU replica, as a worker without GPUs has, its input is read per
         replica: TensorFlow then makes no multi-device iterator at all. Such an iterator
         reads through a GeneratorDataset, whose kernel sets glibc's M_TRIM_THRESHOLD
-        to 128 KiB for the whole process; that also freezes malloc's mmap threshold at
-        128 KiB, so every larger tensor of every step is mapped and faulted in afresh
-        (a ResNet-50 step on 2 cores took 1.5 times as long)."""
+        to 128 KiB for the whole process; malloc then no longer raises its mmap threshold
+        (128 KiB to begin with), so larger tensors are mapped and faulted in afresh every
+        step (tf_bps/runtime/heap.py)."""
         if options is not None or not all("CPU" in d.upper() for d in self._devices):
             return options
         if len(self._devices) == 1:

@@ -8,6 +8,12 @@ zeroed. Which process pays depends on where its tensors happen to lie: on 2 core
 ResNet-50 step under ParameterServerStrategy took 0.195 s with the default and 0.123 s
 with a 32 MB pad, as much as plain Keras takes (examples/benchmarks/fit_pipeline_benchmark.py
 measures it across hosts). The pad keeps at most that much more memory per heap.
+
+No pad helps once M_TRIM_THRESHOLD is set, as TensorFlow's GeneratorDataset kernel does
+for the whole process: malloc then no longer raises its mmap threshold (128 KB to begin
+with), and larger tensors are mapped afresh each time. The strategy keeps that kernel
+out of a worker with one CPU replica (strategies/parameter_server_strategy.py,
+_input_options).
 """
 
 from __future__ import annotations
