@@ -63,17 +63,27 @@ def _connect_many(port: int, count: int, connections: list, stop: threading.Even
 
 def _established(port: int) -> tuple[int, int]:
     """Connections to the scheduler's port that the scheduler's side holds: the flood's
-    (from 127.0.1.x) and the job's own (from 127.0.0.1)."""
+    (from 127.0.1.x) and the job's own (from 127.0.0.1).
+
+    Only rows whose local end is the scheduler's 127.0.0.1:port count: once the flood has
+    used up the ephemeral ports, the kernel gives its sockets on 127.0.1.x the scheduler's
+    port number too (no conflict on another address), and their own ends would look like
+    members' connections."""
     strangers = members = 0
     for line in open("/proc/net/tcp").read().splitlines()[1:]:
         local, remote, state = line.split()[1:4]
-        if int(local.split(":")[1], 16) == port and state == "01":
-            if socket.inet_ntoa(struct.pack("<I", int(remote.split(":")[0], 16))) \
-                    .startswith("127.0.1."):
+        if _address(local) == ("127.0.0.1", port) and state == "01":
+            if _address(remote)[0].startswith("127.0.1."):
                 strangers += 1
             else:
                 members += 1
     return strangers, members
+
+
+def _address(field: str) -> tuple[str, int]:
+    """/proc/net/tcp's "0100007F:1F90" as ("127.0.0.1", 8080)."""
+    host, port = field.split(":")
+    return socket.inet_ntoa(struct.pack("<I", int(host, 16))), int(port, 16)
 
 
 def _rss_mb(pid: int) -> float:
