@@ -37,6 +37,9 @@ def _connect_many(port: int, count: int, connections: list, stop: threading.Even
     def connect(index: int) -> None:
         sock = socket.socket()
         sock.setblocking(False)
+        # The port is chosen at connect, as for any client's connection, so the flood
+        # never takes a port that a process bound (the other tests' listeners).
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_BIND_ADDRESS_NO_PORT, 1)
         sock.bind((f"127.0.1.{1 + index % SOURCES}", 0))
         with contextlib.suppress(BlockingIOError):
             sock.connect(("127.0.0.1", port))
@@ -65,10 +68,8 @@ def _established(port: int) -> tuple[int, int]:
     """Connections to the scheduler's port that the scheduler's side holds: the flood's
     (from 127.0.1.x) and the job's own (from 127.0.0.1).
 
-    Only rows whose local end is the scheduler's 127.0.0.1:port count: once the flood has
-    used up the ephemeral ports, the kernel gives its sockets on 127.0.1.x the scheduler's
-    port number too (no conflict on another address), and their own ends would look like
-    members' connections."""
+    Only rows whose local end is the scheduler's 127.0.0.1:port count: a client's end on
+    another address may have the same port number, and would look like a member's."""
     strangers = members = 0
     for line in open("/proc/net/tcp").read().splitlines()[1:]:
         local, remote, state = line.split()[1:4]
