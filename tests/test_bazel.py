@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.build,
 
 
 # Bazel compiling from nothing beside two other test processes on 2 cores has taken
-# 180-233 s, and 300 s once it started with the suite's heaviest files.
+# 172-233 s, and 300 s once it started with the suite's heaviest files.
 @pytest.mark.timeout(600)
 def test_bazel_builds_tests_and_its_libraries_run_a_job(procs, tmp_path):
     built = subprocess.run(
