@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import urllib.request
@@ -39,6 +40,19 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def tcp_sockets() -> list[tuple[tuple[str, int], tuple[str, int], str]]:
+    """This machine's IPv4 TCP sockets (/proc/net/tcp) as (local, remote, state): the ends
+    as ("127.0.0.1", 8080), the state as the kernel's code ("01" established, "0A"
+    listening)."""
+    def address(field: str) -> tuple[str, int]:
+        host, port = field.split(":")
+        return socket.inet_ntoa(struct.pack("<I", int(host, 16))), int(port, 16)
+
+    return [(address(local), address(remote), state)
+            for local, remote, state in (line.split()[1:4] for line in
+                                         open("/proc/net/tcp").read().splitlines()[1:])]
 
 
 def base_env(**overrides) -> dict[str, str]:

@@ -10,7 +10,7 @@ import threading
 import time
 
 import zmq
-from harness import LAUNCH, base_env, finish, free_port, wait_for_line, worker_command
+from harness import LAUNCH, base_env, finish, free_port, tcp_sockets, wait_for_line, worker_command
 
 
 def _completes_with_right_sums(job: dict) -> dict[str, str]:
@@ -167,14 +167,9 @@ def _frame(frame_type: int, rank: int = 0, length: int = 0) -> bytes:
 
 
 def _listening_addresses(port: int) -> list[str]:
-    """The IPv4 addresses a TCP socket listens on at `port` (from /proc/net/tcp)."""
-    found = []
-    for line in open("/proc/net/tcp").read().splitlines()[1:]:
-        local, state = line.split()[1], line.split()[3]
-        address, local_port = local.split(":")
-        if int(local_port, 16) == port and state == "0A":  # LISTEN
-            found.append(socket.inet_ntoa(struct.pack("<I", int(address, 16))))
-    return found
+    """The IPv4 addresses a TCP socket listens on at `port`."""
+    return [host for (host, local_port), _, state in tcp_sockets()
+            if local_port == port and state == "0A"]
 
 
 def _closed_by_peer(sock: socket.socket) -> bool:

@@ -12,11 +12,10 @@ import contextlib
 import resource
 import selectors
 import socket
-import struct
 import threading
 import time
 
-from harness import finish, wait_for_line
+from harness import finish, tcp_sockets, wait_for_line
 
 ZMTP_GREETING = b"\xff" + b"\x00" * 8 + b"\x7f\x03\x00NULL" + b"\x00" * 16 + b"\x00" + b"\x00" * 31
 _READY_BODY = b"\x05READY\x0bSocket-Type\x00\x00\x00\x06DEALER"
@@ -68,23 +67,12 @@ def _established(port: int) -> tuple[int, int]:
     """Connections to the scheduler's port that the scheduler's side holds: the flood's
     (from 127.0.1.x) and the job's own (from 127.0.0.1).
 
-    Only rows whose local end is the scheduler's 127.0.0.1:port count: a client's end on
-    another address may have the same port number, and would look like a member's."""
-    strangers = members = 0
-    for line in open("/proc/net/tcp").read().splitlines()[1:]:
-        local, remote, state = line.split()[1:4]
-        if _address(local) == ("127.0.0.1", port) and state == "01":
-            if _address(remote)[0].startswith("127.0.1."):
-                strangers += 1
-            else:
-                members += 1
-    return strangers, members
-
-
-def _address(field: str) -> tuple[str, int]:
-    """/proc/net/tcp's "0100007F:1F90" as ("127.0.0.1", 8080)."""
-    host, port = field.split(":")
-    return socket.inet_ntoa(struct.pack("<I", int(host, 16))), int(port, 16)
+    Only sockets whose local end is the scheduler's 127.0.0.1:port count: a client's end
+    on another address may have the same port number, and would look like a member's."""
+    ends = [remote for local, remote, state in tcp_sockets()
+            if local == ("127.0.0.1", port) and state == "01"]
+    strangers = sum(host.startswith("127.0.1.") for host, _ in ends)
+    return strangers, len(ends) - strangers
 
 
 def _rss_mb(pid: int) -> float:
